@@ -1,0 +1,73 @@
+//! Options every backend shares (`bs`, `qd`, `max_transfer`) and their validation.
+
+use crate::device::{Geometry, DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
+use crate::error::OpenError;
+use crate::spec::Spec;
+
+/// Option keys understood by every backend.
+pub const COMMON_OPTIONS: &[&str] = &["bs", "qd", "max_transfer"];
+
+/// Default logical block size.
+pub const DEFAULT_BLOCK_SIZE: u32 = 4096;
+
+/// The queue-pair shape asked for in a spec.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueueOptions {
+    pub block_size: u32,
+    pub queue_depth: u32,
+    pub max_transfer: u32,
+}
+
+impl Default for QueueOptions {
+    fn default() -> Self {
+        QueueOptions {
+            block_size: DEFAULT_BLOCK_SIZE,
+            queue_depth: DEFAULT_QUEUE_DEPTH,
+            max_transfer: DEFAULT_MAX_TRANSFER,
+        }
+    }
+}
+
+impl QueueOptions {
+    /// Reads `bs`, `qd` and `max_transfer` from `spec`, checking their ranges.
+    pub fn from_spec(spec: &Spec) -> Result<Self, OpenError> {
+        let d = QueueOptions::default();
+        let block_size = spec.size_option("bs")?.unwrap_or(u64::from(d.block_size));
+        let queue_depth = spec.num_option::<u32>("qd")?.unwrap_or(d.queue_depth);
+        let max_transfer = spec
+            .size_option("max_transfer")?
+            .unwrap_or(u64::from(d.max_transfer));
+        if !(512..=65536).contains(&block_size) || !block_size.is_power_of_two() {
+            return Err(OpenError::Invalid(format!(
+                "{spec}: block size {block_size} must be a power of two from 512 to 65536"
+            )));
+        }
+        if !(1..=MAX_QUEUE_DEPTH).contains(&queue_depth) {
+            return Err(OpenError::Invalid(format!(
+                "{spec}: queue depth {queue_depth} must be 1 to {MAX_QUEUE_DEPTH}"
+            )));
+        }
+        if max_transfer < block_size || max_transfer > (64 << 20) || max_transfer % block_size != 0
+        {
+            return Err(OpenError::Invalid(format!(
+                "{spec}: max_transfer {max_transfer} must be a multiple of the block size ({block_size}) and at most 64M"
+            )));
+        }
+        Ok(QueueOptions {
+            block_size: block_size as u32,
+            queue_depth,
+            max_transfer: max_transfer as u32,
+        })
+    }
+
+    /// The geometry of a device of `capacity_bytes` with these options.
+    pub fn geometry(&self, capacity_bytes: u64, buffer_alignment: u32) -> Geometry {
+        Geometry {
+            block_size: self.block_size,
+            num_blocks: capacity_bytes / u64::from(self.block_size),
+            max_transfer: self.max_transfer,
+            queue_depth: self.queue_depth,
+            buffer_alignment,
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! Opening what file-based backends stand on: an image file (created on request) or a block device.
+//!
+//! Shared by `uring`, `sync` and `redirect`: sizing (regular files by length, block devices by
+//! `BLKGETSIZE64`), the device's own logical block size (`BLKSSZGET`), O_DIRECT with a fallback
+//! when the file system refuses it (tmpfs does), and discard / write-zeroes through `fallocate` or
+//! the block-device ioctls.
+
+use crate::error::{Errno, OpenError};
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::os::unix::io::AsRawFd;
+
+const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
+const BLKSSZGET: libc::c_ulong = 0x1268;
+const BLKDISCARD: libc::c_ulong = 0x1277;
+const BLKZEROOUT: libc::c_ulong = 0x127f;
+
+/// Whether to bypass the page cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectMode {
+    /// O_DIRECT; fail if the file system refuses it.
+    Required,
+    /// O_DIRECT when possible, buffered otherwise.
+    Preferred,
+    /// Buffered I/O through the page cache.
+    Off,
+}
+
+impl DirectMode {
+    /// From an optional `direct=` flag: absent → `default`.
+    pub fn from_flag(flag: Option<bool>, default: DirectMode) -> Self {
+        match flag {
+            Some(true) => DirectMode::Required,
+            Some(false) => DirectMode::Off,
+            None => default,
+        }
+    }
+}
+
+/// An opened image file or block device.
+#[derive(Debug)]
+pub struct BackingFile {
+    pub file: File,
+    pub path: String,
+    /// Usable bytes.
+    pub size: u64,
+    pub is_block_device: bool,
+    /// The underlying device's logical block size (512 for regular files unless known better).
+    pub device_block_size: u32,
+    /// True when opened with O_DIRECT.
+    pub direct: bool,
+}
+
+impl BackingFile {
+    /// Opens `path` read-write. With `create_size`, a missing file is created with that length and
+    /// a shorter regular file is grown to it (never shrunk).
+    pub fn open(
+        path: &str,
+        direct: DirectMode,
+        create_size: Option<u64>,
+    ) -> Result<Self, OpenError> {
+        let os = |e: std::io::Error| OpenError::Os {
+            path: path.to_string(),
+            errno: Errno::from_io(&e),
+        };
+        if let Some(size) = create_size {
+            let f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(path)
+                .map_err(os)?;
+            let meta = f.metadata().map_err(os)?;
+            if meta.file_type().is_file() && meta.len() < size {
+                f.set_len(size).map_err(os)?;
+            }
+        }
+        let open_with = |flags: i32| {
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .custom_flags(flags)
+                .open(path)
+        };
+        let (file, is_direct) = match direct {
+            DirectMode::Off => (open_with(0).map_err(os)?, false),
+            DirectMode::Required => (
+                open_with(libc::O_DIRECT).map_err(|e| refused_direct(path, e))?,
+                true,
+            ),
+            DirectMode::Preferred => match open_with(libc::O_DIRECT) {
+                Ok(f) => (f, true),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    (open_with(0).map_err(os)?, false)
+                }
+                Err(e) => return Err(os(e)),
+            },
+        };
+        let meta = file.metadata().map_err(os)?;
+        let is_block_device = meta.file_type().is_block_device();
+        let (size, device_block_size) = if is_block_device {
+            let mut bytes: u64 = 0;
+            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`.
+            if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes) } != 0 {
+                return Err(OpenError::Os {
+                    path: path.into(),
+                    errno: Errno::last(),
+                });
+            }
+            let mut lbs: libc::c_int = 0;
+            // SAFETY: BLKSSZGET writes one int through the pointer, which points at `lbs`.
+            if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut lbs) } != 0 {
+                lbs = 512;
+            }
+            (bytes, lbs.max(512) as u32)
+        } else if meta.file_type().is_file() {
+            (meta.len(), 512)
+        } else {
+            return Err(OpenError::Invalid(format!(
+                "{path} is neither a regular file nor a block device"
+            )));
+        };
+        Ok(BackingFile {
+            file,
+            path: path.to_string(),
+            size,
+            is_block_device,
+            device_block_size,
+            direct: is_direct,
+        })
+    }
+
+    /// Buffer alignment the kernel needs for this file.
+    pub fn buffer_alignment(&self) -> u32 {
+        if self.direct {
+            self.device_block_size.max(4096)
+        } else {
+            1
+        }
+    }
+
+    /// Checks that the device's block size fits the one asked for and that one block fits.
+    pub fn check_block_size(&self, block_size: u32) -> Result<(), OpenError> {
+        if block_size < self.device_block_size {
+            return Err(OpenError::Invalid(format!(
+                "{}: block size {block_size} is smaller than the device's logical block size {}",
+                self.path, self.device_block_size
+            )));
+        }
+        if self.size < u64::from(block_size) {
+            return Err(OpenError::TooSmall {
+                path: self.path.clone(),
+                actual: self.size,
+                block_size,
+            });
+        }
+        Ok(())
+    }
+
+    /// Punches a hole (file) or discards (block device) so the range reads back as zeroes.
+    pub fn discard(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        if self.is_block_device {
+            return self
+                .range_ioctl(BLKDISCARD, offset, len)
+                .or_else(|_| self.zero_range(offset, len));
+        }
+        self.fallocate(
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+        .or_else(|_| self.write_zeroes_by_hand(offset, len))
+    }
+
+    /// Makes the range read back as zeroes.
+    pub fn zero_range(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        if self.is_block_device {
+            return self
+                .range_ioctl(BLKZEROOUT, offset, len)
+                .or_else(|_| self.write_zeroes_by_hand(offset, len));
+        }
+        self.fallocate(
+            libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+            offset,
+            len,
+        )
+        .or_else(|_| self.write_zeroes_by_hand(offset, len))
+    }
+
+    fn fallocate(&self, mode: i32, offset: u64, len: u64) -> Result<(), Errno> {
+        // SAFETY: fallocate on an owned fd with plain integer arguments.
+        let rc = unsafe { libc::fallocate(self.file.as_raw_fd(), mode, offset as i64, len as i64) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Errno::last())
+        }
+    }
+
+    fn range_ioctl(&self, request: libc::c_ulong, offset: u64, len: u64) -> Result<(), Errno> {
+        let range: [u64; 2] = [offset, len];
+        // SAFETY: BLKDISCARD/BLKZEROOUT read two u64 (start, length) through the pointer.
+        let rc = unsafe { libc::ioctl(self.file.as_raw_fd(), request, range.as_ptr()) };
+        if rc == 0 {
+            Ok(())
+        } else {
+            Err(Errno::last())
+        }
+    }
+
+    fn write_zeroes_by_hand(&self, offset: u64, len: u64) -> Result<(), Errno> {
+        let chunk = crate::buffer::IoBuf::heap(len.min(1 << 20) as usize, 4096);
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(chunk.len() as u64) as usize;
+            pwrite_all(&self.file, &chunk[..n], offset + done)?;
+            done += n as u64;
+        }
+        Ok(())
+    }
+}
+
+fn refused_direct(path: &str, e: std::io::Error) -> OpenError {
+    if e.raw_os_error() == Some(libc::EINVAL) {
+        OpenError::Unavailable {
+            backend: "file",
+            feature: "O_DIRECT".into(),
+            why: format!("the file system holding {path} refuses it; use direct=0 or put the image elsewhere"),
+        }
+    } else {
+        OpenError::Os {
+            path: path.to_string(),
+            errno: Errno::from_io(&e),
+        }
+    }
+}
+
+/// `pread` until `buf` is full; a read past the end of the file is an error (EIO).
+pub fn pread_exact(file: &File, buf: &mut [u8], offset: u64) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &mut buf[done..];
+        // SAFETY: the pointer and length describe the writable slice `rest`.
+        let n = unsafe {
+            libc::pread(
+                file.as_raw_fd(),
+                rest.as_mut_ptr().cast(),
+                rest.len(),
+                (offset + done as u64) as i64,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(Errno(libc::EIO)),
+            _ => {
+                let e = Errno::last();
+                if e.0 != libc::EINTR {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `pwrite` until all of `buf` is written.
+pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < buf.len() {
+        let rest = &buf[done..];
+        // SAFETY: the pointer and length describe the readable slice `rest`.
+        let n = unsafe {
+            libc::pwrite(
+                file.as_raw_fd(),
+                rest.as_ptr().cast(),
+                rest.len(),
+                (offset + done as u64) as i64,
+            )
+        };
+        match n {
+            n if n > 0 => done += n as usize,
+            0 => return Err(Errno(libc::EIO)),
+            _ => {
+                let e = Errno::last();
+                if e.0 != libc::EINTR {
+                    return Err(e);
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `fdatasync`.
+pub fn datasync(file: &File) -> Result<(), Errno> {
+    // SAFETY: fdatasync on an owned fd.
+    if unsafe { libc::fdatasync(file.as_raw_fd()) } == 0 {
+        Ok(())
+    } else {
+        Err(Errno::last())
+    }
+}

@@ -1,0 +1,238 @@
+//! `mem:SIZE` — a RAM disk, and `null:SIZE` — a device that completes every command at once.
+//!
+//! The RAM disk is the embedded default for tests; queue pairs opened with [`MemDevice::new_queue`]
+//! share its storage, so a test can "remount" by dropping one queue and opening another. With
+//! `shuffle=SEED`, each poll returns its completions in a seeded random order, so upper layers are
+//! tested against out-of-order completion. The null device moves no data and exists to measure
+//! what the interface itself costs per command.
+
+use super::common::{QueueOptions, COMMON_OPTIONS};
+use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
+use crate::error::{DeviceError, DeviceResult, OpenError};
+use crate::poison::FlushPoison;
+use crate::spec::{parse_size, Spec};
+use rand::rngs::SmallRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+
+/// Storage shared by every queue pair of one RAM disk.
+pub type MemStorage = Arc<Mutex<Vec<u8>>>;
+
+/// A RAM disk queue pair.
+pub struct MemDevice {
+    storage: MemStorage,
+    geo: Geometry,
+    done: VecDeque<Completion>,
+    shuffle: Option<SmallRng>,
+    poison: FlushPoison,
+}
+
+impl MemDevice {
+    /// A zeroed RAM disk of `capacity` bytes (rounded down to whole blocks).
+    pub fn new(capacity: u64, opts: QueueOptions) -> Self {
+        let geo = opts.geometry(capacity, 1);
+        let bytes = geo.capacity_bytes() as usize;
+        Self::with_storage(Arc::new(Mutex::new(vec![0; bytes])), opts)
+    }
+
+    /// A queue pair over existing storage.
+    pub fn with_storage(storage: MemStorage, opts: QueueOptions) -> Self {
+        let len = storage.lock().map_or(0, |s| s.len()) as u64;
+        MemDevice {
+            geo: opts.geometry(len, 1),
+            storage,
+            done: VecDeque::new(),
+            shuffle: None,
+            poison: FlushPoison::default(),
+        }
+    }
+
+    /// Completions come back in a random order drawn from `seed`.
+    pub fn shuffled(mut self, seed: u64) -> Self {
+        self.shuffle = Some(SmallRng::seed_from_u64(seed));
+        self
+    }
+
+    /// Another queue pair on the same storage, with fresh queue state.
+    pub fn new_queue(&self) -> MemDevice {
+        MemDevice {
+            storage: Arc::clone(&self.storage),
+            geo: self.geo,
+            done: VecDeque::new(),
+            shuffle: None,
+            poison: FlushPoison::default(),
+        }
+    }
+
+    /// The storage, to inspect or to build another device over.
+    pub fn storage(&self) -> MemStorage {
+        Arc::clone(&self.storage)
+    }
+
+    fn execute(&mut self, req: &mut Request) -> DeviceResult<()> {
+        self.poison.check(req.op)?;
+        let bs = self.geo.block_size as usize;
+        let start = req.lba as usize * bs;
+        let len = req.blocks as usize * bs;
+        let mut disk = self.storage.lock().map_err(|_| DeviceError::Offline {
+            reason: "RAM disk lock poisoned".into(),
+        })?;
+        match req.op {
+            Opcode::Read => {
+                if let Some(buf) = req.buf.as_mut() {
+                    buf[..len].copy_from_slice(&disk[start..start + len]);
+                }
+            }
+            Opcode::Write => {
+                if let Some(buf) = req.buf.as_ref() {
+                    disk[start..start + len].copy_from_slice(&buf[..len]);
+                }
+            }
+            Opcode::WriteZeroes | Opcode::Discard => disk[start..start + len].fill(0),
+            Opcode::Flush => {}
+        }
+        Ok(())
+    }
+}
+
+impl BlockDevice for MemDevice {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        format!("mem:{}", self.geo.capacity_bytes())
+    }
+
+    fn submit(&mut self, mut req: Request) -> Result<(), Rejected> {
+        if self.done.len() >= self.geo.queue_depth as usize {
+            return Err(Rejected::new(
+                req,
+                DeviceError::QueueFull {
+                    depth: self.geo.queue_depth,
+                },
+            ));
+        }
+        if let Err(e) = req.validate(&self.geo) {
+            return Err(Rejected::new(req, e));
+        }
+        let status = self.execute(&mut req);
+        self.poison.observe(req.op, &status);
+        self.done.push_back(Completion::of(req, status));
+        Ok(())
+    }
+
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
+        let n = self.done.len();
+        let start = out.len();
+        out.extend(self.done.drain(..));
+        if let Some(rng) = self.shuffle.as_mut() {
+            out[start..].shuffle(rng);
+        }
+        Ok(n)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+}
+
+/// A device that completes every valid command immediately and stores nothing.
+pub struct NullDevice {
+    geo: Geometry,
+    done: VecDeque<Completion>,
+}
+
+impl NullDevice {
+    pub fn new(capacity: u64, opts: QueueOptions) -> Self {
+        NullDevice {
+            geo: opts.geometry(capacity, 1),
+            done: VecDeque::with_capacity(opts.queue_depth as usize),
+        }
+    }
+}
+
+impl BlockDevice for NullDevice {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        format!("null:{}", self.geo.capacity_bytes())
+    }
+
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        if self.done.len() >= self.geo.queue_depth as usize {
+            return Err(Rejected::new(
+                req,
+                DeviceError::QueueFull {
+                    depth: self.geo.queue_depth,
+                },
+            ));
+        }
+        if let Err(e) = req.validate(&self.geo) {
+            return Err(Rejected::new(req, e));
+        }
+        self.done.push_back(Completion::of(req, Ok(())));
+        Ok(())
+    }
+
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        Ok(n)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+}
+
+fn capacity_of(spec: &Spec) -> Result<u64, OpenError> {
+    let target = spec.require_target()?;
+    let bytes =
+        parse_size(target).map_err(|m| crate::spec::SpecError::new(&spec.to_string(), m))?;
+    if bytes == 0 {
+        return Err(OpenError::Invalid(format!(
+            "{spec}: size must be larger than zero"
+        )));
+    }
+    Ok(bytes)
+}
+
+/// Opens `mem:SIZE[?shuffle=SEED]`.
+pub fn open_mem(spec: &Spec) -> Result<MemDevice, OpenError> {
+    let mut allowed = COMMON_OPTIONS.to_vec();
+    allowed.push("shuffle");
+    spec.check_options(&allowed)?;
+    let opts = QueueOptions::from_spec(spec)?;
+    let capacity = capacity_of(spec)?;
+    if capacity < u64::from(opts.block_size) {
+        return Err(OpenError::Invalid(format!(
+            "{spec}: smaller than one {}-byte block",
+            opts.block_size
+        )));
+    }
+    let dev = MemDevice::new(capacity, opts);
+    Ok(match spec.num_option::<u64>("shuffle")? {
+        Some(seed) => dev.shuffled(seed),
+        None => dev,
+    })
+}
+
+/// Opens `null:SIZE`.
+pub fn open_null(spec: &Spec) -> Result<NullDevice, OpenError> {
+    spec.check_options(COMMON_OPTIONS)?;
+    let opts = QueueOptions::from_spec(spec)?;
+    Ok(NullDevice::new(capacity_of(spec)?, opts))
+}

@@ -1,0 +1,146 @@
+//! `sync:PATH` — the kernel-mediated baseline: each command is plain `pread`/`pwrite`/`fdatasync`
+//! performed when it is submitted, through the page cache unless `direct=1`.
+
+use super::common::{QueueOptions, COMMON_OPTIONS};
+use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
+use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
+use crate::error::{DeviceError, DeviceResult, OpenError};
+use crate::poison::FlushPoison;
+use crate::spec::Spec;
+use crate::split::pieces;
+use std::collections::VecDeque;
+
+/// Options of file-backed backends besides the common ones.
+pub const FILE_OPTIONS: &[&str] = &["size", "direct"];
+
+/// A queue pair whose commands are synchronous system calls.
+pub struct SyncDevice {
+    backing: BackingFile,
+    geo: Geometry,
+    done: VecDeque<Completion>,
+    poison: FlushPoison,
+}
+
+impl SyncDevice {
+    pub fn new(backing: BackingFile, opts: QueueOptions) -> Result<Self, OpenError> {
+        backing.check_block_size(opts.block_size)?;
+        let geo = opts.geometry(backing.size, backing.buffer_alignment());
+        Ok(SyncDevice {
+            backing,
+            geo,
+            done: VecDeque::new(),
+            poison: FlushPoison::default(),
+        })
+    }
+
+    fn execute(&self, req: &mut Request) -> DeviceResult<()> {
+        self.poison.check(req.op)?;
+        let bs = u64::from(self.geo.block_size);
+        let io_err = |errno, lba| DeviceError::Io {
+            op: req.op,
+            lba,
+            errno,
+        };
+        match req.op {
+            Opcode::Flush => datasync(&self.backing.file).map_err(|e| io_err(e, 0)),
+            Opcode::WriteZeroes => self
+                .backing
+                .zero_range(req.lba * bs, req.blocks * bs)
+                .map_err(|e| io_err(e, req.lba)),
+            Opcode::Discard => self
+                .backing
+                .discard(req.lba * bs, req.blocks * bs)
+                .map_err(|e| io_err(e, req.lba)),
+            Opcode::Read | Opcode::Write => {
+                let op = req.op;
+                let Some(buf) = req.buf.as_mut() else {
+                    return Err(DeviceError::BadBuffer {
+                        op,
+                        blocks: req.blocks,
+                        need: req.blocks * bs,
+                        have: 0,
+                    });
+                };
+                for p in pieces(
+                    req.lba,
+                    req.blocks,
+                    u64::from(self.geo.max_transfer_blocks()),
+                    self.geo.block_size,
+                ) {
+                    let range = p.buf_offset..p.buf_offset + (p.blocks * bs) as usize;
+                    let result = if op == Opcode::Read {
+                        pread_exact(&self.backing.file, &mut buf[range], p.lba * bs)
+                    } else {
+                        pwrite_all(&self.backing.file, &buf[range], p.lba * bs)
+                    };
+                    result.map_err(|errno| DeviceError::Io {
+                        op,
+                        lba: p.lba,
+                        errno,
+                    })?;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+impl BlockDevice for SyncDevice {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "sync:{}{}",
+            self.backing.path,
+            if self.backing.direct {
+                " (O_DIRECT)"
+            } else {
+                ""
+            }
+        )
+    }
+
+    fn submit(&mut self, mut req: Request) -> Result<(), Rejected> {
+        if self.done.len() >= self.geo.queue_depth as usize {
+            return Err(Rejected::new(
+                req,
+                DeviceError::QueueFull {
+                    depth: self.geo.queue_depth,
+                },
+            ));
+        }
+        if let Err(e) = req.validate(&self.geo) {
+            return Err(Rejected::new(req, e));
+        }
+        let status = self.execute(&mut req);
+        self.poison.observe(req.op, &status);
+        self.done.push_back(Completion::of(req, status));
+        Ok(())
+    }
+
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        Ok(n)
+    }
+
+    fn in_flight(&self) -> usize {
+        self.done.len()
+    }
+}
+
+/// Opens `sync:PATH[?size=N&direct=0|1]`.
+pub fn open(spec: &Spec) -> Result<SyncDevice, OpenError> {
+    let allowed: Vec<&str> = COMMON_OPTIONS.iter().chain(FILE_OPTIONS).copied().collect();
+    spec.check_options(&allowed)?;
+    let opts = QueueOptions::from_spec(spec)?;
+    let direct = DirectMode::from_flag(spec.bool_option("direct")?, DirectMode::Off);
+    let backing = BackingFile::open(spec.require_target()?, direct, spec.size_option("size")?)?;
+    SyncDevice::new(backing, opts)
+}

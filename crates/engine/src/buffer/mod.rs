@@ -1,0 +1,423 @@
+//! DMA-capable data buffers: [`IoBuf`] and the [`BufferPool`] that hands them out.
+//!
+//! The pool is the paper's DMA buffer allocator: one arena reserved up front (see [`arena`]),
+//! carved by a buddy system (see [`buddy`]) into aligned buffers of any size up to the arena,
+//! thread-safe and bounded — when the arena is used up, allocation fails (or waits) instead of
+//! growing. Backends that can register memory with the kernel (io_uring) register the whole arena
+//! once and recognise its buffers by [`IoBuf::pool_slot`].
+
+pub mod arena;
+pub mod buddy;
+
+use crate::error::Errno;
+use arena::{Arena, Backing};
+use buddy::Buddy;
+use std::alloc::Layout;
+use std::ops::{Deref, DerefMut};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Alignment and smallest block of pool buffers: a page, enough for O_DIRECT on any device.
+pub const POOL_ALIGN: usize = 4096;
+/// Size of the process-wide pool unless `KURA_POOL_MIB` says otherwise.
+pub const DEFAULT_POOL_BYTES: usize = 128 << 20;
+
+/// Why the pool could not provide a buffer.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PoolError {
+    #[error("buffer pool exhausted: {requested} bytes requested, {free} of {capacity} bytes free")]
+    Exhausted {
+        requested: usize,
+        free: usize,
+        capacity: usize,
+    },
+    #[error("buffer of {requested} bytes exceeds the pool's {capacity}-byte arena")]
+    TooLarge { requested: usize, capacity: usize },
+    #[error("cannot reserve the buffer arena: {0}")]
+    Map(Errno),
+}
+
+static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+
+struct PoolShared {
+    id: u64,
+    arena: Arena,
+    buddy: Mutex<Buddy>,
+    freed: Condvar,
+    peak_used: AtomicU64,
+}
+
+/// A bounded, thread-safe allocator of aligned buffers from one pre-reserved arena.
+#[derive(Clone)]
+pub struct BufferPool {
+    shared: Arc<PoolShared>,
+}
+
+/// A snapshot of a pool's use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolStats {
+    pub capacity: usize,
+    pub free: usize,
+    pub peak_used: usize,
+    pub hugepages: bool,
+}
+
+impl BufferPool {
+    /// Reserves an arena of at least `bytes` (rounded up to a power of two of pages), trying
+    /// hugepages first.
+    pub fn new(bytes: usize) -> Result<Self, PoolError> {
+        let pages = bytes
+            .max(POOL_ALIGN)
+            .div_ceil(POOL_ALIGN)
+            .next_power_of_two();
+        let capacity = pages * POOL_ALIGN;
+        let arena = Arena::map(capacity, true).map_err(PoolError::Map)?;
+        let max_order = pages.trailing_zeros() as u8;
+        Ok(BufferPool {
+            shared: Arc::new(PoolShared {
+                id: NEXT_POOL_ID.fetch_add(1, Ordering::Relaxed),
+                arena,
+                buddy: Mutex::new(Buddy::new(POOL_ALIGN, max_order)),
+                freed: Condvar::new(),
+                peak_used: AtomicU64::new(0),
+            }),
+        })
+    }
+
+    /// The process-wide pool, created on first use with `KURA_POOL_MIB` MiB (default 128).
+    pub fn global() -> &'static BufferPool {
+        static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| {
+            let bytes = std::env::var("KURA_POOL_MIB")
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .map_or(DEFAULT_POOL_BYTES, |mib| mib << 20);
+            match BufferPool::new(bytes) {
+                Ok(pool) => pool,
+                // Without any arena nothing in kura can do I/O; this is the one place where the
+                // process cannot go on, and it says why.
+                Err(e) => panic!("kura: cannot reserve the global buffer pool: {e}"),
+            }
+        })
+    }
+
+    /// Identifies this pool's arena among registrations.
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// The arena's base address and length, for registering it with the kernel once.
+    pub fn arena(&self) -> (NonNull<u8>, usize) {
+        (self.shared.arena.base(), self.shared.arena.len())
+    }
+
+    pub fn stats(&self) -> PoolStats {
+        let free = self.lock().free_bytes();
+        PoolStats {
+            capacity: self.shared.arena.len(),
+            free,
+            peak_used: self.shared.peak_used.load(Ordering::Relaxed) as usize,
+            hugepages: self.shared.arena.backing() == Backing::Hugepages,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Buddy> {
+        // A panic while holding this lock cannot leave the free lists half-updated in a way
+        // that matters more than losing the process, so a poisoned lock is taken over.
+        self.shared.buddy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A buffer of `len` bytes (aligned to [`POOL_ALIGN`]); contents are whatever the memory held.
+    /// Fails at once when the arena has no room.
+    pub fn alloc(&self, len: usize) -> Result<IoBuf, PoolError> {
+        let mut buddy = self.lock();
+        self.try_alloc(&mut buddy, len)
+    }
+
+    /// Like [`BufferPool::alloc`] but with every byte zeroed.
+    pub fn alloc_zeroed(&self, len: usize) -> Result<IoBuf, PoolError> {
+        let mut buf = self.alloc(len)?;
+        buf.fill(0);
+        Ok(buf)
+    }
+
+    /// Waits up to `timeout` for room, for callers that prefer back-pressure to failure.
+    pub fn alloc_wait(&self, len: usize, timeout: Duration) -> Result<IoBuf, PoolError> {
+        let deadline = Instant::now() + timeout;
+        let mut buddy = self.lock();
+        loop {
+            match self.try_alloc(&mut buddy, len) {
+                Err(PoolError::Exhausted { .. }) if Instant::now() < deadline => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    buddy = match self.shared.freed.wait_timeout(buddy, left) {
+                        Ok((guard, _)) => guard,
+                        Err(p) => p.into_inner().0,
+                    };
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn try_alloc(&self, buddy: &mut Buddy, len: usize) -> Result<IoBuf, PoolError> {
+        let capacity = buddy.capacity();
+        let order = buddy.order_for(len).ok_or(PoolError::TooLarge {
+            requested: len,
+            capacity,
+        })?;
+        let offset = buddy.alloc(order).ok_or(PoolError::Exhausted {
+            requested: len,
+            free: buddy.free_bytes(),
+            capacity,
+        })?;
+        let used = (capacity - buddy.free_bytes()) as u64;
+        self.shared.peak_used.fetch_max(used, Ordering::Relaxed);
+        // SAFETY: the buddy system returned a block inside the arena, so base+offset stays in
+        // the same allocation and is non-null.
+        let ptr = unsafe { NonNull::new_unchecked(self.shared.arena.base().as_ptr().add(offset)) };
+        Ok(IoBuf {
+            ptr,
+            len,
+            cap: buddy.block_size(order),
+            owner: Owner::Pool {
+                shared: Arc::clone(&self.shared),
+                offset,
+                order,
+            },
+        })
+    }
+}
+
+impl std::fmt::Debug for BufferPool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BufferPool")
+            .field("id", &self.shared.id)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+enum Owner {
+    Pool {
+        shared: Arc<PoolShared>,
+        offset: usize,
+        order: u8,
+    },
+    Heap(Layout),
+}
+
+/// An aligned data buffer owned by exactly one holder: the caller, or the device while a request
+/// carrying it is in flight. Dereferences to its first `len()` bytes.
+pub struct IoBuf {
+    ptr: NonNull<u8>,
+    len: usize,
+    cap: usize,
+    owner: Owner,
+}
+
+// SAFETY: an IoBuf is the sole owner of its bytes (pool blocks are disjoint, heap blocks are its
+// own allocation), so sending it to another thread moves that ownership.
+unsafe impl Send for IoBuf {}
+// SAFETY: shared references only allow reading the bytes.
+unsafe impl Sync for IoBuf {}
+
+impl IoBuf {
+    /// A zeroed buffer from the global pool, or from the heap when the pool has no room.
+    /// For simple callers; hot paths allocate from a pool explicitly.
+    pub fn zeroed(len: usize) -> IoBuf {
+        BufferPool::global()
+            .alloc_zeroed(len)
+            .unwrap_or_else(|_| IoBuf::heap(len, POOL_ALIGN))
+    }
+
+    /// A zeroed buffer from the heap with the given alignment (a power of two).
+    pub fn heap(len: usize, align: usize) -> IoBuf {
+        let cap = len.max(1);
+        let layout = match Layout::from_size_align(cap, align.max(1)) {
+            Ok(layout) => layout,
+            Err(_) => panic!("IoBuf::heap: alignment {align} is not a power of two"),
+        };
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let ptr = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        IoBuf {
+            ptr,
+            len,
+            cap,
+            owner: Owner::Heap(layout),
+        }
+    }
+
+    /// A buffer holding a copy of `data`.
+    pub fn from_slice(data: &[u8]) -> IoBuf {
+        let mut buf = IoBuf::zeroed(data.len());
+        buf.copy_from_slice(data);
+        buf
+    }
+
+    /// Usable length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Bytes the buffer can grow to with [`IoBuf::set_len`].
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Changes the usable length within the capacity; returns false (and changes nothing) beyond it.
+    pub fn set_len(&mut self, len: usize) -> bool {
+        if len <= self.cap {
+            self.len = len;
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    /// For pool buffers: the pool's id and the buffer's offset in its arena.
+    pub fn pool_slot(&self) -> Option<(u64, usize)> {
+        match &self.owner {
+            Owner::Pool { shared, offset, .. } => Some((shared.id, *offset)),
+            Owner::Heap(_) => None,
+        }
+    }
+}
+
+impl Deref for IoBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr..ptr+len lies in memory this buffer owns (len <= cap), initialised at
+        // mapping or allocation time, and u8 has no invalid bit patterns.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl DerefMut for IoBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`, and `&mut self` guarantees exclusive access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoBuf")
+            .field("len", &self.len)
+            .field("cap", &self.cap)
+            .field("pool_slot", &self.pool_slot())
+            .finish()
+    }
+}
+
+impl Drop for IoBuf {
+    fn drop(&mut self) {
+        match &self.owner {
+            Owner::Pool {
+                shared,
+                offset,
+                order,
+            } => {
+                let mut buddy = shared.buddy.lock().unwrap_or_else(|p| p.into_inner());
+                buddy.free(*offset, *order);
+                drop(buddy);
+                shared.freed.notify_all();
+            }
+            Owner::Heap(layout) => {
+                // SAFETY: allocated in `IoBuf::heap` with exactly this layout.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_disjoint_and_bounded() {
+        let pool = BufferPool::new(1 << 20).unwrap();
+        let a = pool.alloc(4096).unwrap();
+        let b = pool.alloc(100_000).unwrap();
+        assert_eq!(a.as_ptr() as usize % POOL_ALIGN, 0);
+        assert_eq!(b.as_ptr() as usize % POOL_ALIGN, 0);
+        assert_ne!(a.as_ptr(), b.as_ptr());
+        assert!(matches!(
+            pool.alloc(1 << 20),
+            Err(PoolError::Exhausted { .. })
+        ));
+        assert!(matches!(
+            pool.alloc(2 << 20),
+            Err(PoolError::TooLarge { .. })
+        ));
+        drop((a, b));
+        assert_eq!(pool.stats().free, 1 << 20);
+        assert!(pool.alloc(1 << 20).is_ok(), "all memory merged back");
+    }
+
+    #[test]
+    fn sizes_above_two_mib_work() {
+        let pool = BufferPool::new(16 << 20).unwrap();
+        let mut big = pool.alloc_zeroed(5 << 20).unwrap();
+        big[(5 << 20) - 1] = 7;
+        assert!(big[..(5 << 20) - 1].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn alloc_wait_returns_when_another_thread_frees() {
+        let pool = BufferPool::new(64 << 10).unwrap();
+        let held = pool.alloc(64 << 10).unwrap();
+        let p2 = pool.clone();
+        let t = std::thread::spawn(move || {
+            p2.alloc_wait(4096, Duration::from_secs(10))
+                .map(|b| b.len())
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        drop(held);
+        assert_eq!(t.join().unwrap(), Ok(4096));
+        let _all = pool.alloc(64 << 10).unwrap();
+        assert!(matches!(
+            pool.alloc_wait(4096, Duration::from_millis(20)),
+            Err(PoolError::Exhausted { .. })
+        ));
+    }
+
+    #[test]
+    fn pool_is_shared_safely_between_threads() {
+        let pool = BufferPool::new(4 << 20).unwrap();
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for i in 0..500 {
+                        let mut b = pool
+                            .alloc_wait(4096 * (1 + (i % 8)), Duration::from_secs(5))
+                            .unwrap();
+                        b.fill(t as u8);
+                        assert!(b.iter().all(|&x| x == t as u8));
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        assert_eq!(pool.stats().free, 4 << 20);
+    }
+}

@@ -1,0 +1,304 @@
+//! The one device interface every backend and every virtual drive implements.
+//!
+//! It follows NVMe queue-pair semantics: a caller *submits* commands on LBA ranges, rings the
+//! doorbell, and later *polls* completions, which may arrive in any order and carry their own
+//! status. One `BlockDevice` value is one queue pair, driven from one thread (`&mut self`); layers
+//! that need sharing wrap it. Commands larger than [`Geometry::max_transfer`] are split by the
+//! backend and completed as one.
+
+use crate::buffer::IoBuf;
+use crate::error::{DeviceError, DeviceResult};
+use std::fmt;
+
+/// The shape of a device: how it is addressed and how much it accepts at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Logical block size in bytes; every LBA addresses one such block.
+    pub block_size: u32,
+    /// Number of logical blocks.
+    pub num_blocks: u64,
+    /// Largest transfer of one command in bytes; bigger requests are split into commands of this size.
+    pub max_transfer: u32,
+    /// Commands that may be in flight at once on this queue pair.
+    pub queue_depth: u32,
+    /// Alignment in bytes that data buffers must have (e.g. 512 or 4096 with O_DIRECT; 1 when any).
+    pub buffer_alignment: u32,
+}
+
+impl Geometry {
+    /// Capacity in bytes.
+    pub fn capacity_bytes(&self) -> u64 {
+        self.num_blocks * u64::from(self.block_size)
+    }
+
+    /// Largest transfer of one command in blocks.
+    pub fn max_transfer_blocks(&self) -> u32 {
+        (self.max_transfer / self.block_size).max(1)
+    }
+}
+
+/// Default largest transfer per command (1 MiB, as NVMe drives and SNAcc split at).
+pub const DEFAULT_MAX_TRANSFER: u32 = 1 << 20;
+/// Default queue depth of one queue pair.
+pub const DEFAULT_QUEUE_DEPTH: u32 = 128;
+/// Largest queue depth any backend accepts.
+pub const MAX_QUEUE_DEPTH: u32 = 4096;
+
+/// What a command does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Opcode {
+    /// Read blocks into the request's buffer.
+    Read,
+    /// Write the request's buffer to blocks.
+    Write,
+    /// Make every completed write durable.
+    Flush,
+    /// Set blocks to zero without a data buffer.
+    WriteZeroes,
+    /// Tell the device the blocks' contents are no longer needed; they read back as zeroes here.
+    Discard,
+}
+
+impl Opcode {
+    /// True for commands that change the device's contents or durability.
+    pub fn is_mutation(self) -> bool {
+        !matches!(self, Opcode::Read)
+    }
+
+    /// True for commands that carry a data buffer.
+    pub fn has_data(self) -> bool {
+        matches!(self, Opcode::Read | Opcode::Write)
+    }
+}
+
+impl fmt::Display for Opcode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Opcode::Read => "read",
+            Opcode::Write => "write",
+            Opcode::Flush => "flush",
+            Opcode::WriteZeroes => "write-zeroes",
+            Opcode::Discard => "discard",
+        })
+    }
+}
+
+/// One command. The buffer moves into the device with the request and comes back with its
+/// completion, so the data cannot be touched while the device owns it.
+#[derive(Debug)]
+pub struct Request {
+    /// Caller's identifier, returned in the completion.
+    pub tag: u64,
+    pub op: Opcode,
+    /// First block.
+    pub lba: u64,
+    /// Number of blocks (zero for `Flush`).
+    pub blocks: u64,
+    /// Data for `Read`/`Write`, at least `blocks * block_size` bytes; `None` otherwise.
+    pub buf: Option<IoBuf>,
+}
+
+impl Request {
+    /// Read `blocks` blocks at `lba` into `buf`.
+    pub fn read(tag: u64, lba: u64, blocks: u64, buf: IoBuf) -> Self {
+        Request {
+            tag,
+            op: Opcode::Read,
+            lba,
+            blocks,
+            buf: Some(buf),
+        }
+    }
+
+    /// Write the first `blocks` blocks of `buf` at `lba`.
+    pub fn write(tag: u64, lba: u64, blocks: u64, buf: IoBuf) -> Self {
+        Request {
+            tag,
+            op: Opcode::Write,
+            lba,
+            blocks,
+            buf: Some(buf),
+        }
+    }
+
+    /// Make every write completed so far durable.
+    pub fn flush(tag: u64) -> Self {
+        Request {
+            tag,
+            op: Opcode::Flush,
+            lba: 0,
+            blocks: 0,
+            buf: None,
+        }
+    }
+
+    /// Zero `blocks` blocks at `lba`.
+    pub fn write_zeroes(tag: u64, lba: u64, blocks: u64) -> Self {
+        Request {
+            tag,
+            op: Opcode::WriteZeroes,
+            lba,
+            blocks,
+            buf: None,
+        }
+    }
+
+    /// Discard `blocks` blocks at `lba`.
+    pub fn discard(tag: u64, lba: u64, blocks: u64) -> Self {
+        Request {
+            tag,
+            op: Opcode::Discard,
+            lba,
+            blocks,
+            buf: None,
+        }
+    }
+
+    /// Checks the request against a geometry: range, length, buffer size and alignment.
+    /// Every backend calls this before accepting a command.
+    pub fn validate(&self, geo: &Geometry) -> DeviceResult<()> {
+        if self.op == Opcode::Flush {
+            return Ok(());
+        }
+        if self.blocks == 0 {
+            return Err(DeviceError::ZeroLength {
+                op: self.op,
+                lba: self.lba,
+            });
+        }
+        let end = self.lba.checked_add(self.blocks);
+        if end.is_none_or(|end| end > geo.num_blocks) {
+            return Err(DeviceError::OutOfRange {
+                op: self.op,
+                lba: self.lba,
+                blocks: self.blocks,
+                capacity_blocks: geo.num_blocks,
+            });
+        }
+        if self.op.has_data() {
+            let need = self.blocks.saturating_mul(u64::from(geo.block_size));
+            let have = self.buf.as_ref().map_or(0, |b| b.len() as u64);
+            if have < need {
+                return Err(DeviceError::BadBuffer {
+                    op: self.op,
+                    blocks: self.blocks,
+                    need,
+                    have,
+                });
+            }
+            if let Some(buf) = &self.buf {
+                let align = u64::from(geo.buffer_alignment.max(1));
+                let addr = buf.as_ptr() as u64;
+                if addr % align != 0 {
+                    return Err(DeviceError::Misaligned {
+                        what: "buffer address",
+                        value: addr,
+                        required: align,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes of data this request transfers.
+    pub fn data_bytes(&self, geo: &Geometry) -> u64 {
+        if self.op.has_data() {
+            self.blocks * u64::from(geo.block_size)
+        } else {
+            0
+        }
+    }
+}
+
+/// The outcome of one request: its tag, its status and its buffer back.
+#[derive(Debug)]
+pub struct Completion {
+    pub tag: u64,
+    pub op: Opcode,
+    pub status: DeviceResult<()>,
+    pub buf: Option<IoBuf>,
+}
+
+impl Completion {
+    /// A completion for `req` with `status`, handing the buffer back.
+    pub fn of(req: Request, status: DeviceResult<()>) -> Self {
+        Completion {
+            tag: req.tag,
+            op: req.op,
+            status,
+            buf: req.buf,
+        }
+    }
+}
+
+/// A request the device did not accept, handed back whole with the reason.
+#[derive(Debug)]
+pub struct Rejected {
+    pub request: Request,
+    pub error: DeviceError,
+}
+
+impl Rejected {
+    pub fn new(request: Request, error: DeviceError) -> Self {
+        Rejected { request, error }
+    }
+}
+
+impl From<Rejected> for DeviceError {
+    fn from(r: Rejected) -> Self {
+        r.error
+    }
+}
+
+/// A block device with NVMe-style queue-pair semantics.
+///
+/// Contract for implementors:
+/// - `submit` validates with [`Request::validate`] and returns the request inside [`Rejected`] when
+///   it is invalid or when `in_flight() == queue_depth` (`QueueFull`); it never blocks or panics.
+/// - Completions may be returned in any order; every accepted request completes exactly once.
+/// - A failed flush poisons the device: later writes, write-zeroes, discards and flushes complete
+///   with [`DeviceError::Poisoned`]. Reads still work.
+pub trait BlockDevice: Send {
+    /// The device's geometry; constant for the device's lifetime.
+    fn geometry(&self) -> Geometry;
+
+    /// A short description of the backend and its target, for reports (e.g. `uring:/dev/loop0`).
+    fn describe(&self) -> String;
+
+    /// Queue one command. The command may not reach the device until [`BlockDevice::ring_doorbell`]
+    /// or [`BlockDevice::poll`] is called, so callers can batch submissions.
+    fn submit(&mut self, req: Request) -> Result<(), Rejected>;
+
+    /// Send every queued command to the device without waiting for completions.
+    fn ring_doorbell(&mut self) -> DeviceResult<()>;
+
+    /// Ring the doorbell, then move completed commands into `out`, waiting until at least
+    /// `min_complete` have been returned by this call (clamped to the number in flight).
+    /// Returns how many were added. An `Err` means the queue itself broke, not one command.
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize>;
+
+    /// Commands accepted and not yet returned by `poll`.
+    fn in_flight(&self) -> usize;
+}
+
+impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
+    fn geometry(&self) -> Geometry {
+        (**self).geometry()
+    }
+    fn describe(&self) -> String {
+        (**self).describe()
+    }
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        (**self).submit(req)
+    }
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        (**self).ring_doorbell()
+    }
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        (**self).poll(out, min_complete)
+    }
+    fn in_flight(&self) -> usize {
+        (**self).in_flight()
+    }
+}

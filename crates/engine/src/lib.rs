@@ -1,0 +1,25 @@
+//! kura's direct I/O engine.
+//!
+//! Everything in kura stands on one seam, [`BlockDevice`]: a block device with NVMe-style
+//! queue-pair semantics (submit a batch, ring the doorbell, poll completions that may come back
+//! out of order). This crate owns that seam, the DMA buffer pool its data moves in
+//! ([`buffer`]), the spec strings that name devices ([`spec`], [`open()`]), the real backends
+//! ([`backend`]) and the fault injector the upper layers' crash tests use ([`fault`]).
+
+pub mod backend;
+pub mod blocking;
+pub mod buffer;
+pub mod device;
+pub mod error;
+pub mod fault;
+pub mod open;
+pub mod poison;
+pub mod spec;
+pub mod split;
+
+pub use blocking::BlockingIo;
+pub use buffer::{BufferPool, IoBuf, PoolError};
+pub use device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
+pub use error::{DeviceError, DeviceResult, Errno, OpenError};
+pub use open::{open, open_spec};
+pub use spec::Spec;

@@ -1,0 +1,106 @@
+//! Splitting requests larger than the device's maximum transfer, and retiring them as one.
+//!
+//! A backend cuts a large request into [`Piece`]s, issues each as its own command, and keeps a
+//! [`SplitParent`] that owns the original request (and its buffer) until every piece has
+//! completed; the caller then sees one completion carrying the first error, if any.
+
+use crate::device::{Completion, Request};
+use crate::error::DeviceResult;
+
+/// One device command's share of a larger request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Piece {
+    pub lba: u64,
+    pub blocks: u64,
+    /// Offset of this piece's data within the request's buffer.
+    pub buf_offset: usize,
+}
+
+/// Cuts `blocks` blocks at `lba` into pieces of at most `max_blocks` blocks.
+pub fn pieces(
+    lba: u64,
+    blocks: u64,
+    max_blocks: u64,
+    block_size: u32,
+) -> impl Iterator<Item = Piece> {
+    let max_blocks = max_blocks.max(1);
+    let count = blocks.div_ceil(max_blocks);
+    (0..count).map(move |i| {
+        let first = i * max_blocks;
+        Piece {
+            lba: lba + first,
+            blocks: max_blocks.min(blocks - first),
+            buf_offset: (first * u64::from(block_size)) as usize,
+        }
+    })
+}
+
+/// A request in flight as several pieces.
+#[derive(Debug)]
+pub struct SplitParent {
+    request: Request,
+    remaining: usize,
+    status: DeviceResult<()>,
+}
+
+impl SplitParent {
+    /// Tracks `request`, which was issued as `parts` pieces (at least one).
+    pub fn new(request: Request, parts: usize) -> Self {
+        SplitParent {
+            request,
+            remaining: parts.max(1),
+            status: Ok(()),
+        }
+    }
+
+    /// The request being tracked (e.g. to find its buffer address).
+    pub fn request(&self) -> &Request {
+        &self.request
+    }
+
+    pub fn request_mut(&mut self) -> &mut Request {
+        &mut self.request
+    }
+
+    /// Records one piece's status; returns true when this was the last piece.
+    pub fn piece_done(&mut self, status: DeviceResult<()>) -> bool {
+        if self.status.is_ok() {
+            self.status = status;
+        }
+        self.remaining -= 1;
+        self.remaining == 0
+    }
+
+    /// The single completion the caller sees.
+    pub fn into_completion(self) -> Completion {
+        Completion::of(self.request, self.status)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pieces_cover_the_range_exactly() {
+        let p: Vec<_> = pieces(10, 600, 256, 4096).collect();
+        assert_eq!(p.len(), 3);
+        assert_eq!(
+            p[0],
+            Piece {
+                lba: 10,
+                blocks: 256,
+                buf_offset: 0
+            }
+        );
+        assert_eq!(
+            p[2],
+            Piece {
+                lba: 522,
+                blocks: 88,
+                buf_offset: 512 * 4096
+            }
+        );
+        assert_eq!(pieces(0, 256, 256, 512).count(), 1);
+    }
+}
