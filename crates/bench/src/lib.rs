@@ -1,1 +1,5 @@
-//! Benchmark harness (being written).
+//! kura's benchmark harness. Each benchmark measures kura and a peer (fio, ext4 through plain
+//! system calls, ...) in the same run and reports ratios, because these machines are noisy.
+//! Results go to a terminal table, a JSON file and a PNG plot.
+
+pub mod io;

@@ -1,1 +1,48 @@
-fn main() {}
+//! The `kura` command line: one binary for every layer's tools and benchmarks.
+
+mod dev;
+
+use clap::{Parser, Subcommand};
+
+/// kura: direct user-space storage for accelerators and offload cores.
+///
+/// Devices are named by spec strings, e.g. `mem:256M`, `file:/tmp/a.img?size=1G`,
+/// `uring:/dev/loop0?sqpoll=1`, `sync:/tmp/a.img`, `redirect:/tmp/a.img?link=aurora`,
+/// `fault(mem:64M)?write_eio=3`. Run `kura help specs` for the full list of kinds and options.
+#[derive(Debug, Parser)]
+#[command(name = "kura", version, about, long_about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create, inspect, read, write and verify block devices.
+    #[command(subcommand)]
+    Dev(dev::DevCommand),
+    /// Benchmarks, each measured against a peer in the same run.
+    #[command(subcommand)]
+    Bench(BenchCommand),
+    /// Explain the device spec strings every command accepts.
+    Specs,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchCommand {
+    /// Device I/O: latency by size, random IOPS by queue depth, sequential bandwidth, null-device
+    /// commands per second; fio in the same run when installed (the paper's Fig. 2 and 5).
+    Io(kura_bench::io::IoArgs),
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Dev(cmd) => dev::run(cmd),
+        Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
+        Command::Specs => {
+            print!("{}", dev::SPECS_HELP);
+            Ok(())
+        }
+    }
+}

@@ -207,6 +207,10 @@ enum Owner {
         order: u8,
     },
     Heap(Layout),
+    HeapOffset {
+        layout: Layout,
+        offset: usize,
+    },
 }
 
 /// An aligned data buffer owned by exactly one holder: the caller, or the device while a request
@@ -248,6 +252,26 @@ impl IoBuf {
             len,
             cap,
             owner: Owner::Heap(layout),
+        }
+    }
+
+    /// A zeroed heap buffer whose data starts `offset` bytes past a page boundary, for exercising
+    /// alignment checks (O_DIRECT refuses such buffers).
+    pub fn heap_offset(len: usize, offset: usize) -> IoBuf {
+        let layout = match Layout::from_size_align(len + offset + 1, POOL_ALIGN) {
+            Ok(layout) => layout,
+            Err(_) => panic!("IoBuf::heap_offset: {len} + {offset} bytes overflow"),
+        };
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        let base = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(layout));
+        // SAFETY: offset < layout size, so the pointer stays inside the allocation.
+        let ptr = unsafe { NonNull::new_unchecked(base.as_ptr().add(offset)) };
+        IoBuf {
+            ptr,
+            len,
+            cap: len,
+            owner: Owner::HeapOffset { layout, offset },
         }
     }
 
@@ -294,7 +318,7 @@ impl IoBuf {
     pub fn pool_slot(&self) -> Option<(u64, usize)> {
         match &self.owner {
             Owner::Pool { shared, offset, .. } => Some((shared.id, *offset)),
-            Owner::Heap(_) => None,
+            Owner::Heap(_) | Owner::HeapOffset { .. } => None,
         }
     }
 }
@@ -341,6 +365,10 @@ impl Drop for IoBuf {
             Owner::Heap(layout) => {
                 // SAFETY: allocated in `IoBuf::heap` with exactly this layout.
                 unsafe { std::alloc::dealloc(self.ptr.as_ptr(), *layout) }
+            }
+            Owner::HeapOffset { layout, offset } => {
+                // SAFETY: allocated in `IoBuf::heap_offset` with this layout at ptr - offset.
+                unsafe { std::alloc::dealloc(self.ptr.as_ptr().sub(*offset), *layout) }
             }
         }
     }
