@@ -28,17 +28,22 @@ pub fn open_engine_kind(
     spec: &Spec,
     children: &dyn Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError>,
 ) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
-    let boxed = |r: Result<_, OpenError>| r.map(|d| Box::new(d) as Box<dyn BlockDevice>);
     Some(match spec.kind.as_str() {
         "mem" => boxed(mem::open_mem(spec)),
-        "null" => mem::open_null(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>),
+        "null" => boxed(mem::open_null(spec)),
         "file" => open_file(spec),
-        "uring" => uring::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>),
-        "sync" => sync::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>),
-        "redirect" => redirect::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>),
-        "fault" => fault::open(spec, children).map(|d| Box::new(d) as Box<dyn BlockDevice>),
+        "uring" => boxed(uring::open(spec)),
+        "sync" => boxed(sync::open(spec)),
+        "redirect" => boxed(redirect::open(spec)),
+        "fault" => boxed(fault::open(spec, children)),
         _ => return None,
     })
+}
+
+fn boxed<D: BlockDevice + 'static>(
+    opened: Result<D, OpenError>,
+) -> Result<Box<dyn BlockDevice>, OpenError> {
+    opened.map(|d| Box::new(d) as Box<dyn BlockDevice>)
 }
 
 /// The error for a kind nobody registered, with the closest known kind as a hint.
