@@ -31,10 +31,43 @@ pub struct MemDevice {
 
 impl MemDevice {
     /// A zeroed RAM disk of `capacity` bytes (rounded down to whole blocks).
+    ///
+    /// # Panics
+    /// When the memory cannot be had; [`open_mem`] reports that as an error instead.
     pub fn new(capacity: u64, opts: QueueOptions) -> Self {
+        match Self::try_new(capacity, opts) {
+            Ok(dev) => dev,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// A zeroed RAM disk, or an error when the memory cannot be reserved.
+    pub fn try_new(capacity: u64, opts: QueueOptions) -> Result<Self, OpenError> {
         let geo = opts.geometry(capacity, 1);
-        let bytes = geo.capacity_bytes() as usize;
-        Self::with_storage(Arc::new(Mutex::new(vec![0; bytes])), opts)
+        let bytes = usize::try_from(geo.capacity_bytes()).map_err(|_| {
+            OpenError::Invalid(format!(
+                "a RAM disk of {capacity} bytes does not fit in memory"
+            ))
+        })?;
+        if bytes == 0 {
+            return Err(OpenError::Invalid(format!(
+                "a RAM disk of {capacity} bytes holds no whole block"
+            )));
+        }
+        let layout = std::alloc::Layout::array::<u8>(bytes)
+            .map_err(|_| OpenError::Invalid(format!("a RAM disk of {bytes} bytes is too large")))?;
+        // SAFETY: the layout has non-zero size. alloc_zeroed maps fresh zero pages lazily, so a
+        // large RAM disk costs memory only as it is written.
+        let raw = unsafe { std::alloc::alloc_zeroed(layout) };
+        if raw.is_null() {
+            return Err(OpenError::Invalid(format!(
+                "cannot reserve {bytes} bytes of memory for a RAM disk"
+            )));
+        }
+        // SAFETY: `raw` was allocated by the global allocator with the layout of [u8; bytes], and
+        // all `bytes` bytes are initialised (zeroed), so it is a valid Vec of that length and capacity.
+        let storage = unsafe { Vec::from_raw_parts(raw, bytes, bytes) };
+        Ok(Self::with_storage(Arc::new(Mutex::new(storage)), opts))
     }
 
     /// A queue pair over existing storage.
@@ -223,7 +256,7 @@ pub fn open_mem(spec: &Spec) -> Result<MemDevice, OpenError> {
             opts.block_size
         )));
     }
-    let dev = MemDevice::new(capacity, opts);
+    let dev = MemDevice::try_new(capacity, opts)?;
     Ok(match spec.num_option::<u64>("shuffle")? {
         Some(seed) => dev.shuffled(seed),
         None => dev,
