@@ -1,6 +1,9 @@
 //! The `kura` command line: one binary for every layer's tools and benchmarks.
 
+mod demo;
 mod dev;
+mod pattern;
+mod stream;
 
 use clap::{Parser, Subcommand};
 
@@ -8,7 +11,7 @@ use clap::{Parser, Subcommand};
 ///
 /// Devices are named by spec strings, e.g. `mem:256M`, `file:/tmp/a.img?size=1G`,
 /// `uring:/dev/loop0?sqpoll=1`, `sync:/tmp/a.img`, `redirect:/tmp/a.img?link=aurora`,
-/// `fault(mem:64M)?write_eio=3`. Run `kura help specs` for the full list of kinds and options.
+/// `fault(mem:64M)?write_eio=3`. Run `kura specs` for the full list of kinds and options.
 #[derive(Debug, Parser)]
 #[command(name = "kura", version, about, long_about)]
 struct Cli {
@@ -26,6 +29,9 @@ enum Command {
     Bench(BenchCommand),
     /// Explain the device spec strings every command accepts.
     Specs,
+    /// The main job on an embedded default: a file-backed image in a temp dir, written through
+    /// io_uring at depth, verified, and timed against the kernel-mediated paths.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, Subcommand)]
@@ -40,6 +46,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
+        Command::Demo(args) => demo::run(&args),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);
             Ok(())
