@@ -75,7 +75,7 @@ pub trait BlockingIo: BlockDevice {
     /// The block size, after checking that `len` is a non-zero whole number of blocks.
     fn block_len(&self, len: usize) -> DeviceResult<usize> {
         let bs = self.geometry().block_size as usize;
-        if len == 0 || len % bs != 0 {
+        if len == 0 || !len.is_multiple_of(bs) {
             return Err(DeviceError::Misaligned {
                 what: "transfer length",
                 value: len as u64,

@@ -189,7 +189,7 @@ impl Request {
             if let Some(buf) = &self.buf {
                 let align = u64::from(geo.buffer_alignment.max(1));
                 let addr = buf.as_ptr() as u64;
-                if addr % align != 0 {
+                if !addr.is_multiple_of(align) {
                     return Err(DeviceError::Misaligned {
                         what: "buffer address",
                         value: addr,

@@ -382,10 +382,7 @@ pub const FAULT_OPTIONS: &[&str] = &[
 ];
 
 /// Opens `fault(INNER)?read_eio=N&write_eio=N&flush_eio=N&cut_after=N&keep=P&seed=S&record=1`.
-pub fn open(
-    spec: &Spec,
-    children: &dyn Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError>,
-) -> Result<FaultDevice, OpenError> {
+pub fn open(spec: &Spec, children: crate::open::ChildOpener<'_>) -> Result<FaultDevice, OpenError> {
     spec.check_options(FAULT_OPTIONS)?;
     let [child] = spec.children.as_slice() else {
         return Err(OpenError::Invalid(format!(

@@ -22,11 +22,14 @@ pub fn open_spec(spec: &Spec) -> Result<Box<dyn BlockDevice>, OpenError> {
     open_engine_kind(spec, &open_spec).unwrap_or_else(|| Err(unknown_kind(spec, ENGINE_KINDS)))
 }
 
+/// Opens the devices a wrapper holds; upper layers pass their own to add kinds.
+pub type ChildOpener<'a> = &'a dyn Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError>;
+
 /// Opens `spec` if its kind is one of the engine's; `children` opens wrapped specs.
 /// Returns `None` for kinds the engine does not know.
 pub fn open_engine_kind(
     spec: &Spec,
-    children: &dyn Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError>,
+    children: ChildOpener<'_>,
 ) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
     Some(match spec.kind.as_str() {
         "mem" => boxed(mem::open_mem(spec)),

@@ -35,7 +35,7 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Maps `len` bytes, trying hugepages first when `len` is a multiple of 2 MiB.
     pub fn map(len: usize, try_hugepages: bool) -> Result<Self, Errno> {
-        if try_hugepages && len % HUGEPAGE == 0 {
+        if try_hugepages && len.is_multiple_of(HUGEPAGE) {
             if let Some(base) = mmap_anon(len, libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT)) {
                 return Ok(Arena {
                     base,
