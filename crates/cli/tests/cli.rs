@@ -3,11 +3,18 @@
 use std::process::{Command, Output};
 
 fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura")).args(args).output().expect("run kura")
+    Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args(args)
+        .output()
+        .expect("run kura")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 #[test]
@@ -16,24 +23,68 @@ fn create_write_verify_read_round_trip() {
     let spec = format!("file:{}/a.img?size=4M", dir.path().display());
     let o = kura(&["dev", "create", &spec, "--fill", "--seed", "5"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert!(text(&o).contains("1024 blocks of 4096 bytes"), "{}", text(&o));
+    assert!(
+        text(&o).contains("1024 blocks of 4096 bytes"),
+        "{}",
+        text(&o)
+    );
     let o = kura(&["dev", "verify", &spec, "--seed", "5"]);
-    assert!(o.status.success() && text(&o).contains("all hold pattern 5"), "{}", text(&o));
+    assert!(
+        o.status.success() && text(&o).contains("all hold pattern 5"),
+        "{}",
+        text(&o)
+    );
 
     let o = kura(&["dev", "verify", &spec, "--seed", "6"]);
-    assert!(!o.status.success() && text(&o).contains("MISMATCH"), "wrong seed must fail: {}", text(&o));
+    assert!(
+        !o.status.success() && text(&o).contains("MISMATCH"),
+        "wrong seed must fail: {}",
+        text(&o)
+    );
 
-    let o = kura(&["dev", "write", &spec, "--lba", "10", "--blocks", "3", "--pattern", "9"]);
+    let o = kura(&[
+        "dev",
+        "write",
+        &spec,
+        "--lba",
+        "10",
+        "--blocks",
+        "3",
+        "--pattern",
+        "9",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let o = kura(&["dev", "verify", &spec, "--seed", "5"]);
-    assert!(text(&o).contains("3 of 1024 block(s) differ") && text(&o).contains("first at LBA 10"), "{}", text(&o));
+    assert!(
+        text(&o).contains("3 of 1024 block(s) differ") && text(&o).contains("first at LBA 10"),
+        "{}",
+        text(&o)
+    );
 
     let input = dir.path().join("in.bin");
     std::fs::write(&input, vec![0xabu8; 8192]).unwrap();
-    let o = kura(&["dev", "write", &spec, "--lba", "2", "--input", input.to_str().unwrap()]);
+    let o = kura(&[
+        "dev",
+        "write",
+        &spec,
+        "--lba",
+        "2",
+        "--input",
+        input.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let out = dir.path().join("out.bin");
-    let o = kura(&["dev", "read", &spec, "--lba", "2", "--blocks", "2", "--out", out.to_str().unwrap()]);
+    let o = kura(&[
+        "dev",
+        "read",
+        &spec,
+        "--lba",
+        "2",
+        "--blocks",
+        "2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(std::fs::read(&out).unwrap(), vec![0xabu8; 8192]);
     let o = kura(&["dev", "read", &spec, "--lba", "2"]);
@@ -47,26 +98,79 @@ fn mistakes_get_clear_errors_and_a_failing_exit_code() {
     std::fs::write(&odd, [1u8; 100]).unwrap();
     let img = format!("file:{}/b.img?size=1M", dir.path().display());
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["dev".into(), "info".into(), "mme:4M".into()], "did you mean `mem`"),
-        (vec!["dev".into(), "info".into(), "mem:4M?qdd=1".into()], "did you mean `qd`"),
-        (vec!["dev".into(), "read".into(), "mem:4M".into(), "--lba".into(), "5000".into()], "out of range"),
-        (vec!["dev".into(), "write".into(), img.clone()], "--input FILE or --pattern SEED"),
-        (vec!["dev".into(), "write".into(), img.clone(), "--input".into(), odd.display().to_string()], "not a whole number"),
-        (vec!["dev".into(), "verify".into(), img, "--lba".into(), "300".into()], "does not fit"),
-        (vec!["dev".into(), "info".into(), format!("sync:{}/missing.img", dir.path().display())], "No such file"),
+        (
+            vec!["dev".into(), "info".into(), "mme:4M".into()],
+            "did you mean `mem`",
+        ),
+        (
+            vec!["dev".into(), "info".into(), "mem:4M?qdd=1".into()],
+            "did you mean `qd`",
+        ),
+        (
+            vec![
+                "dev".into(),
+                "read".into(),
+                "mem:4M".into(),
+                "--lba".into(),
+                "5000".into(),
+            ],
+            "out of range",
+        ),
+        (
+            vec!["dev".into(), "write".into(), img.clone()],
+            "--input FILE or --pattern SEED",
+        ),
+        (
+            vec![
+                "dev".into(),
+                "write".into(),
+                img.clone(),
+                "--input".into(),
+                odd.display().to_string(),
+            ],
+            "not a whole number",
+        ),
+        (
+            vec![
+                "dev".into(),
+                "verify".into(),
+                img,
+                "--lba".into(),
+                "300".into(),
+            ],
+            "does not fit",
+        ),
+        (
+            vec![
+                "dev".into(),
+                "info".into(),
+                format!("sync:{}/missing.img", dir.path().display()),
+            ],
+            "No such file",
+        ),
     ];
     for (args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let o = kura(&args);
         assert!(!o.status.success(), "{args:?} should fail");
-        assert!(text(&o).contains(want), "{args:?}: `{}` should mention `{want}`", text(&o));
+        assert!(
+            text(&o).contains(want),
+            "{args:?}: `{}` should mention `{want}`",
+            text(&o)
+        );
         assert!(!text(&o).contains("panicked"), "{args:?} panicked");
     }
 }
 
 #[test]
 fn every_subcommand_explains_itself() {
-    for args in [vec!["--help"], vec!["dev", "--help"], vec!["dev", "write", "--help"], vec!["bench", "io", "--help"], vec!["demo", "--help"]] {
+    for args in [
+        vec!["--help"],
+        vec!["dev", "--help"],
+        vec!["dev", "write", "--help"],
+        vec!["bench", "io", "--help"],
+        vec!["demo", "--help"],
+    ] {
         let o = kura(&args);
         assert!(o.status.success(), "{args:?}: {}", text(&o));
         assert!(text(&o).contains("Usage"), "{args:?}");
