@@ -35,26 +35,42 @@ unsafe impl Sync for Arena {}
 impl Arena {
     /// Maps `len` bytes, trying hugepages first when `len` is a multiple of 2 MiB.
     pub fn map(len: usize, try_hugepages: bool) -> Result<Self, Errno> {
-        if try_hugepages && len.is_multiple_of(HUGEPAGE) {
-            if let Some(base) = mmap_anon(len, libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT)) {
-                return Ok(Arena {
+        let huge = if try_hugepages && len.is_multiple_of(HUGEPAGE) {
+            mmap_anon(len, libc::MAP_HUGETLB | (21 << libc::MAP_HUGE_SHIFT))
+        } else {
+            None
+        };
+        let arena = match huge {
+            Some(base) => Arena {
+                base,
+                len,
+                backing: Backing::Hugepages,
+            },
+            None => {
+                let base = mmap_anon(len, 0).ok_or_else(Errno::last)?;
+                // SAFETY: `base..base+len` is the mapping just created; madvise only changes
+                // paging policy and its failure (THP disabled) is harmless.
+                unsafe {
+                    libc::madvise(base.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
+                }
+                Arena {
                     base,
                     len,
-                    backing: Backing::Hugepages,
-                });
+                    backing: Backing::Pages,
+                }
             }
-        }
-        let base = mmap_anon(len, 0).ok_or_else(Errno::last)?;
-        // SAFETY: `base..base+len` is the mapping just created; madvise only changes paging policy
-        // and its failure (THP disabled) is harmless, so the result is ignored on purpose.
+        };
+        arena.exclude_from_fork();
+        Ok(arena)
+    }
+
+    /// Keeps the arena out of forked children (the redirect proxy never touches it). Without
+    /// this, a fork after io_uring pinned the arena copies every pinned page eagerly.
+    fn exclude_from_fork(&self) {
+        // SAFETY: madvise on this arena's own mapping; failure only costs copy time at fork.
         unsafe {
-            libc::madvise(base.as_ptr().cast(), len, libc::MADV_HUGEPAGE);
+            libc::madvise(self.base.as_ptr().cast(), self.len, libc::MADV_DONTFORK);
         }
-        Ok(Arena {
-            base,
-            len,
-            backing: Backing::Pages,
-        })
     }
 
     pub fn base(&self) -> NonNull<u8> {

@@ -1,0 +1,208 @@
+//! The proxy process: the "host" that serves every command of a `redirect` device.
+//!
+//! It runs in a child forked *without exec* from a process that may have many threads, so after
+//! the fork it may only do async-signal-safe things: raw system calls (pread, pwrite, fdatasync,
+//! fallocate, futex, clock_gettime, prctl, getppid, _exit), plain memory copies and atomics. It
+//! allocates nothing, takes no lock, prints nothing and never panics on input: every length
+//! and index read from the channel is checked before use. Its buffered I/O lands in its own
+//! staging buffer (allocated before the fork) and is then copied into the channel — the copy a
+//! host makes when it moves data to an accelerator.
+
+use super::channel::{self, Channel, DONE, OP_DISCARD, OP_FLUSH, OP_READ, OP_WRITE, OP_ZERO};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// Everything the proxy needs, prepared before the fork.
+pub struct ProxyConfig {
+    pub fd: i32,
+    pub staging: *mut u8,
+    pub staging_len: usize,
+    /// Modeled cost per call in ns (0 = no model).
+    pub call_ns: u64,
+    /// Modeled copy cost in ns per byte (0 = no model).
+    pub ns_per_byte: f64,
+    pub parent_pid: i32,
+}
+
+/// Serves commands until told to stop or the parent dies. Never returns.
+///
+/// # Safety
+/// Must run in the child right after `fork`, with `chan` and `cfg` set up before the fork.
+pub unsafe fn serve(chan: &Channel, cfg: &ProxyConfig) -> ! {
+    // SAFETY: prctl/getppid/_exit are async-signal-safe system calls.
+    unsafe {
+        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+        if libc::getppid() != cfg.parent_pid {
+            libc::_exit(0);
+        }
+    }
+    let h = chan.header();
+    let slots = chan.slots() as u32;
+    loop {
+        let head = h.sq_head.load(Ordering::Relaxed);
+        if channel::acquire(&h.sq_tail) == head {
+            if h.shutdown.load(Ordering::Acquire) != 0 {
+                // SAFETY: async-signal-safe exit, skipping the parent's atexit handlers.
+                unsafe { libc::_exit(0) };
+            }
+            let woke = channel::spin_until(
+                || channel::acquire(&h.sq_tail) != head || h.shutdown.load(Ordering::Relaxed) != 0,
+                20_000,
+            );
+            if !woke {
+                h.proxy_sleeping.store(1, Ordering::SeqCst);
+                if h.sq_tail.load(Ordering::SeqCst) == head
+                    && h.shutdown.load(Ordering::SeqCst) == 0
+                {
+                    channel::futex_wait(&h.sq_tail, head, Duration::from_millis(100));
+                }
+                h.proxy_sleeping.store(0, Ordering::SeqCst);
+                // SAFETY: getppid/_exit are async-signal-safe.
+                unsafe {
+                    if libc::getppid() != cfg.parent_pid {
+                        libc::_exit(0);
+                    }
+                }
+            }
+            continue;
+        }
+        let index = h.sq[(head % slots) as usize].load(Ordering::Relaxed);
+        if index < slots {
+            let slot = chan.slot(index as usize);
+            let errno = serve_one(chan, index as usize, cfg);
+            slot.result.store(errno, Ordering::Relaxed);
+            slot.state.store(DONE, Ordering::Release);
+        }
+        h.sq_head.store(head.wrapping_add(1), Ordering::Release);
+        h.cq_seq.fetch_add(1, Ordering::SeqCst);
+        if h.caller_waiting.load(Ordering::SeqCst) != 0 {
+            channel::futex_wake(&h.cq_seq);
+        }
+    }
+}
+
+/// Performs one command; returns 0 or a positive errno.
+fn serve_one(chan: &Channel, index: usize, cfg: &ProxyConfig) -> u32 {
+    let slot = chan.slot(index);
+    let op = slot.op.load(Ordering::Relaxed);
+    let offset = slot.offset.load(Ordering::Relaxed);
+    let len = slot.len.load(Ordering::Relaxed) as usize;
+    let data = chan.data_ptr(index);
+    let start = now_ns();
+    let errno = match op {
+        OP_READ | OP_WRITE if len > chan.data_capacity() || len > cfg.staging_len => libc::EINVAL,
+        OP_READ => {
+            let e = transfer(cfg.fd, cfg.staging, len, offset, false);
+            if e == 0 {
+                // SAFETY: both regions hold at least `len` bytes (checked above) and are distinct
+                // mappings, so they cannot overlap.
+                unsafe { std::ptr::copy_nonoverlapping(cfg.staging, data, len) };
+            }
+            e
+        }
+        OP_WRITE => {
+            // SAFETY: as for reads.
+            unsafe { std::ptr::copy_nonoverlapping(data, cfg.staging, len) };
+            transfer(cfg.fd, cfg.staging, len, offset, true)
+        }
+        // SAFETY: fdatasync on the proxy's own fd.
+        OP_FLUSH => errno_of(unsafe { libc::fdatasync(cfg.fd) }),
+        OP_ZERO | OP_DISCARD => {
+            let mode = if op == OP_ZERO {
+                libc::FALLOC_FL_ZERO_RANGE
+            } else {
+                libc::FALLOC_FL_PUNCH_HOLE
+            } | libc::FALLOC_FL_KEEP_SIZE;
+            // SAFETY: fallocate on the proxy's own fd with integer arguments.
+            match errno_of(unsafe { libc::fallocate(cfg.fd, mode, offset as i64, len as i64) }) {
+                0 => 0,
+                _ => write_zeroes(cfg, offset, len),
+            }
+        }
+        _ => libc::EINVAL,
+    } as u32;
+    model_link(
+        cfg,
+        start,
+        if op == OP_READ || op == OP_WRITE {
+            len
+        } else {
+            0
+        },
+    );
+    errno
+}
+
+/// Spins until the modeled link time of this call has passed since `start`.
+fn model_link(cfg: &ProxyConfig, start: u64, bytes: usize) {
+    if cfg.call_ns == 0 && cfg.ns_per_byte == 0.0 {
+        return;
+    }
+    let until = start + cfg.call_ns + (bytes as f64 * cfg.ns_per_byte) as u64;
+    while now_ns() < until {
+        std::hint::spin_loop();
+    }
+}
+
+/// Monotonic clock in ns (clock_gettime is async-signal-safe).
+pub fn now_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes one timespec through a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn errno_of(rc: i32) -> i32 {
+    if rc == 0 {
+        0
+    } else {
+        // SAFETY: reading the thread's errno location.
+        unsafe { *libc::__errno_location() }
+    }
+}
+
+/// pread/pwrite the whole of `len` bytes, retrying short transfers and EINTR.
+fn transfer(fd: i32, buf: *mut u8, len: usize, offset: u64, write: bool) -> i32 {
+    let mut done = 0usize;
+    while done < len {
+        // SAFETY: buf..buf+len is the staging buffer (len <= staging_len checked by the caller).
+        let n = unsafe {
+            let p = buf.add(done);
+            let at = (offset + done as u64) as i64;
+            if write {
+                libc::pwrite(fd, p.cast(), len - done, at)
+            } else {
+                libc::pread(fd, p.cast(), len - done, at)
+            }
+        };
+        if n > 0 {
+            done += n as usize;
+        } else if n == 0 {
+            return libc::EIO;
+        } else {
+            let e = errno_of(-1);
+            if e != libc::EINTR {
+                return e;
+            }
+        }
+    }
+    0
+}
+
+fn write_zeroes(cfg: &ProxyConfig, offset: u64, len: usize) -> i32 {
+    // SAFETY: zeroing the proxy's own staging buffer.
+    unsafe { std::ptr::write_bytes(cfg.staging, 0, cfg.staging_len) };
+    let mut done = 0usize;
+    while done < len {
+        let n = (len - done).min(cfg.staging_len);
+        let e = transfer(cfg.fd, cfg.staging, n, offset + done as u64, true);
+        if e != 0 {
+            return e;
+        }
+        done += n;
+    }
+    0
+}
