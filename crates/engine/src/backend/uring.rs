@@ -29,7 +29,10 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Options of `uring:` besides the common and file ones.
-pub const URING_OPTIONS: &[&str] = &["sqpoll", "iopoll", "fixed"];
+pub const URING_OPTIONS: &[&str] = &["sqpoll", "iopoll", "fixed", "spin_us"];
+
+/// Default hybrid-polling window in µs.
+pub const DEFAULT_SPIN_US: u64 = 0;
 
 /// How long drop waits for commands still in the kernel before leaking their buffers.
 const DROP_WAIT: Duration = Duration::from_secs(5);
@@ -63,6 +66,8 @@ pub struct UringDevice {
     notes: Vec<String>,
     /// Reused each reap so the hot path does not allocate.
     cqe_scratch: Vec<(u64, i32)>,
+    /// How long `poll` watches the completion ring before sleeping (0 = never spin).
+    spin: Duration,
 }
 
 // SAFETY: the ring, the fd and the slot table are owned by this value and only used through
@@ -152,6 +157,7 @@ impl UringDevice {
             poison: FlushPoison::default(),
             notes,
             cqe_scratch: Vec::with_capacity(kernel_limit),
+            spin: want.spin,
         };
         if sqpoll {
             dev.notes.push("sqpoll".into());
@@ -390,6 +396,8 @@ pub struct Features {
     pub sqpoll: bool,
     pub iopoll: bool,
     pub fixed: bool,
+    /// Hybrid polling: spin this long on the completion ring before sleeping.
+    pub spin: Duration,
 }
 
 /// Builds the ring with the features asked for, dropping each the kernel refuses (with a note).
@@ -401,12 +409,19 @@ fn build_ring(
 ) -> Result<(IoUring, bool, bool), OpenError> {
     let mut sqpoll = want.sqpoll;
     let mut iopoll = want.iopoll;
+    let mut coop = want.spin.is_zero();
     if iopoll && !direct {
         notes.push("iopoll needs O_DIRECT; running without".into());
         iopoll = false;
     }
     loop {
         let mut builder = IoUring::builder();
+        // Completions are posted when this thread next enters the kernel instead of interrupting
+        // it with an IPI while it runs; the queue pair enters to wait anyway. Hybrid polling
+        // (`spin_us`) watches the ring from user space and needs the interrupt, so it goes without.
+        if coop {
+            builder.setup_coop_taskrun();
+        }
         if sqpoll {
             builder.setup_sqpoll(50);
         }
@@ -415,6 +430,7 @@ fn build_ring(
         }
         match builder.build(entries) {
             Ok(ring) => return Ok((ring, sqpoll, iopoll)),
+            Err(_) if coop => coop = false,
             Err(e) if sqpoll => {
                 notes.push(format!("sqpoll refused: {e}; running without"));
                 sqpoll = false;
@@ -548,6 +564,21 @@ impl BlockDevice for UringDevice {
         }
         loop {
             self.fill_ring();
+            if got < want && self.in_kernel > 0 && self.spin.as_nanos() > 0 {
+                // Hybrid polling: submit without waiting, then watch the completion ring from
+                // user space for a short while before sleeping in the kernel, so a completion
+                // that arrives soon costs no wake-up.
+                if self.ring.submit().is_ok() {
+                    let start = Instant::now();
+                    while self.ring.completion().is_empty() && start.elapsed() < self.spin {
+                        std::hint::spin_loop();
+                    }
+                    got += self.reap(out);
+                    if got >= want {
+                        return Ok(got);
+                    }
+                }
+            }
             let wait = usize::from(got < want && self.in_kernel > 0);
             match self.ring.submit_and_wait(wait) {
                 Ok(_) => {}
@@ -608,6 +639,11 @@ pub fn open(spec: &Spec) -> Result<UringDevice, OpenError> {
         sqpoll: spec.bool_option("sqpoll")?.unwrap_or(false),
         iopoll: spec.bool_option("iopoll")?.unwrap_or(false),
         fixed: spec.bool_option("fixed")?.unwrap_or(true),
+        spin: Duration::from_micros(
+            spec.num_option::<u64>("spin_us")?
+                .unwrap_or(DEFAULT_SPIN_US)
+                .min(10_000),
+        ),
     };
     let direct = DirectMode::from_flag(spec.bool_option("direct")?, DirectMode::Preferred);
     // Probe io_uring before touching the file, so `file:` can fall back without side effects.
