@@ -26,7 +26,9 @@ pub fn find() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs fio once; `rw` is fio's name (`randread`, `randwrite`, `read`, `write`).
+/// Runs fio once; `rw` is fio's name (`randread`, `randwrite`, `read`, `write`). Like kura's
+/// points, it stops after `runtime` or after `io_bytes` of I/O, whichever comes first, so both
+/// sides do the same work.
 pub fn run(
     fio: &Path,
     file: &Path,
@@ -34,6 +36,7 @@ pub fn run(
     bytes: usize,
     depth: usize,
     runtime: Duration,
+    io_bytes: u64,
 ) -> anyhow::Result<FioResult> {
     let out = Command::new(fio)
         .arg("--name=kura-peer")
@@ -41,10 +44,10 @@ pub fn run(
         .args([
             "--ioengine=io_uring",
             "--direct=1",
-            "--time_based",
             "--output-format=json",
             "--randrepeat=0",
         ])
+        .arg(format!("--io_size={io_bytes}"))
         .arg(format!("--rw={rw}"))
         .arg(format!("--bs={bytes}"))
         .arg(format!("--iodepth={depth}"))
