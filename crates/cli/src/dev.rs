@@ -19,7 +19,8 @@ Backends
   file:PATH           image file on the best path the kernel allows: io_uring + O_DIRECT, else
                       buffered io_uring, else plain system calls. Options: size=SIZE creates or grows it
   uring:PATH          io_uring on a file or block device (e.g. /dev/loop0). Options: size=, direct=0|1,
-                      sqpoll=0|1, iopoll=0|1, fixed=0|1 (registered file and buffers)
+                      sqpoll=0|1, iopoll=0|1, fixed=0|1 (registered file and buffers),
+                      batch=0|1 (hold commands until the doorbell), spin_us=N (hybrid polling)
   sync:PATH           plain pread/pwrite/fdatasync through the page cache, the kernel-mediated
                       baseline. Options: size=, direct=0|1
   redirect:PATH       every command served by a separate proxy process over shared memory, which

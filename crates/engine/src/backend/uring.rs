@@ -6,8 +6,10 @@
 //! - **Registered file and buffers**: the fd is registered once, and the global buffer pool's whole
 //!   arena is registered once as fixed buffer 0, so a pool buffer goes to the kernel as
 //!   `READ_FIXED`/`WRITE_FIXED` with no per-I/O page pinning. Other buffers use plain read/write.
-//! - **Batched submission**: `submit` only fills the submission ring; one `io_uring_enter` per
-//!   `ring_doorbell`/`poll` carries the whole batch (none at all with `sqpoll=1`).
+//! - **Submission**: by default each `submit` rings the doorbell at once (one `io_uring_enter`,
+//!   none with `sqpoll=1`), which measured fastest on this machine; with `batch=1`, `submit` only
+//!   fills the submission ring and one `io_uring_enter` per `ring_doorbell`/`poll` carries the
+//!   whole batch, for callers that issue bursts and count system calls.
 //! - **Splitting**: requests above `max_transfer` become several SQEs tracked by one
 //!   [`SplitParent`] and completed as one; pieces that do not fit the ring wait in a bounded
 //!   overflow queue, and no more SQEs are in the kernel than the completion ring holds.
@@ -29,7 +31,7 @@ use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
 
 /// Options of `uring:` besides the common and file ones.
-pub const URING_OPTIONS: &[&str] = &["sqpoll", "iopoll", "fixed", "spin_us"];
+pub const URING_OPTIONS: &[&str] = &["sqpoll", "iopoll", "fixed", "spin_us", "batch"];
 
 /// Default hybrid-polling window in µs.
 pub const DEFAULT_SPIN_US: u64 = 0;
@@ -68,6 +70,8 @@ pub struct UringDevice {
     cqe_scratch: Vec<(u64, i32)>,
     /// How long `poll` watches the completion ring before sleeping (0 = never spin).
     spin: Duration,
+    /// Hold submitted commands until `ring_doorbell`/`poll` (one system call per batch).
+    batch: bool,
 }
 
 // SAFETY: the ring, the fd and the slot table are owned by this value and only used through
@@ -158,6 +162,7 @@ impl UringDevice {
             notes,
             cqe_scratch: Vec::with_capacity(kernel_limit),
             spin: want.spin,
+            batch: want.batch,
         };
         if sqpoll {
             dev.notes.push("sqpoll".into());
@@ -398,6 +403,8 @@ pub struct Features {
     pub fixed: bool,
     /// Hybrid polling: spin this long on the completion ring before sleeping.
     pub spin: Duration,
+    /// Defer submission to the doorbell instead of entering the kernel on each submit.
+    pub batch: bool,
 }
 
 /// Builds the ring with the features asked for, dropping each the kernel refuses (with a note).
@@ -491,6 +498,9 @@ impl BlockDevice for UringDevice {
         if self.iopoll {
             parts.push("iopoll".into());
         }
+        if self.batch {
+            parts.push("batched doorbell".into());
+        }
         parts.extend(self.notes.iter().cloned());
         format!("uring:{} ({})", self.backing.path, parts.join(", "))
     }
@@ -541,6 +551,13 @@ impl BlockDevice for UringDevice {
             }
         }
         self.fill_ring();
+        if !self.batch {
+            // Eager doorbell: the device starts on this command now and completions waiting in
+            // the kernel are posted on the way. Measured ~10 % more IOPS at every depth on this
+            // machine's virtio disk than holding commands for the next poll. A failure here only
+            // delays the command to the next doorbell, which reports errors.
+            let _ = self.ring.submit();
+        }
         Ok(())
     }
 
@@ -639,6 +656,7 @@ pub fn open(spec: &Spec) -> Result<UringDevice, OpenError> {
         sqpoll: spec.bool_option("sqpoll")?.unwrap_or(false),
         iopoll: spec.bool_option("iopoll")?.unwrap_or(false),
         fixed: spec.bool_option("fixed")?.unwrap_or(true),
+        batch: spec.bool_option("batch")?.unwrap_or(false),
         spin: Duration::from_micros(
             spec.num_option::<u64>("spin_us")?
                 .unwrap_or(DEFAULT_SPIN_US)
