@@ -27,6 +27,10 @@ pub fn data_backends(dir: &Path) -> Vec<String> {
             "uring:{}?size={size}&direct=0&{OPTS}",
             img("uring-buffered.img")
         ),
+        format!(
+            "uring:{}?size={size}&batch=1&sqpoll=1&{OPTS}",
+            img("uring-batched.img")
+        ),
         format!("file:{}?size={size}&{OPTS}", img("file.img")),
         format!("redirect:{}?size={size}&{OPTS}", img("redirect.img")),
         format!("fault(mem:{size}?{OPTS})"),
