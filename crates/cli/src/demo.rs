@@ -77,7 +77,7 @@ pub fn run(args: &DemoArgs) -> anyhow::Result<()> {
     ];
     let mut direct_mean = None;
     for (label, spec) in paths {
-        drop_page_cache(&image)?;
+        kura_bench::io::drop_page_cache(&image)?;
         let mut dev = match kura_engine::open(&spec) {
             Ok(d) => d,
             Err(e) => {
@@ -143,21 +143,4 @@ fn time_reads(dev: &mut dyn BlockDevice, n: u32) -> anyhow::Result<Vec<f64>> {
         buf = c.buf;
     }
     Ok(lat)
-}
-
-/// Evicts the image from the page cache so every path starts from the disk.
-fn drop_page_cache(path: &std::path::Path) -> anyhow::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    file.sync_all()?;
-    // SAFETY: posix_fadvise only takes the fd (owned by `file`, open for the call) and integers.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        bail!(
-            "posix_fadvise on {}: {}",
-            path.display(),
-            std::io::Error::from_raw_os_error(rc)
-        );
-    }
-    Ok(())
 }

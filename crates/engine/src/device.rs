@@ -201,6 +201,24 @@ impl Request {
         Ok(())
     }
 
+    /// The checks every backend makes before accepting a command: back-pressure when
+    /// `in_flight` has reached the queue depth, then [`Request::validate`]. Hands the request
+    /// back inside [`Rejected`] when it cannot be accepted.
+    pub fn admit(self, geo: &Geometry, in_flight: usize) -> Result<Request, Rejected> {
+        if in_flight >= geo.queue_depth as usize {
+            return Err(Rejected::new(
+                self,
+                DeviceError::QueueFull {
+                    depth: geo.queue_depth,
+                },
+            ));
+        }
+        match self.validate(geo) {
+            Ok(()) => Ok(self),
+            Err(e) => Err(Rejected::new(self, e)),
+        }
+    }
+
     /// Bytes of data this request transfers.
     pub fn data_bytes(&self, geo: &Geometry) -> u64 {
         if self.op.has_data() {

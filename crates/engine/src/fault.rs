@@ -14,14 +14,14 @@
 //! - **Recording** (`record=1`): every write and flush in order, so a crash harness can rebuild the
 //!   image at any cut point with [`materialize`] without re-running the workload.
 
+use crate::backend::common::CompletedQueue;
 use crate::blocking::BlockingIo;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, Errno, OpenError};
-use crate::poison::FlushPoison;
 use crate::spec::Spec;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Unflushed data held before the cache writes the oldest back on its own (drives do the same).
@@ -133,8 +133,7 @@ pub struct FaultDevice {
     pending: Vec<PendingWrite>,
     overlay: BTreeMap<u64, (usize, usize)>,
     pending_bytes: usize,
-    done: VecDeque<Completion>,
-    poison: FlushPoison,
+    queue: CompletedQueue,
     counts: [u64; 3],
 }
 
@@ -151,8 +150,7 @@ impl FaultDevice {
             pending: Vec::new(),
             overlay: BTreeMap::new(),
             pending_bytes: 0,
-            done: VecDeque::new(),
-            poison: FlushPoison::default(),
+            queue: CompletedQueue::default(),
             counts: [0; 3],
         }
     }
@@ -190,7 +188,6 @@ impl FaultDevice {
                 reason: "power cut by the fault injector".into(),
             });
         }
-        self.poison.check(req.op)?;
         let strike = self.strikes(req.op);
         {
             let mut shared = self.control.lock();
@@ -327,22 +324,12 @@ impl BlockDevice for FaultDevice {
         format!("fault({})", self.inner.describe())
     }
 
-    fn submit(&mut self, mut req: Request) -> Result<(), Rejected> {
-        if self.done.len() >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
-        let status = self.execute(&mut req);
-        self.poison.observe(req.op, &status);
-        self.done.push_back(Completion::of(req, status));
-        Ok(())
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        let mut queue = std::mem::take(&mut self.queue);
+        let geo = self.geo;
+        let result = queue.submit(&geo, req, |r| self.execute(r));
+        self.queue = queue;
+        result
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
@@ -350,13 +337,11 @@ impl BlockDevice for FaultDevice {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        let n = self.done.len();
-        out.extend(self.done.drain(..));
-        Ok(n)
+        Ok(self.queue.drain(out))
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.queue.len()
     }
 }
 

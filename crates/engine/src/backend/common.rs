@@ -1,8 +1,14 @@
-//! Options every backend shares (`bs`, `qd`, `max_transfer`) and their validation.
+//! What backends share: the options every backend takes (`bs`, `qd`, `max_transfer`) and the
+//! completion queue of backends that finish each command while it is submitted.
 
-use crate::device::{Geometry, DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH, MAX_QUEUE_DEPTH};
-use crate::error::OpenError;
+use crate::device::{
+    Completion, Geometry, Rejected, Request, DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH,
+    MAX_QUEUE_DEPTH,
+};
+use crate::error::{DeviceResult, OpenError};
+use crate::poison::FlushPoison;
 use crate::spec::Spec;
+use std::collections::VecDeque;
 
 /// Option keys understood by every backend.
 pub const COMMON_OPTIONS: &[&str] = &["bs", "qd", "max_transfer"];
@@ -69,5 +75,47 @@ impl QueueOptions {
             queue_depth: self.queue_depth,
             buffer_alignment,
         }
+    }
+}
+
+/// The queue of a backend that performs each command inside `submit` (RAM disk, null device,
+/// plain system calls, the fault injector): admission, flush poisoning and the completions
+/// waiting for `poll`.
+#[derive(Debug, Default)]
+pub struct CompletedQueue {
+    done: VecDeque<Completion>,
+    poison: FlushPoison,
+}
+
+impl CompletedQueue {
+    /// Admits `req` and runs it with `execute` unless a failed flush forbids it; the outcome waits
+    /// for `poll`.
+    pub fn submit(
+        &mut self,
+        geo: &Geometry,
+        req: Request,
+        execute: impl FnOnce(&mut Request) -> DeviceResult<()>,
+    ) -> Result<(), Rejected> {
+        let mut req = req.admit(geo, self.done.len())?;
+        let status = self.poison.check(req.op).and_then(|()| execute(&mut req));
+        self.poison.observe(req.op, &status);
+        self.done.push_back(Completion::of(req, status));
+        Ok(())
+    }
+
+    /// Moves every waiting completion to `out`.
+    pub fn drain(&mut self, out: &mut Vec<Completion>) -> usize {
+        let n = self.done.len();
+        out.extend(self.done.drain(..));
+        n
+    }
+
+    /// Commands accepted and not yet polled.
+    pub fn len(&self) -> usize {
+        self.done.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.done.is_empty()
     }
 }

@@ -6,15 +6,13 @@
 //! tested against out-of-order completion. The null device moves no data and exists to measure
 //! what the interface itself costs per command.
 
-use super::common::{QueueOptions, COMMON_OPTIONS};
+use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
-use crate::poison::FlushPoison;
 use crate::spec::{parse_size, Spec};
 use rand::rngs::SmallRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 /// Storage shared by every queue pair of one RAM disk.
@@ -24,9 +22,8 @@ pub type MemStorage = Arc<Mutex<Vec<u8>>>;
 pub struct MemDevice {
     storage: MemStorage,
     geo: Geometry,
-    done: VecDeque<Completion>,
+    queue: CompletedQueue,
     shuffle: Option<SmallRng>,
-    poison: FlushPoison,
 }
 
 impl MemDevice {
@@ -76,9 +73,8 @@ impl MemDevice {
         MemDevice {
             geo: opts.geometry(len, 1),
             storage,
-            done: VecDeque::new(),
+            queue: CompletedQueue::default(),
             shuffle: None,
-            poison: FlushPoison::default(),
         }
     }
 
@@ -93,9 +89,8 @@ impl MemDevice {
         MemDevice {
             storage: Arc::clone(&self.storage),
             geo: self.geo,
-            done: VecDeque::new(),
+            queue: CompletedQueue::default(),
             shuffle: None,
-            poison: FlushPoison::default(),
         }
     }
 
@@ -104,12 +99,11 @@ impl MemDevice {
         Arc::clone(&self.storage)
     }
 
-    fn execute(&mut self, req: &mut Request) -> DeviceResult<()> {
-        self.poison.check(req.op)?;
-        let bs = self.geo.block_size as usize;
+    fn execute(storage: &MemStorage, geo: &Geometry, req: &mut Request) -> DeviceResult<()> {
+        let bs = geo.block_size as usize;
         let start = req.lba as usize * bs;
         let len = req.blocks as usize * bs;
-        let mut disk = self.storage.lock().map_err(|_| DeviceError::Offline {
+        let mut disk = storage.lock().map_err(|_| DeviceError::Offline {
             reason: "RAM disk lock poisoned".into(),
         })?;
         match req.op {
@@ -139,22 +133,10 @@ impl BlockDevice for MemDevice {
         format!("mem:{}", self.geo.capacity_bytes())
     }
 
-    fn submit(&mut self, mut req: Request) -> Result<(), Rejected> {
-        if self.done.len() >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
-        let status = self.execute(&mut req);
-        self.poison.observe(req.op, &status);
-        self.done.push_back(Completion::of(req, status));
-        Ok(())
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        let (storage, geo) = (&self.storage, &self.geo);
+        self.queue
+            .submit(geo, req, |r| Self::execute(storage, geo, r))
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
@@ -162,9 +144,8 @@ impl BlockDevice for MemDevice {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        let n = self.done.len();
         let start = out.len();
-        out.extend(self.done.drain(..));
+        let n = self.queue.drain(out);
         if let Some(rng) = self.shuffle.as_mut() {
             out[start..].shuffle(rng);
         }
@@ -172,21 +153,21 @@ impl BlockDevice for MemDevice {
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.queue.len()
     }
 }
 
 /// A device that completes every valid command immediately and stores nothing.
 pub struct NullDevice {
     geo: Geometry,
-    done: VecDeque<Completion>,
+    queue: CompletedQueue,
 }
 
 impl NullDevice {
     pub fn new(capacity: u64, opts: QueueOptions) -> Self {
         NullDevice {
             geo: opts.geometry(capacity, 1),
-            done: VecDeque::with_capacity(opts.queue_depth as usize),
+            queue: CompletedQueue::default(),
         }
     }
 }
@@ -201,19 +182,7 @@ impl BlockDevice for NullDevice {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if self.done.len() >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
-        self.done.push_back(Completion::of(req, Ok(())));
-        Ok(())
+        self.queue.submit(&self.geo, req, |_| Ok(()))
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
@@ -221,13 +190,11 @@ impl BlockDevice for NullDevice {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        let n = self.done.len();
-        out.extend(self.done.drain(..));
-        Ok(n)
+        Ok(self.queue.drain(out))
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.queue.len()
     }
 }
 

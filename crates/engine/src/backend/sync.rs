@@ -1,14 +1,12 @@
 //! `sync:PATH` — the kernel-mediated baseline: each command is plain `pread`/`pwrite`/`fdatasync`
 //! performed when it is submitted, through the page cache unless `direct=1`.
 
-use super::common::{QueueOptions, COMMON_OPTIONS};
+use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
-use crate::poison::FlushPoison;
 use crate::spec::Spec;
 use crate::split::pieces;
-use std::collections::VecDeque;
 
 /// Options of file-backed backends besides the common ones.
 pub const FILE_OPTIONS: &[&str] = &["size", "direct"];
@@ -17,8 +15,7 @@ pub const FILE_OPTIONS: &[&str] = &["size", "direct"];
 pub struct SyncDevice {
     backing: BackingFile,
     geo: Geometry,
-    done: VecDeque<Completion>,
-    poison: FlushPoison,
+    queue: CompletedQueue,
 }
 
 impl SyncDevice {
@@ -28,13 +25,11 @@ impl SyncDevice {
         Ok(SyncDevice {
             backing,
             geo,
-            done: VecDeque::new(),
-            poison: FlushPoison::default(),
+            queue: CompletedQueue::default(),
         })
     }
 
     fn execute(&self, req: &mut Request) -> DeviceResult<()> {
-        self.poison.check(req.op)?;
         let bs = u64::from(self.geo.block_size);
         let io_err = |errno, lba| DeviceError::Io {
             op: req.op,
@@ -102,22 +97,11 @@ impl BlockDevice for SyncDevice {
         )
     }
 
-    fn submit(&mut self, mut req: Request) -> Result<(), Rejected> {
-        if self.done.len() >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
-        let status = self.execute(&mut req);
-        self.poison.observe(req.op, &status);
-        self.done.push_back(Completion::of(req, status));
-        Ok(())
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        let mut queue = std::mem::take(&mut self.queue);
+        let result = queue.submit(&self.geo, req, |r| self.execute(r));
+        self.queue = queue;
+        result
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
@@ -125,13 +109,11 @@ impl BlockDevice for SyncDevice {
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        let n = self.done.len();
-        out.extend(self.done.drain(..));
-        Ok(n)
+        Ok(self.queue.drain(out))
     }
 
     fn in_flight(&self) -> usize {
-        self.done.len()
+        self.queue.len()
     }
 }
 

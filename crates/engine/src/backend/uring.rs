@@ -506,17 +506,7 @@ impl BlockDevice for UringDevice {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if self.in_flight >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
+        let req = req.admit(&self.geo, self.in_flight)?;
         if let Err(e) = self.poison.check(req.op) {
             self.complete_now(req, Err(e));
             return Ok(());

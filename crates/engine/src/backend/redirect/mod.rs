@@ -341,17 +341,7 @@ impl BlockDevice for RedirectDevice {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if self.in_flight >= self.geo.queue_depth as usize {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        }
-        if let Err(e) = req.validate(&self.geo) {
-            return Err(Rejected::new(req, e));
-        }
+        let req = req.admit(&self.geo, self.in_flight)?;
         if let Some(reason) = &self.offline {
             return Err(Rejected::new(
                 req,
