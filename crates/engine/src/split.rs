@@ -4,7 +4,7 @@
 //! [`SplitParent`] that owns the original request (and its buffer) until every piece has
 //! completed; the caller then sees one completion carrying the first error, if any.
 
-use crate::device::{Completion, Request};
+use crate::device::{Completion, Geometry, Request};
 use crate::error::DeviceResult;
 
 /// One device command's share of a larger request.
@@ -33,6 +33,16 @@ pub fn pieces(
             buf_offset: (first * u64::from(block_size)) as usize,
         }
     })
+}
+
+/// How many device commands `req` becomes on a device of geometry `geo` (one for commands
+/// without data, which are never split).
+pub fn piece_count(req: &Request, geo: &Geometry) -> u32 {
+    if req.op.has_data() {
+        req.blocks.div_ceil(u64::from(geo.max_transfer_blocks())) as u32
+    } else {
+        1
+    }
 }
 
 /// A request in flight as several pieces.

@@ -524,12 +524,7 @@ impl BlockDevice for UringDevice {
                 },
             ));
         };
-        let parts = if req.op.has_data() {
-            req.blocks
-                .div_ceil(u64::from(self.geo.max_transfer_blocks())) as u32
-        } else {
-            1
-        };
+        let parts = crate::split::piece_count(&req, &self.geo);
         self.slots[slot as usize] = Some(Slot {
             parent: SplitParent::new(req, parts as usize),
             partial: Vec::new(),

@@ -362,12 +362,7 @@ impl BlockDevice for RedirectDevice {
                 },
             ));
         };
-        let pieces = if req.op.has_data() {
-            req.blocks
-                .div_ceil(u64::from(self.geo.max_transfer_blocks())) as u32
-        } else {
-            1
-        };
+        let pieces = crate::split::piece_count(&req, &self.geo);
         self.parents[parent_id as usize] = Some(Parent {
             split: SplitParent::new(req, pieces as usize),
             next_piece: 0,
