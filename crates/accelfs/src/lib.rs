@@ -1,13 +1,20 @@
 //! AccelFS: a file system built for kura's direct I/O engine (format: `docs/accelfs-format.md`).
 //!
-//! Work in progress (issue 3): this crate so far holds the on-disk encoding of the format —
-//! checksums, metadata block headers and the superblock/layout — each with tests.
+//! Work in progress (issue 3): this crate so far holds the on-disk encoding of the format, each
+//! piece with tests: checksums ([`crc`]), sealed metadata block headers ([`header`]), the
+//! superblock and region layout ([`layout`]), allocation bitmaps ([`bitmap`]), inodes
+//! ([`inode`]), block maps ([`extent`]) and directory blocks ([`dir`]). Mounting, the journal,
+//! the cache, fsck and the tools come next.
 
 #![deny(unsafe_code)]
 
+pub mod bitmap;
 pub mod crc;
+pub mod dir;
 pub mod error;
+pub mod extent;
 pub mod header;
+pub mod inode;
 pub mod layout;
 
 pub use error::FormatError;

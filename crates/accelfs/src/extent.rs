@@ -1,0 +1,287 @@
+//! A file's block map (format §5): sorted, non-overlapping extents from file blocks to device
+//! blocks, merged when contiguous so that a sequentially written file needs a handful, and
+//! encoded in sealed extent blocks when they do not fit in the inode.
+
+use crate::error::FormatError;
+use crate::header::{
+    read_u32, read_u64, seal, verify, write_u32, write_u64, BlockKind, HEADER_LEN,
+};
+
+/// `length` file blocks from `logical` live at device blocks from `physical`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub logical: u32,
+    pub length: u32,
+    pub physical: u64,
+}
+
+impl Extent {
+    pub const EMPTY: Extent = Extent {
+        logical: 0,
+        length: 0,
+        physical: 0,
+    };
+
+    /// One past the last file block.
+    pub fn end(&self) -> u64 {
+        u64::from(self.logical) + u64::from(self.length)
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        write_u32(out, 0, self.logical);
+        write_u32(out, 4, self.length);
+        write_u64(out, 8, self.physical);
+    }
+
+    pub fn decode(b: &[u8]) -> Extent {
+        Extent {
+            logical: read_u32(b, 0),
+            length: read_u32(b, 4),
+            physical: read_u64(b, 8),
+        }
+    }
+}
+
+/// Why a list of extents is not a valid block map.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExtentError {
+    #[error("extent {0} is empty")]
+    Empty(usize),
+    #[error("extent {0} overlaps or is out of order with the one before")]
+    Order(usize),
+    #[error(
+        "extent {index} (device blocks {start}..{end}) lies outside the data region {lo}..{hi}"
+    )]
+    OutOfBounds {
+        index: usize,
+        start: u64,
+        end: u64,
+        lo: u64,
+        hi: u64,
+    },
+}
+
+/// The block map of one file.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExtentMap {
+    extents: Vec<Extent>,
+}
+
+impl ExtentMap {
+    /// A map from extents already in order (as decoded); checked with [`ExtentMap::validate`].
+    pub fn from_extents(extents: Vec<Extent>) -> Self {
+        ExtentMap { extents }
+    }
+
+    pub fn extents(&self) -> &[Extent] {
+        &self.extents
+    }
+
+    pub fn len(&self) -> usize {
+        self.extents.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.extents.is_empty()
+    }
+
+    /// Device blocks mapped.
+    pub fn mapped_blocks(&self) -> u64 {
+        self.extents.iter().map(|e| u64::from(e.length)).sum()
+    }
+
+    /// Where file block `block` lives and how many following file blocks are contiguous with it
+    /// on the device (so a large read becomes one command); `None` for a hole.
+    pub fn lookup(&self, block: u32) -> Option<(u64, u32)> {
+        let i = self
+            .extents
+            .partition_point(|e| e.end() <= u64::from(block));
+        let e = self.extents.get(i)?;
+        if e.logical > block {
+            return None;
+        }
+        let off = block - e.logical;
+        Some((e.physical + u64::from(off), e.length - off))
+    }
+
+    /// Maps `length` file blocks from `logical` to device blocks from `physical`. The file range
+    /// must be a hole (callers allocate only for holes); adjacent extents merge.
+    pub fn insert(&mut self, logical: u32, length: u32, physical: u64) {
+        if length == 0 {
+            return;
+        }
+        let i = self.extents.partition_point(|e| e.logical < logical);
+        let new = Extent {
+            logical,
+            length,
+            physical,
+        };
+        debug_assert!(
+            i == 0 || self.extents[i - 1].end() <= u64::from(logical),
+            "insert over mapped blocks"
+        );
+        let merges_prev = i > 0 && {
+            let p = self.extents[i - 1];
+            p.end() == u64::from(logical)
+                && p.physical + u64::from(p.length) == physical
+                && p.length.checked_add(length).is_some()
+        };
+        if merges_prev {
+            self.extents[i - 1].length += length;
+        } else {
+            self.extents.insert(i, new);
+        }
+        let at = if merges_prev { i - 1 } else { i };
+        if let Some(next) = self.extents.get(at + 1).copied() {
+            let cur = self.extents[at];
+            if cur.end() == u64::from(next.logical)
+                && cur.physical + u64::from(cur.length) == next.physical
+                && cur.length.checked_add(next.length).is_some()
+            {
+                self.extents[at].length += next.length;
+                self.extents.remove(at + 1);
+            }
+        }
+    }
+
+    /// Unmaps every file block at or after `from`; returns the device ranges freed.
+    pub fn truncate(&mut self, from: u32) -> Vec<(u64, u32)> {
+        let mut freed = Vec::new();
+        let keep = self.extents.partition_point(|e| e.end() <= u64::from(from));
+        let tail: Vec<Extent> = self.extents.drain(keep..).collect();
+        for e in tail {
+            if e.logical >= from {
+                freed.push((e.physical, e.length));
+            } else {
+                let kept = from - e.logical;
+                freed.push((e.physical + u64::from(kept), e.length - kept));
+                self.extents.push(Extent { length: kept, ..e });
+            }
+        }
+        freed
+    }
+
+    /// Checks order, non-emptiness and that every extent lies in device blocks `lo..hi`.
+    pub fn validate(&self, lo: u64, hi: u64) -> Result<(), ExtentError> {
+        for (i, e) in self.extents.iter().enumerate() {
+            if e.length == 0 {
+                return Err(ExtentError::Empty(i));
+            }
+            if i > 0 && self.extents[i - 1].end() > u64::from(e.logical) {
+                return Err(ExtentError::Order(i));
+            }
+            let end = e.physical.saturating_add(u64::from(e.length));
+            if e.physical < lo || end > hi {
+                return Err(ExtentError::OutOfBounds {
+                    index: i,
+                    start: e.physical,
+                    end,
+                    lo,
+                    hi,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Extents one extent block holds.
+    pub fn per_block(block_size: usize) -> usize {
+        (block_size - 32) / 16
+    }
+
+    /// Encodes `extents` into one extent block stored at `number`, chained to `next` (0 = last).
+    pub fn encode_block(extents: &[Extent], next: u64, block_size: usize, number: u64) -> Vec<u8> {
+        let mut b = vec![0u8; block_size];
+        write_u64(&mut b, HEADER_LEN, next);
+        write_u32(&mut b, HEADER_LEN + 8, extents.len() as u32);
+        for (i, e) in extents.iter().take(Self::per_block(block_size)).enumerate() {
+            e.encode(&mut b[32 + i * 16..48 + i * 16]);
+        }
+        seal(&mut b, BlockKind::Extents, number);
+        b
+    }
+
+    /// Decodes an extent block read from `number`: its extents and the next block in the chain.
+    pub fn decode_block(b: &[u8], number: u64) -> Result<(Vec<Extent>, u64), FormatError> {
+        verify(b, BlockKind::Extents, number)?;
+        let next = read_u64(b, HEADER_LEN);
+        let count = read_u32(b, HEADER_LEN + 8) as usize;
+        if count > Self::per_block(b.len()) {
+            return Err(FormatError::BadSuperblock(format!(
+                "extent block {number} claims {count} extents"
+            )));
+        }
+        Ok((
+            (0..count)
+                .map(|i| Extent::decode(&b[32 + i * 16..48 + i * 16]))
+                .collect(),
+            next,
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    #[test]
+    fn contiguous_inserts_merge_and_lookup_reports_runs() {
+        let mut m = ExtentMap::default();
+        m.insert(0, 10, 100);
+        m.insert(10, 5, 110);
+        m.insert(20, 5, 500);
+        m.insert(15, 5, 115);
+        assert_eq!(m.len(), 2, "{:?}", m.extents());
+        assert_eq!(m.lookup(3), Some((103, 17)));
+        assert_eq!(m.lookup(22), Some((502, 3)));
+        assert_eq!(m.lookup(25), None);
+        assert_eq!(m.truncate(12), vec![(112, 8), (500, 5)]);
+        assert_eq!(m.mapped_blocks(), 12);
+        m.validate(100, 1000).unwrap();
+        assert!(matches!(
+            m.validate(101, 1000),
+            Err(ExtentError::OutOfBounds { .. })
+        ));
+    }
+
+    #[test]
+    fn extent_blocks_round_trip() {
+        let ext: Vec<Extent> = (0..100)
+            .map(|i| Extent {
+                logical: i * 3,
+                length: 2,
+                physical: 1000 + u64::from(i) * 7,
+            })
+            .collect();
+        let b = ExtentMap::encode_block(&ext, 77, 8192, 55);
+        assert_eq!(ExtentMap::decode_block(&b, 55).unwrap(), (ext, 77));
+        assert!(ExtentMap::decode_block(&b, 56).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn matches_a_block_by_block_model(runs in proptest::collection::vec((0u32..200, 1u32..20, 0u64..5000), 0..40), cut in 0u32..250) {
+            let mut m = ExtentMap::default();
+            let mut model: BTreeMap<u32, u64> = BTreeMap::new();
+            for (logical, length, physical) in runs {
+                if (logical..logical + length).any(|b| model.contains_key(&b)) {
+                    continue;
+                }
+                m.insert(logical, length, physical);
+                for k in 0..length {
+                    model.insert(logical + k, physical + u64::from(k));
+                }
+            }
+            prop_assert!(m.validate(0, u64::MAX).is_ok());
+            for b in 0..260 {
+                prop_assert_eq!(m.lookup(b).map(|(p, _)| p), model.get(&b).copied());
+            }
+            let freed: u64 = m.truncate(cut).iter().map(|&(_, n)| u64::from(n)).sum();
+            let expect_freed = model.range(cut..).count() as u64;
+            prop_assert_eq!(freed, expect_freed);
+            prop_assert_eq!(m.mapped_blocks(), model.range(..cut).count() as u64);
+        }
+    }
+}
