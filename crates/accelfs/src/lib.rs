@@ -15,6 +15,7 @@ pub mod error;
 pub mod extent;
 pub mod header;
 pub mod inode;
+pub mod journal;
 pub mod layout;
 
 pub use error::FormatError;
