@@ -29,3 +29,18 @@ pub enum FormatError {
     #[error("no AccelFS on this device: {0}")]
     NotAccelFs(String),
 }
+
+/// Errors of AccelFS operations.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FsError {
+    /// The device failed or refused a command.
+    #[error("device: {0}")]
+    Device(#[from] kura_engine::DeviceError),
+    /// What is on the device does not decode as AccelFS.
+    #[error(transparent)]
+    Format(#[from] FormatError),
+    /// A parameter or request that cannot work.
+    #[error("{0}")]
+    Invalid(String),
+}

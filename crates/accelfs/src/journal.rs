@@ -126,12 +126,12 @@ pub fn encode(
 
 /// Reads complete transactions from `sb` on, using `read(device_block)`. Returns them in order
 /// and the log position after the last one. A read error ends the scan (and is returned).
-pub fn scan(
+pub fn scan<E>(
     sb: JournalSuper,
     area: JournalArea,
     block_size: usize,
-    mut read: impl FnMut(u64) -> Result<Vec<u8>, FormatError>,
-) -> Result<(Vec<Transaction>, u64), FormatError> {
+    mut read: impl FnMut(u64) -> Result<Vec<u8>, E>,
+) -> Result<(Vec<Transaction>, u64), E> {
     let mut txns = Vec::new();
     let mut seq = sb.oldest_seq;
     let mut pos = sb.oldest_pos % area.slots();
@@ -150,15 +150,15 @@ pub fn scan(
     }
 }
 
-type Read<'a> = dyn FnMut(u64) -> Result<Vec<u8>, FormatError> + 'a;
+type Read<'a, E> = dyn FnMut(u64) -> Result<Vec<u8>, E> + 'a;
 
-fn read_one(
+fn read_one<E>(
     seq: u64,
     pos: u64,
     area: JournalArea,
     block_size: usize,
-    read: &mut Read<'_>,
-) -> Result<Option<(Transaction, u64)>, FormatError> {
+    read: &mut Read<'_, E>,
+) -> Result<Option<(Transaction, u64)>, E> {
     let per = targets_per_descriptor(block_size) as u32;
     let mut p = pos;
     let mut images = Vec::new();

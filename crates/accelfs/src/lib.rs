@@ -9,13 +9,18 @@
 #![deny(unsafe_code)]
 
 pub mod bitmap;
+pub mod blockio;
 pub mod crc;
 pub mod dir;
 pub mod error;
 pub mod extent;
+pub mod fsck;
 pub mod header;
 pub mod inode;
 pub mod journal;
 pub mod layout;
+pub mod mkfs;
 
-pub use error::FormatError;
+pub use error::{FormatError, FsError};
+pub use fsck::{fsck, FsckReport};
+pub use mkfs::{mkfs, MkfsOptions};

@@ -1,0 +1,94 @@
+//! AccelFS blocks on an engine device: block `n` of `B` bytes is `B / device_block_size` device
+//! blocks from LBA `n × B / device_block_size`, read and written through the blocking API.
+
+use crate::error::FsError;
+use kura_engine::{BlockDevice, BlockingIo};
+
+/// A device seen in AccelFS blocks.
+pub struct BlockIo {
+    dev: Box<dyn BlockDevice>,
+    block_size: usize,
+    per_block: u64,
+    blocks: u64,
+}
+
+impl BlockIo {
+    /// Views `dev` in blocks of `block_size` bytes, which must be a multiple of its block size.
+    pub fn new(dev: Box<dyn BlockDevice>, block_size: usize) -> Result<Self, FsError> {
+        let g = dev.geometry();
+        let dbs = g.block_size as usize;
+        if block_size < dbs || !block_size.is_multiple_of(dbs) {
+            return Err(FsError::Invalid(format!("AccelFS block size {block_size} is not a multiple of the device's {dbs}-byte blocks")));
+        }
+        let per_block = (block_size / dbs) as u64;
+        Ok(BlockIo {
+            blocks: g.num_blocks / per_block,
+            dev,
+            block_size,
+            per_block,
+        })
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Whole AccelFS blocks on the device.
+    pub fn blocks(&self) -> u64 {
+        self.blocks
+    }
+
+    pub fn read(&mut self, block: u64) -> Result<Vec<u8>, FsError> {
+        self.read_many(block, 1)
+    }
+
+    /// `count` consecutive blocks from `block`, in one buffer.
+    pub fn read_many(&mut self, block: u64, count: u64) -> Result<Vec<u8>, FsError> {
+        self.check(block, count)?;
+        let mut out = vec![0u8; count as usize * self.block_size];
+        self.dev.read_blocks(block * self.per_block, &mut out)?;
+        Ok(out)
+    }
+
+    /// Writes whole blocks from `block`.
+    pub fn write(&mut self, block: u64, data: &[u8]) -> Result<(), FsError> {
+        if data.is_empty() || !data.len().is_multiple_of(self.block_size) {
+            return Err(FsError::Invalid(format!(
+                "write of {} bytes is not whole {}-byte blocks",
+                data.len(),
+                self.block_size
+            )));
+        }
+        self.check(block, (data.len() / self.block_size) as u64)?;
+        self.dev.write_blocks(block * self.per_block, data)?;
+        Ok(())
+    }
+
+    /// Zeroes `count` blocks from `block`.
+    pub fn zero(&mut self, block: u64, count: u64) -> Result<(), FsError> {
+        self.check(block, count)?;
+        self.dev
+            .zero_blocks(block * self.per_block, count * self.per_block)?;
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> Result<(), FsError> {
+        self.dev.flush_all()?;
+        Ok(())
+    }
+
+    /// Gives the device back.
+    pub fn into_device(self) -> Box<dyn BlockDevice> {
+        self.dev
+    }
+
+    fn check(&self, block: u64, count: u64) -> Result<(), FsError> {
+        if block.checked_add(count).is_none_or(|end| end > self.blocks) {
+            return Err(FsError::Invalid(format!(
+                "blocks {block}+{count} are past the end of a {}-block device",
+                self.blocks
+            )));
+        }
+        Ok(())
+    }
+}
