@@ -2,6 +2,7 @@
 
 mod demo;
 mod dev;
+mod fs;
 mod pattern;
 mod stream;
 
@@ -27,6 +28,10 @@ enum Command {
     /// Benchmarks, each measured against a peer in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
+    /// Format a device with AccelFS (the file system is in progress: format, mkfs, fsck so far).
+    Mkfs(fs::MkfsArgs),
+    /// Check an AccelFS device and report every inconsistency (exit 0 clean, 1 problems, 2 unreadable).
+    Fsck(fs::FsckArgs),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -47,6 +52,8 @@ fn main() -> anyhow::Result<()> {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
         Command::Demo(args) => demo::run(&args),
+        Command::Mkfs(args) => fs::run_mkfs(&args),
+        Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);
             Ok(())

@@ -187,3 +187,33 @@ fn demo_runs_end_to_end_on_a_small_image() {
     assert!(t.contains("all hold pattern 42"), "{t}");
     assert!(t.contains("system calls"), "{t}");
 }
+
+#[test]
+fn mkfs_then_fsck_is_clean_and_damage_fails_fsck() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("fs.img");
+    let spec = format!("file:{}?size=32M", img.display());
+    let o = kura(&["mkfs", &spec]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = kura(&["fsck", &spec]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("clean"), "{}", text(&o));
+    // Damage the inode table (right after the superblock, journal and bitmaps).
+    let mut bytes = std::fs::read(&img).unwrap();
+    let journal_blocks = 64; // 32 MiB / 8 KiB / 64, clamped to at least 64
+    let at = (1 + journal_blocks + 2) * 8192 + 500;
+    bytes[at] ^= 0xff;
+    std::fs::write(&img, &bytes).unwrap();
+    let o = kura(&["fsck", &spec]);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("PROBLEM"), "{}", text(&o));
+    let o = kura(&["fsck", "mem:16M"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no AccelFS"), "{}", text(&o));
+    let o = kura(&["mkfs", "mem:16M", "--block-size", "3K"]);
+    assert!(
+        !o.status.success() && text(&o).contains("power of two"),
+        "{}",
+        text(&o)
+    );
+}
