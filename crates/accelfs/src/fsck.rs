@@ -153,7 +153,13 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
         start: l.journal_start,
         len: l.journal_len,
     };
-    match JournalSuper::decode(&rd.read(l.journal_start)?, l.journal_start) {
+    let (first, second) = (rd.read(area.start)?, rd.read(area.start + 1)?);
+    for (n, copy) in [(area.start, &first), (area.start + 1, &second)] {
+        if let Err(e) = JournalSuper::decode(copy, n) {
+            r.notes.push(format!("journal superblock copy in block {n} is unreadable ({e}); the other copy is used — expected only after a crash during a checkpoint"));
+        }
+    }
+    match JournalSuper::newest(area, &first, &second) {
         Ok(js) => {
             let io = &mut rd.io;
             let (txns, _) = journal::scan(js, area, bs, |n| io.read(n))?;

@@ -12,8 +12,8 @@ use crate::header::{
     read_u32, read_u64, seal, verify, write_u32, write_u64, BlockKind, HEADER_LEN,
 };
 
-/// Where the log lives: block `start` is the journal superblock, the next `len − 1` blocks the
-/// circular log.
+/// Where the log lives: blocks `start` and `start + 1` hold the two copies of the journal
+/// superblock, the next `len − 2` blocks the circular log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct JournalArea {
     pub start: u64,
@@ -21,14 +21,20 @@ pub struct JournalArea {
 }
 
 impl JournalArea {
-    /// Log positions available (all but the journal superblock).
+    /// Log positions available (all but the two journal superblocks).
     pub fn slots(&self) -> u64 {
-        self.len - 1
+        self.len - 2
     }
 
     /// Device block of log position `pos` (wrapping).
     pub fn block_at(&self, pos: u64) -> u64 {
-        self.start + 1 + pos % self.slots()
+        self.start + 2 + pos % self.slots()
+    }
+
+    /// The block holding the journal-superblock copy of `generation`. Copies alternate, so a
+    /// write torn by a crash only ever damages the copy being replaced.
+    pub fn super_block(&self, generation: u64) -> u64 {
+        self.start + generation % 2
     }
 }
 
@@ -39,6 +45,8 @@ pub struct JournalSuper {
     pub oldest_seq: u64,
     /// Its first log position.
     pub oldest_pos: u64,
+    /// Incremented on every update; the valid copy with the highest generation wins.
+    pub generation: u64,
 }
 
 impl JournalSuper {
@@ -46,6 +54,7 @@ impl JournalSuper {
         let mut b = vec![0u8; block_size];
         write_u64(&mut b, HEADER_LEN, self.oldest_seq);
         write_u64(&mut b, HEADER_LEN + 8, self.oldest_pos);
+        write_u64(&mut b, HEADER_LEN + 16, self.generation);
         seal(&mut b, BlockKind::JournalSuper, number);
         b
     }
@@ -55,7 +64,24 @@ impl JournalSuper {
         Ok(JournalSuper {
             oldest_seq: read_u64(b, HEADER_LEN),
             oldest_pos: read_u64(b, HEADER_LEN + 8),
+            generation: read_u64(b, HEADER_LEN + 16),
         })
+    }
+
+    /// The newest valid copy, from the two blocks' contents; the error when neither is valid.
+    pub fn newest(
+        area: JournalArea,
+        first: &[u8],
+        second: &[u8],
+    ) -> Result<JournalSuper, FormatError> {
+        let a = JournalSuper::decode(first, area.start);
+        let b = JournalSuper::decode(second, area.start + 1);
+        match (a, b) {
+            (Ok(a), Ok(b)) => Ok(if b.generation > a.generation { b } else { a }),
+            (Ok(a), Err(_)) => Ok(a),
+            (Err(_), Ok(b)) => Ok(b),
+            (Err(e), Err(_)) => Err(e),
+        }
     }
 }
 
@@ -212,7 +238,7 @@ mod tests {
     use std::collections::HashMap;
 
     const BS: usize = 4096;
-    const AREA: JournalArea = JournalArea { start: 1, len: 40 };
+    const AREA: JournalArea = JournalArea { start: 1, len: 41 };
 
     fn txn(seq: u64, n: usize) -> Transaction {
         Transaction {
@@ -254,6 +280,7 @@ mod tests {
             JournalSuper {
                 oldest_seq: 5,
                 oldest_pos: start,
+                generation: 0,
             },
             AREA,
             BS,
@@ -276,6 +303,7 @@ mod tests {
             JournalSuper {
                 oldest_seq: 1,
                 oldest_pos: 0,
+                generation: 0,
             },
             AREA,
             BS,
@@ -287,6 +315,7 @@ mod tests {
             JournalSuper {
                 oldest_seq: 2,
                 oldest_pos: 0,
+                generation: 0,
             },
             AREA,
             BS,
@@ -314,6 +343,7 @@ mod tests {
             JournalSuper {
                 oldest_seq: 3,
                 oldest_pos: 0,
+                generation: 0,
             },
             area,
             BS,
@@ -343,7 +373,7 @@ mod tests {
                     disk.insert(*n, b.clone());
                 }
             }
-            let (found, _) = scan(JournalSuper { oldest_seq: 1, oldest_pos: 0 }, AREA, BS, reader(&disk)).unwrap();
+            let (found, _) = scan(JournalSuper { oldest_seq: 1, oldest_pos: 0, generation: 0 }, AREA, BS, reader(&disk)).unwrap();
             prop_assert!(found.len() <= txns.len());
             prop_assert_eq!(&found[..], &txns[..found.len()], "only whole transactions, in order");
         }

@@ -8,7 +8,7 @@ use crate::error::FsError;
 use crate::extent::Extent;
 use crate::header::{seal, BlockKind};
 use crate::inode::{Inode, Kind, INODE_SIZE};
-use crate::journal::JournalSuper;
+use crate::journal::{JournalArea, JournalSuper};
 use crate::layout::{Layout, Superblock, DEFAULT_BLOCK_SIZE, ROOT_INODE};
 
 /// Choices made at mkfs.
@@ -61,14 +61,21 @@ pub fn mkfs(io: &mut BlockIo, opts: MkfsOptions) -> Result<Superblock, FsError> 
 
     // A journal left by an earlier file system must never be replayed into this one.
     io.zero(layout.journal_start, layout.journal_len)?;
-    io.write(
-        layout.journal_start,
-        &JournalSuper {
+    let area = JournalArea {
+        start: layout.journal_start,
+        len: layout.journal_len,
+    };
+    for generation in [0, 1] {
+        let js = JournalSuper {
             oldest_seq: 1,
             oldest_pos: 0,
-        }
-        .encode(bs, layout.journal_start),
-    )?;
+            generation,
+        };
+        io.write(
+            area.super_block(generation),
+            &js.encode(bs, area.super_block(generation)),
+        )?;
+    }
 
     let mut blocks = Bitmap::new(layout.total_blocks);
     blocks.set_range(0, layout.data_start + 1, true);

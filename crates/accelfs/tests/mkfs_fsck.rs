@@ -171,7 +171,12 @@ fn every_bit_flip_in_checked_metadata_is_noticed_and_none_panics() {
     let pristine = storage.lock().unwrap().clone();
     // Every block fsck checks: superblock and backup, journal superblock, bitmaps, inode table,
     // the root directory. (Unused journal log blocks hold nothing to check.)
-    let mut checked: Vec<u64> = vec![0, l.backup_superblock(), l.journal_start];
+    let mut checked: Vec<u64> = vec![
+        0,
+        l.backup_superblock(),
+        l.journal_start,
+        l.journal_start + 1,
+    ];
     checked.extend(l.block_bitmap_start..l.data_start + 1);
     let mut state = 0x1234_5678_9abc_def0u64;
     for round in 0..300 {
