@@ -20,6 +20,7 @@ pub mod inode;
 pub mod journal;
 pub mod layout;
 pub mod mkfs;
+pub mod wal;
 
 pub use error::{FormatError, FsError};
 pub use fsck::{fsck, FsckReport};
