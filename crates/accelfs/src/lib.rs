@@ -3,8 +3,10 @@
 //! Work in progress (issue 3): this crate so far holds the on-disk encoding of the format, each
 //! piece with tests: checksums ([`crc`]), sealed metadata block headers ([`header`]), the
 //! superblock and region layout ([`layout`]), allocation bitmaps ([`bitmap`]), inodes
-//! ([`inode`]), block maps ([`extent`]) and directory blocks ([`dir`]). Mounting, the journal,
-//! the cache, fsck and the tools come next.
+//! ([`inode`]), block maps ([`extent`]), directory blocks ([`dir`]), journal records and the
+//! recovery scan ([`journal`]), the journal at run time — commit, checkpoint, recovery —
+//! ([`wal`]), [`mkfs`] and a read-only [`fsck`]. Mounting, the file API, the cache, FUSE and
+//! the tools come next.
 
 #![deny(unsafe_code)]
 
