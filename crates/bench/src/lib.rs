@@ -2,4 +2,5 @@
 //! system calls, ...) in the same run and reports ratios, because these machines are noisy.
 //! Results go to a terminal table, a JSON file and a PNG plot.
 
+pub mod crc;
 pub mod io;
