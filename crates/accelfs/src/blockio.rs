@@ -2,7 +2,15 @@
 //! blocks from LBA `n × B / device_block_size`, read and written through the blocking API.
 
 use crate::error::FsError;
-use kura_engine::{BlockDevice, BlockingIo};
+use kura_engine::{BlockDevice, BlockingIo, DeviceError, IoBuf, Request};
+
+/// One read or write of whole AccelFS blocks for [`BlockIo::batch`].
+#[derive(Debug)]
+pub struct BatchOp {
+    pub write: bool,
+    pub block: u64,
+    pub buf: IoBuf,
+}
 
 /// A device seen in AccelFS blocks.
 pub struct BlockIo {
@@ -75,6 +83,85 @@ impl BlockIo {
     pub fn flush(&mut self) -> Result<(), FsError> {
         self.dev.flush_all()?;
         Ok(())
+    }
+
+    /// Runs every operation at queue depth (submitting until the queue is full, reaping as
+    /// completions arrive) and returns them with their buffers, reads filled in. Every operation
+    /// is waited for even after a failure, so no buffer is left with the device; the first error
+    /// is returned.
+    pub fn batch(&mut self, mut ops: Vec<BatchOp>) -> Result<Vec<BatchOp>, FsError> {
+        for op in &ops {
+            if op.buf.is_empty() || !op.buf.len().is_multiple_of(self.block_size) {
+                return Err(FsError::Invalid(format!(
+                    "batched I/O of {} bytes is not whole {}-byte blocks",
+                    op.buf.len(),
+                    self.block_size
+                )));
+            }
+            self.check(op.block, (op.buf.len() / self.block_size) as u64)?;
+        }
+        let mut first_error: Option<DeviceError> = None;
+        let mut done = Vec::with_capacity(ops.len());
+        let mut next = 0;
+        let mut taken: Vec<Option<IoBuf>> = ops
+            .iter_mut()
+            .map(|op| Some(std::mem::replace(&mut op.buf, IoBuf::heap(0, 1))))
+            .collect();
+        while next < ops.len() || self.dev.in_flight() > 0 {
+            while next < ops.len() && first_error.is_none() {
+                let op = &ops[next];
+                let Some(buf) = taken[next].take() else { break };
+                let blocks = (buf.len() / self.block_size) as u64 * self.per_block;
+                let lba = op.block * self.per_block;
+                let req = if op.write {
+                    Request::write(next as u64, lba, blocks, buf)
+                } else {
+                    Request::read(next as u64, lba, blocks, buf)
+                };
+                match self.dev.submit(req) {
+                    Ok(()) => next += 1,
+                    Err(rejected) => {
+                        taken[next] = rejected.request.buf;
+                        if matches!(rejected.error, DeviceError::QueueFull { .. })
+                            && self.dev.in_flight() > 0
+                        {
+                            break;
+                        }
+                        first_error = Some(rejected.error);
+                    }
+                }
+            }
+            if first_error.is_some() {
+                next = ops.len();
+            }
+            if self.dev.in_flight() == 0 {
+                break;
+            }
+            let before = done.len();
+            if let Err(e) = self.dev.poll(&mut done, 1) {
+                first_error.get_or_insert(e);
+                break;
+            }
+            for c in &mut done[before..] {
+                if let Err(e) = &c.status {
+                    first_error.get_or_insert_with(|| e.clone());
+                }
+            }
+        }
+        for c in done {
+            if let (Some(slot), Some(buf)) = (taken.get_mut(c.tag as usize), c.buf) {
+                *slot = Some(buf);
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        for (op, buf) in ops.iter_mut().zip(taken) {
+            if let Some(buf) = buf {
+                op.buf = buf;
+            }
+        }
+        Ok(ops)
     }
 
     /// Gives the device back.

@@ -28,6 +28,10 @@ pub enum FormatError {
     BadSuperblock(String),
     #[error("no AccelFS on this device: {0}")]
     NotAccelFs(String),
+    /// A metadata structure decodes but says something impossible (bad inode, broken extent
+    /// chain, duplicate directory entry).
+    #[error("corrupt metadata: {0}")]
+    Corrupt(String),
 }
 
 /// Errors of AccelFS operations.
@@ -43,4 +47,49 @@ pub enum FsError {
     /// A parameter or request that cannot work.
     #[error("{0}")]
     Invalid(String),
+    #[error("{0}: no such file or directory")]
+    NotFound(String),
+    #[error("{0}: already exists")]
+    Exists(String),
+    #[error("{0}: not a directory")]
+    NotADirectory(String),
+    #[error("{0}: is a directory")]
+    IsADirectory(String),
+    #[error("{0}: directory not empty")]
+    NotEmpty(String),
+    #[error("{path}: invalid name: {source}")]
+    BadName {
+        path: String,
+        source: crate::dir::NameError,
+    },
+    #[error("no space left on the device: {0}")]
+    NoSpace(String),
+    #[error("{0}: file too large")]
+    FileTooLarge(String),
+    /// A flush or journal commit failed earlier; nothing more is written, so nothing that was
+    /// durable can be damaged. Reads still work.
+    #[error("file system is read-only after an I/O failure: {0}")]
+    ReadOnly(String),
+    /// The handle was opened without the access the operation needs.
+    #[error("{0}")]
+    BadHandle(String),
+}
+
+impl FsError {
+    /// The POSIX errno that best describes this error (for FUSE and the CLI's exit codes).
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::Device(_) | FsError::Format(_) => libc::EIO,
+            FsError::Invalid(_) | FsError::BadName { .. } => libc::EINVAL,
+            FsError::NotFound(_) => libc::ENOENT,
+            FsError::Exists(_) => libc::EEXIST,
+            FsError::NotADirectory(_) => libc::ENOTDIR,
+            FsError::IsADirectory(_) => libc::EISDIR,
+            FsError::NotEmpty(_) => libc::ENOTEMPTY,
+            FsError::NoSpace(_) => libc::ENOSPC,
+            FsError::FileTooLarge(_) => libc::EFBIG,
+            FsError::ReadOnly(_) => libc::EROFS,
+            FsError::BadHandle(_) => libc::EBADF,
+        }
+    }
 }

@@ -16,6 +16,7 @@ pub mod crc;
 pub mod dir;
 pub mod error;
 pub mod extent;
+pub mod fs;
 pub mod fsck;
 pub mod header;
 pub mod inode;
@@ -25,5 +26,8 @@ pub mod mkfs;
 pub mod wal;
 
 pub use error::{FormatError, FsError};
+pub use fs::{
+    DirEntryInfo, File, FileSystem, FileType, FsStats, Metadata, MountOptions, OpenOptions,
+};
 pub use fsck::{fsck, FsckReport};
 pub use mkfs::{mkfs, MkfsOptions};

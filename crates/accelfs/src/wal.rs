@@ -6,9 +6,10 @@
 //! is reused only once what it protected is on disk. Until then, [`Journal::image`] serves the
 //! committed contents of a block whose home copy is stale.
 
-use crate::blockio::BlockIo;
+use crate::blockio::{BatchOp, BlockIo};
 use crate::error::{FormatError, FsError};
 use crate::journal::{self, blocks_needed, JournalArea, JournalSuper, Transaction};
+use kura_engine::IoBuf;
 use std::collections::BTreeMap;
 
 /// What recovery did at mount.
@@ -95,6 +96,18 @@ impl Journal {
     /// Writes `images` (block number, full block contents) as one transaction and flushes.
     /// Returns its sequence number; it survives any crash from now on.
     pub fn commit(&mut self, io: &mut BlockIo, images: &[(u64, Vec<u8>)]) -> Result<u64, FsError> {
+        self.commit_with_data(io, images, Vec::new())
+    }
+
+    /// Like [`Journal::commit`], and also writes `data` (ordered data blocks) in the same batch
+    /// as the log, so that one flush makes both durable and the data is on the device before
+    /// any metadata that points at it can be replayed.
+    pub fn commit_with_data(
+        &mut self,
+        io: &mut BlockIo,
+        images: &[(u64, Vec<u8>)],
+        data: Vec<BatchOp>,
+    ) -> Result<u64, FsError> {
         if images.len() > self.max_transaction_blocks() {
             return Err(FsError::Invalid(format!(
                 "a transaction of {} blocks exceeds the journal's limit of {}",
@@ -119,9 +132,17 @@ impl Journal {
             seq: self.next_seq,
             images: images.to_vec(),
         };
-        for (n, b) in journal::encode(&txn, self.area, self.head, self.block_size) {
-            io.write(n, &b)?;
-        }
+        let mut ops = data;
+        ops.extend(
+            journal::encode(&txn, self.area, self.head, self.block_size)
+                .into_iter()
+                .map(|(block, b)| BatchOp {
+                    write: true,
+                    block,
+                    buf: IoBuf::from_slice(&b),
+                }),
+        );
+        io.batch(ops)?;
         io.flush()?;
         for (t, img) in images {
             self.pending.insert(*t, img.clone());
@@ -138,9 +159,16 @@ impl Journal {
         if self.used == 0 && self.pending.is_empty() {
             return Ok(());
         }
-        for (t, img) in &self.pending {
-            io.write(*t, img)?;
-        }
+        let homes = self
+            .pending
+            .iter()
+            .map(|(t, img)| BatchOp {
+                write: true,
+                block: *t,
+                buf: IoBuf::from_slice(img),
+            })
+            .collect();
+        io.batch(homes)?;
         io.flush()?;
         let js = JournalSuper {
             oldest_seq: self.next_seq,

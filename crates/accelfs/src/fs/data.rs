@@ -1,0 +1,390 @@
+//! The data path: file reads and writes through the buffer cache, read-ahead for sequential
+//! readers, and the bypass that sends large reads and writes to the engine as big commands at
+//! queue depth.
+
+use super::meta::{coalesce, corrupt, Inner};
+use crate::blockio::BatchOp;
+use crate::error::FsError;
+use crate::inode::Kind;
+use kura_engine::IoBuf;
+use std::collections::{BTreeMap, HashSet};
+
+/// A write is applied in steps of this many bytes, each its own metadata update, so that one
+/// huge write cannot outgrow a journal transaction.
+const WRITE_STEP: usize = 8 << 20;
+
+impl Inner {
+    fn file_node(&mut self, ino: u64) -> Result<(), FsError> {
+        match self.node(ino)?.inode.kind {
+            Kind::File => Ok(()),
+            Kind::Directory => Err(FsError::IsADirectory(format!("inode {ino}"))),
+            Kind::Free => Err(FsError::NotFound(format!("inode {ino} (removed)"))),
+        }
+    }
+
+    fn max_file_bytes(&self) -> u64 {
+        (u64::from(u32::MAX)) * self.bs as u64
+    }
+
+    /// Reads up to `out.len()` bytes at `offset`; returns how many (0 at or past the end).
+    pub(crate) fn read_at(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, FsError> {
+        self.file_node(ino)?;
+        let size = self.node(ino)?.inode.size;
+        if offset >= size || out.is_empty() {
+            return Ok(0);
+        }
+        let n = (size - offset).min(out.len() as u64) as usize;
+        let out = &mut out[..n];
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((offset + n as u64 - 1) / bs) as u32;
+        let sequential = self.next_sequential.get(&ino) == Some(&offset);
+        let large = n >= self.opts.bypass_bytes;
+        if large {
+            self.read_direct(ino, offset, out)?;
+            self.next_sequential.insert(ino, offset + n as u64);
+            return Ok(n);
+        }
+        let ahead = if sequential {
+            let eof_block = (size.div_ceil(bs)).saturating_sub(1) as u32;
+            last.saturating_add(self.opts.readahead_blocks)
+                .min(eof_block)
+        } else {
+            last
+        };
+        // Blocks not in the cache, by device run.
+        let mut missing: Vec<(u32, u64)> = Vec::new();
+        {
+            let node = self.node(ino)?;
+            let map = node.map.clone();
+            for b in first..=ahead {
+                if self.cache.contains(ino, b) {
+                    continue;
+                }
+                if let Some((p, _)) = map.lookup(b) {
+                    missing.push((b, p));
+                }
+            }
+        }
+        let fetched = self.fetch(&missing)?;
+        self.cache.stats.readahead_blocks +=
+            missing.iter().filter(|(b, _)| *b > last).count() as u64;
+        for b in first..=last {
+            let lo = (u64::from(b) * bs).max(offset);
+            let hi = (u64::from(b) * bs + bs).min(offset + n as u64);
+            let dst = &mut out[(lo - offset) as usize..(hi - offset) as usize];
+            let within = (lo - u64::from(b) * bs) as usize;
+            if let Some(slot) = self.cache.get(ino, b) {
+                dst.copy_from_slice(&slot.buf[within..within + dst.len()]);
+                self.cache.stats.hits += 1;
+            } else if let Some(buf) = fetched.get(&b) {
+                self.cache.stats.misses += 1;
+                dst.copy_from_slice(&buf[within..within + dst.len()]);
+            } else {
+                dst.fill(0); // a hole
+            }
+        }
+        let room = fetched.len().min(self.cache.budget_blocks());
+        let victims = self.cache.make_room(room);
+        self.write_victims(victims)?;
+        for (b, buf) in fetched.into_iter().take(room) {
+            self.cache.insert(ino, b, buf, false);
+        }
+        self.next_sequential.insert(ino, offset + n as u64);
+        Ok(n)
+    }
+
+    /// A large read: cached blocks (which may be newer than the device) are copied from the
+    /// cache, the rest is read straight from the device in big commands at queue depth.
+    fn read_direct(&mut self, ino: u64, offset: u64, out: &mut [u8]) -> Result<(), FsError> {
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((offset + out.len() as u64 - 1) / bs) as u32;
+        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u32;
+        let map = self.node(ino)?.map.clone();
+        // (first file block, device block, blocks)
+        let mut runs: Vec<(u32, u64, u32)> = Vec::new();
+        for b in first..=last {
+            let cached = self.cache.get(ino, b).map(|slot| {
+                let lo = (u64::from(b) * bs).max(offset);
+                let hi = (u64::from(b) * bs + bs).min(offset + out.len() as u64);
+                let within = (lo - u64::from(b) * bs) as usize;
+                out[(lo - offset) as usize..(hi - offset) as usize]
+                    .copy_from_slice(&slot.buf[within..within + (hi - lo) as usize]);
+            });
+            if cached.is_some() {
+                self.cache.stats.hits += 1;
+                continue;
+            }
+            let Some((p, _)) = map.lookup(b) else {
+                let lo = (u64::from(b) * bs).max(offset);
+                let hi = (u64::from(b) * bs + bs).min(offset + out.len() as u64);
+                out[(lo - offset) as usize..(hi - offset) as usize].fill(0);
+                continue;
+            };
+            match runs.last_mut() {
+                Some((lb, lp, len))
+                    if *lb + *len == b && *lp + u64::from(*len) == p && *len < max_blocks =>
+                {
+                    *len += 1
+                }
+                _ => runs.push((b, p, 1)),
+            }
+        }
+        let ops = runs
+            .iter()
+            .map(|&(_, p, len)| BatchOp {
+                write: false,
+                block: p,
+                buf: IoBuf::zeroed(len as usize * self.bs),
+            })
+            .collect();
+        let done = self.io.batch(ops)?;
+        for ((b, _, len), op) in runs.into_iter().zip(done) {
+            let run_lo = u64::from(b) * bs;
+            let lo = run_lo.max(offset);
+            let hi = (run_lo + u64::from(len) * bs).min(offset + out.len() as u64);
+            out[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&op.buf[(lo - run_lo) as usize..(hi - run_lo) as usize]);
+        }
+        self.cache.stats.bypass_bytes += out.len() as u64;
+        Ok(())
+    }
+
+    /// Reads file blocks (with their device blocks) at queue depth, merging contiguous runs.
+    fn fetch(&mut self, blocks: &[(u32, u64)]) -> Result<BTreeMap<u32, IoBuf>, FsError> {
+        let bs = self.bs;
+        let max_blocks = (self.opts.max_command_bytes / bs).max(1);
+        let mut runs: Vec<(u32, u64, usize)> = Vec::new();
+        for &(b, p) in blocks {
+            match runs.last_mut() {
+                Some((lb, lp, len))
+                    if *lb + *len as u32 == b && *lp + *len as u64 == p && *len < max_blocks =>
+                {
+                    *len += 1
+                }
+                _ => runs.push((b, p, 1)),
+            }
+        }
+        let ops = runs
+            .iter()
+            .map(|&(_, p, len)| BatchOp {
+                write: false,
+                block: p,
+                buf: IoBuf::zeroed(len * bs),
+            })
+            .collect();
+        let done = self.io.batch(ops)?;
+        let mut out = BTreeMap::new();
+        for ((b, _, len), op) in runs.into_iter().zip(done) {
+            if len == 1 {
+                out.insert(b, op.buf);
+            } else {
+                for i in 0..len {
+                    out.insert(
+                        b + i as u32,
+                        IoBuf::from_slice(&op.buf[i * bs..(i + 1) * bs]),
+                    );
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset`, growing the file as needed. All or nothing per step: space
+    /// is checked before anything changes.
+    pub(crate) fn write_at(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        self.writable()?;
+        self.file_node(ino)?;
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|&e| e <= self.max_file_bytes())
+            .ok_or_else(|| FsError::FileTooLarge(format!("inode {ino}")))?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        let mut done = 0;
+        while done < data.len() {
+            let step = (data.len() - done).min(WRITE_STEP);
+            self.make_transaction_room()?;
+            let large = data.len() >= self.opts.bypass_bytes;
+            self.write_step(ino, offset + done as u64, &data[done..done + step], large)?;
+            done += step;
+        }
+        let now = crate::mkfs::now_ns();
+        let node = self.node(ino)?;
+        node.inode.size = node.inode.size.max(end);
+        node.inode.mtime_ns = now;
+        node.inode.ctime_ns = now;
+        self.touch(ino);
+        Ok(data.len())
+    }
+
+    fn write_step(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        large: bool,
+    ) -> Result<(), FsError> {
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((offset + data.len() as u64 - 1) / bs) as u32;
+        let fresh = self.map_holes(ino, first, last)?;
+        let map = self.node(ino)?.map.clone();
+        let mut direct: Vec<(u64, IoBuf)> = Vec::new();
+        for b in first..=last {
+            let block_start = u64::from(b) * bs;
+            let lo = block_start.max(offset);
+            let hi = (block_start + bs).min(offset + data.len() as u64);
+            let src = &data[(lo - offset) as usize..(hi - offset) as usize];
+            let within = (lo - block_start) as usize;
+            let whole = src.len() == self.bs;
+            if large && whole {
+                self.cache.remove(ino, b);
+                let (p, _) = map.lookup(b).ok_or_else(|| {
+                    corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
+                })?;
+                direct.push((p, IoBuf::from_slice(src)));
+                continue;
+            }
+            if let Some(slot) = self.cache.get(ino, b) {
+                slot.buf[within..within + src.len()].copy_from_slice(src);
+                slot.dirty = true;
+                continue;
+            }
+            let mut buf = if whole || fresh.contains(&b) {
+                IoBuf::zeroed(self.bs)
+            } else {
+                let (p, _) = map.lookup(b).ok_or_else(|| {
+                    corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
+                })?;
+                self.fetch(&[(b, p)])?
+                    .remove(&b)
+                    .ok_or_else(|| corrupt(format!("inode {ino}: block {b} was not read")))?
+            };
+            buf[within..within + src.len()].copy_from_slice(src);
+            let victims = self.cache.make_room(1);
+            self.write_victims(victims)?;
+            self.cache.insert(ino, b, buf, true);
+        }
+        if !direct.is_empty() {
+            self.cache.stats.bypass_bytes += (direct.len() * self.bs) as u64;
+            let ops = coalesce(direct, self.bs, self.opts.max_command_bytes);
+            self.io.batch(ops)?;
+        }
+        Ok(())
+    }
+
+    /// Allocates device blocks for every hole in file blocks `first..=last`; returns the file
+    /// blocks that were holes. Fails before changing anything when the space is not there.
+    fn map_holes(&mut self, ino: u64, first: u32, last: u32) -> Result<HashSet<u32>, FsError> {
+        let node = self.node(ino)?;
+        let holes: Vec<u32> = (first..=last)
+            .filter(|&b| node.map.lookup(b).is_none())
+            .collect();
+        if holes.is_empty() {
+            return Ok(HashSet::new());
+        }
+        // Extent blocks may be needed too; keep a small reserve for them.
+        if self.alloc.free_block_count() < holes.len() as u64 + 4 {
+            return Err(FsError::NoSpace(format!(
+                "{} blocks needed, {} free",
+                holes.len(),
+                self.alloc.free_block_count()
+            )));
+        }
+        let mut i = 0;
+        while i < holes.len() {
+            let mut run = 1;
+            while i + run < holes.len() && holes[i + run] == holes[i] + run as u32 {
+                run += 1;
+            }
+            let logical = holes[i];
+            let node = self.node(ino)?;
+            let goal = logical
+                .checked_sub(1)
+                .and_then(|p| node.map.lookup(p))
+                .map(|(p, _)| p + 1)
+                .or_else(|| {
+                    node.map
+                        .extents()
+                        .last()
+                        .map(|e| e.physical + u64::from(e.length))
+                })
+                .unwrap_or(0);
+            let (start, got) = self
+                .alloc
+                .alloc_blocks(goal, run as u64)
+                .ok_or_else(|| FsError::NoSpace("the device is full".into()))?;
+            let node = self.node(ino)?;
+            node.map.insert(logical, got as u32, start);
+            node.map_dirty = true;
+            i += got as usize;
+        }
+        self.touch(ino);
+        Ok(holes.into_iter().collect())
+    }
+
+    /// Sets the file's size; blocks past the new end are freed and the tail of the last block
+    /// is zeroed so that growing the file again reads zeroes.
+    pub(crate) fn set_len(&mut self, ino: u64, size: u64) -> Result<(), FsError> {
+        self.writable()?;
+        self.file_node(ino)?;
+        if size > self.max_file_bytes() {
+            return Err(FsError::FileTooLarge(format!("inode {ino}")));
+        }
+        self.make_transaction_room()?;
+        let bs = self.bs as u64;
+        let old = self.node(ino)?.inode.size;
+        if size < old {
+            let keep = size.div_ceil(bs) as u32;
+            let node = self.node(ino)?;
+            let freed = node.map.truncate(keep);
+            if !freed.is_empty() {
+                node.map_dirty = true;
+            }
+            for (start, len) in freed {
+                self.alloc.free_blocks(start, u64::from(len));
+            }
+            self.cache.remove_from(ino, keep);
+            let tail = (size % bs) as usize;
+            if tail != 0 {
+                let b = (size / bs) as u32;
+                let mapped = self.node(ino)?.map.lookup(b);
+                if let Some((p, _)) = mapped {
+                    if self.cache.get(ino, b).is_none() {
+                        let buf = self.fetch(&[(b, p)])?.remove(&b).ok_or_else(|| {
+                            corrupt(format!("inode {ino}: block {b} was not read"))
+                        })?;
+                        let victims = self.cache.make_room(1);
+                        self.write_victims(victims)?;
+                        self.cache.insert(ino, b, buf, false);
+                    }
+                    if let Some(slot) = self.cache.get(ino, b) {
+                        slot.buf[tail..].fill(0);
+                        slot.dirty = true;
+                    }
+                }
+            }
+        }
+        let now = crate::mkfs::now_ns();
+        let node = self.node(ino)?;
+        node.inode.size = size;
+        node.inode.mtime_ns = now;
+        node.inode.ctime_ns = now;
+        self.touch(ino);
+        self.next_sequential.remove(&ino);
+        Ok(())
+    }
+}

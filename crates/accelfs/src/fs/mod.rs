@@ -1,0 +1,521 @@
+//! A mounted AccelFS: the `std::fs`-like API ([`FileSystem`], [`File`]) over the in-memory
+//! metadata ([`meta`]), the buffer cache ([`cache`]), the allocator ([`alloc`]) and the journal.
+//!
+//! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads; operations
+//! are serialised by one lock around the mounted state (finer locking is future work).
+//! Durability: `File::sync_all` and `FileSystem::sync` write every dirty block and commit the
+//! running transaction with one flush; when they return, the data and metadata survive a crash.
+
+mod alloc;
+pub mod cache;
+mod data;
+mod file;
+mod meta;
+mod namespace;
+
+pub use cache::CacheStats;
+pub use file::{File, OpenOptions};
+pub use namespace::MAX_DEPTH;
+
+use crate::bitmap::Bitmap;
+use crate::error::{FormatError, FsError};
+use crate::fsck::load_superblock;
+use crate::header::BlockKind;
+use crate::inode::Kind;
+use crate::journal::JournalArea;
+use crate::layout::{Layout, ROOT_INODE, VERSION};
+use crate::mkfs::MkfsOptions;
+use crate::wal::{Journal, Recovery};
+use kura_engine::BlockDevice;
+use meta::Inner;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Tunables of a mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MountOptions {
+    /// Memory the buffer cache may use (bytes); it never holds more.
+    pub cache_bytes: u64,
+    /// Blocks read ahead of a sequential reader.
+    pub readahead_blocks: u32,
+    /// Reads and writes of at least this many bytes bypass the cache.
+    pub bypass_bytes: usize,
+    /// Largest single device command the file system issues.
+    pub max_command_bytes: usize,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        MountOptions {
+            cache_bytes: 64 << 20,
+            readahead_blocks: 32,
+            bypass_bytes: 256 << 10,
+            max_command_bytes: 1 << 20,
+        }
+    }
+}
+
+/// File or directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileType {
+    File,
+    Directory,
+}
+
+/// What `stat` tells about an inode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Metadata {
+    pub ino: u64,
+    pub file_type: FileType,
+    pub size: u64,
+    /// File-system blocks held (data and extent blocks).
+    pub blocks: u64,
+    pub block_size: u32,
+    pub links: u32,
+    pub mode: u16,
+    pub mtime_ns: u64,
+    pub ctime_ns: u64,
+    pub generation: u32,
+}
+
+impl Metadata {
+    pub fn is_dir(&self) -> bool {
+        self.file_type == FileType::Directory
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.file_type == FileType::File
+    }
+
+    pub fn len(&self) -> u64 {
+        self.size
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.size == 0
+    }
+}
+
+/// One directory entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirEntryInfo {
+    pub name: Vec<u8>,
+    pub ino: u64,
+    pub file_type: FileType,
+}
+
+impl DirEntryInfo {
+    /// The name as text (names are bytes; invalid UTF-8 is shown with replacement characters).
+    pub fn name_lossy(&self) -> String {
+        String::from_utf8_lossy(&self.name).into_owned()
+    }
+}
+
+/// Space, inodes and cache counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsStats {
+    pub block_size: u32,
+    pub total_blocks: u64,
+    pub free_blocks: u64,
+    pub total_inodes: u64,
+    pub free_inodes: u64,
+    pub cache: CacheStats,
+    /// Journal transactions committed by this mount.
+    pub commits: u64,
+    /// What recovery did when this mount started.
+    pub recovery: Recovery,
+}
+
+/// A mounted AccelFS. Clone it to share it between threads.
+#[derive(Clone)]
+pub struct FileSystem {
+    inner: Arc<Mutex<Inner>>,
+}
+
+impl std::fmt::Debug for FileSystem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileSystem").finish_non_exhaustive()
+    }
+}
+
+fn file_type(kind: Kind) -> FileType {
+    if kind == Kind::Directory {
+        FileType::Directory
+    } else {
+        FileType::File
+    }
+}
+
+impl FileSystem {
+    /// Formats `dev` and mounts the new file system.
+    pub fn format(
+        dev: Box<dyn BlockDevice>,
+        mkfs: MkfsOptions,
+        opts: MountOptions,
+    ) -> Result<FileSystem, FsError> {
+        let mut io = crate::blockio::BlockIo::new(dev, mkfs.block_size as usize)?;
+        crate::mkfs::mkfs(&mut io, mkfs)?;
+        FileSystem::mount(io.into_device(), opts)
+    }
+
+    /// Mounts the AccelFS on `dev`, replaying its journal first.
+    pub fn mount(dev: Box<dyn BlockDevice>, opts: MountOptions) -> Result<FileSystem, FsError> {
+        let (sb, mut io, note) = load_superblock(dev)?;
+        if let Some(note) = note {
+            return Err(FormatError::BadSuperblock(format!(
+                "{note}; run `kura fsck --repair` to restore the primary before mounting"
+            ))
+            .into());
+        }
+        if sb.features != 0 {
+            return Err(FormatError::BadSuperblock(format!(
+                "unknown feature flags {:#x} (this is AccelFS version {VERSION})",
+                sb.features
+            ))
+            .into());
+        }
+        let l = sb.layout;
+        l.validate()?;
+        let area = JournalArea {
+            start: l.journal_start,
+            len: l.journal_len,
+        };
+        let (journal, recovery) = Journal::recover(&mut io, area)?;
+        let bs = l.block_size as usize;
+        let blocks = read_bitmap(&mut io, &l, BlockKind::BlockBitmap)?;
+        let inodes = read_bitmap(&mut io, &l, BlockKind::InodeBitmap)?;
+        let alloc = alloc::Allocator::new(l, blocks, inodes);
+        let mut inner = Inner::new(io, sb, journal, alloc, opts, recovery);
+        debug_assert_eq!(inner.bs, bs);
+        let root = inner.node(ROOT_INODE)?;
+        if root.inode.kind != Kind::Directory {
+            return Err(
+                FormatError::Corrupt("inode 1 (the root) is not a directory".into()).into(),
+            );
+        }
+        inner.dir(ROOT_INODE)?;
+        Ok(FileSystem {
+            inner: Arc::new(Mutex::new(inner)),
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock cannot leave a half-applied change on the device (only
+        // commits write metadata), so the state is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    // ---- path API -----------------------------------------------------------------------
+
+    /// Creates (or truncates) a file and opens it for reading and writing.
+    pub fn create(&self, path: &str) -> Result<File, FsError> {
+        self.open_with(
+            path,
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true),
+        )
+    }
+
+    /// Opens an existing file for reading.
+    pub fn open(&self, path: &str) -> Result<File, FsError> {
+        self.open_with(path, OpenOptions::new().read(true))
+    }
+
+    pub fn open_with(&self, path: &str, o: &OpenOptions) -> Result<File, FsError> {
+        let mut g = self.lock();
+        let ino = match g.resolve(path) {
+            Ok(ino) => {
+                if o.create_new {
+                    return Err(FsError::Exists(path.to_string()));
+                }
+                ino
+            }
+            Err(FsError::NotFound(_)) if o.create || o.create_new => {
+                let (parent, name) = g.resolve_parent(path)?;
+                g.create_entry(parent, &name, Kind::File, 0o644)?
+            }
+            Err(e) => return Err(e),
+        };
+        let node = g.node(ino)?;
+        if node.inode.kind == Kind::Directory {
+            return Err(FsError::IsADirectory(path.to_string()));
+        }
+        let generation = node.inode.generation;
+        if o.truncate && (o.write || o.append) && node.inode.size != 0 {
+            g.set_len(ino, 0)?;
+        }
+        drop(g);
+        Ok(File::new(self.clone(), ino, generation, o))
+    }
+
+    /// The whole contents of a file.
+    pub fn read(&self, path: &str) -> Result<Vec<u8>, FsError> {
+        let f = self.open(path)?;
+        let mut out = vec![0u8; f.len()? as usize];
+        let n = f.read_at(0, &mut out)?;
+        out.truncate(n);
+        Ok(out)
+    }
+
+    /// Replaces a file's contents (creating it).
+    pub fn write(&self, path: &str, data: &[u8]) -> Result<(), FsError> {
+        self.create(path)?.write_at(0, data).map(|_| ())
+    }
+
+    pub fn mkdir(&self, path: &str) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let (parent, name) = g.resolve_parent(path)?;
+        g.create_entry(parent, &name, Kind::Directory, 0o755)
+            .map_err(|e| match e {
+                FsError::Exists(_) => FsError::Exists(path.to_string()),
+                e => e,
+            })
+            .map(|_| ())
+    }
+
+    /// Creates a directory and every missing parent.
+    pub fn create_dir_all(&self, path: &str) -> Result<(), FsError> {
+        let mut at = String::new();
+        for c in namespace::components(path)? {
+            at.push('/');
+            at.push_str(&String::from_utf8_lossy(c));
+            match self.mkdir(&at) {
+                Ok(()) => {}
+                Err(FsError::Exists(_)) if self.metadata(&at)?.is_dir() => {}
+                Err(FsError::Exists(_)) => return Err(FsError::NotADirectory(at)),
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn remove_file(&self, path: &str) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let (parent, name) = g.resolve_parent(path)?;
+        g.remove_entry(parent, &name, false)
+            .map_err(|e| with_path(e, path))
+    }
+
+    pub fn remove_dir(&self, path: &str) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let (parent, name) = g.resolve_parent(path)?;
+        g.remove_entry(parent, &name, true)
+            .map_err(|e| with_path(e, path))
+    }
+
+    pub fn rename(&self, from: &str, to: &str) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let (p1, n1) = g.resolve_parent(from)?;
+        let (p2, n2) = g.resolve_parent(to)?;
+        g.rename_entry(p1, &n1, p2, &n2)
+    }
+
+    /// Entries of a directory, sorted by name.
+    pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntryInfo>, FsError> {
+        let ino = self.lock().resolve(path)?;
+        self.list(ino).map_err(|e| with_path(e, path))
+    }
+
+    pub fn metadata(&self, path: &str) -> Result<Metadata, FsError> {
+        let ino = self.lock().resolve(path)?;
+        self.metadata_of(ino)
+    }
+
+    pub fn exists(&self, path: &str) -> bool {
+        self.lock().resolve(path).is_ok()
+    }
+
+    /// Makes every change so far durable (one journal commit, one flush).
+    pub fn sync(&self) -> Result<(), FsError> {
+        self.lock().commit()
+    }
+
+    pub fn statfs(&self) -> FsStats {
+        let g = self.lock();
+        let l = g.layout();
+        FsStats {
+            block_size: l.block_size,
+            total_blocks: l.total_blocks,
+            free_blocks: g.alloc.free_block_count(),
+            total_inodes: l.inode_count,
+            free_inodes: g.alloc.free_inode_count(),
+            cache: g.cache.stats,
+            commits: g.commits,
+            recovery: g.recovery,
+        }
+    }
+
+    /// Commits, checkpoints the journal and closes the file system; other handles then fail.
+    pub fn unmount(self) -> Result<(), FsError> {
+        let mut g = self.lock();
+        if g.closed {
+            return Ok(());
+        }
+        if g.read_only.is_none() {
+            g.commit()?;
+            let Inner { journal, io, .. } = &mut *g;
+            journal.checkpoint(io)?;
+        }
+        g.closed = true;
+        Ok(())
+    }
+
+    // ---- inode API (used by the FUSE adapter) ---------------------------------------------
+
+    pub fn metadata_of(&self, ino: u64) -> Result<Metadata, FsError> {
+        let mut g = self.lock();
+        let bs = g.layout().block_size;
+        let n = g.node(ino)?;
+        if n.inode.kind == Kind::Free {
+            return Err(FsError::NotFound(format!("inode {ino}")));
+        }
+        Ok(Metadata {
+            ino,
+            file_type: file_type(n.inode.kind),
+            size: n.inode.size,
+            blocks: n.map.mapped_blocks() + n.chain_len() as u64,
+            block_size: bs,
+            links: n.inode.links,
+            mode: n.inode.mode,
+            mtime_ns: n.inode.mtime_ns,
+            ctime_ns: n.inode.ctime_ns,
+            generation: n.inode.generation,
+        })
+    }
+
+    /// The entry `name` in directory `parent`.
+    pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata, FsError> {
+        let e = self
+            .lock()
+            .lookup(parent, name)?
+            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        self.metadata_of(e.ino)
+    }
+
+    /// Entries of directory `ino`, sorted by name.
+    pub fn list(&self, ino: u64) -> Result<Vec<DirEntryInfo>, FsError> {
+        let mut g = self.lock();
+        let mut out: Vec<DirEntryInfo> = g
+            .dir(ino)?
+            .entries()
+            .map(|e| DirEntryInfo {
+                name: e.name.clone(),
+                ino: e.ino,
+                file_type: file_type(e.kind),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// Creates `name` in directory `parent`.
+    pub fn create_in(
+        &self,
+        parent: u64,
+        name: &[u8],
+        file_type: FileType,
+        mode: u16,
+    ) -> Result<Metadata, FsError> {
+        let kind = match file_type {
+            FileType::File => Kind::File,
+            FileType::Directory => Kind::Directory,
+        };
+        let ino = self.lock().create_entry(parent, name, kind, mode)?;
+        self.metadata_of(ino)
+    }
+
+    /// Removes file (`dir == false`) or empty directory `name` from `parent`.
+    pub fn remove_in(&self, parent: u64, name: &[u8], dir: bool) -> Result<(), FsError> {
+        self.lock().remove_entry(parent, name, dir)
+    }
+
+    pub fn rename_in(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+    ) -> Result<(), FsError> {
+        self.lock().rename_entry(parent, name, new_parent, new_name)
+    }
+
+    pub fn read_ino(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize, FsError> {
+        self.lock().read_at(ino, offset, out)
+    }
+
+    pub fn write_ino(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize, FsError> {
+        self.lock().write_at(ino, offset, data)
+    }
+
+    pub fn set_len_ino(&self, ino: u64, size: u64) -> Result<(), FsError> {
+        self.lock().set_len(ino, size)
+    }
+
+    /// Checks that a handle opened on inode `ino` of `generation` still names that file.
+    fn check_handle(g: &mut Inner, ino: u64, generation: u32) -> Result<(), FsError> {
+        let n = g.node(ino)?;
+        if n.inode.kind == Kind::Free || n.inode.generation != generation {
+            return Err(FsError::NotFound(format!(
+                "inode {ino}: the file was removed while open"
+            )));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn with_handle<T>(
+        &self,
+        ino: u64,
+        generation: u32,
+        f: impl FnOnce(&mut Inner) -> Result<T, FsError>,
+    ) -> Result<T, FsError> {
+        let mut g = self.lock();
+        Self::check_handle(&mut g, ino, generation)?;
+        f(&mut g)
+    }
+}
+
+fn with_path(e: FsError, path: &str) -> FsError {
+    match e {
+        FsError::NotFound(_) => FsError::NotFound(path.to_string()),
+        FsError::IsADirectory(_) => FsError::IsADirectory(path.to_string()),
+        FsError::NotADirectory(_) => FsError::NotADirectory(path.to_string()),
+        FsError::NotEmpty(_) => FsError::NotEmpty(path.to_string()),
+        e => e,
+    }
+}
+
+fn read_bitmap(
+    io: &mut crate::blockio::BlockIo,
+    l: &Layout,
+    kind: BlockKind,
+) -> Result<Bitmap, FsError> {
+    let (start, len, bits) = match kind {
+        BlockKind::BlockBitmap => (l.block_bitmap_start, l.block_bitmap_len, l.total_blocks),
+        _ => (l.inode_bitmap_start, l.inode_bitmap_len, l.inode_count),
+    };
+    let mut map = Bitmap::new(bits);
+    let raw = io.read_many(start, len)?;
+    let bs = l.block_size as usize;
+    for i in 0..len {
+        map.decode_block(
+            i,
+            &raw[i as usize * bs..(i as usize + 1) * bs],
+            kind,
+            start + i,
+        )?;
+    }
+    Ok(map)
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // The last handle went away without `unmount`: make what was written durable, as
+        // closing a file system would. Errors cannot be reported here; the journal keeps
+        // what was committed before.
+        if !self.closed && self.read_only.is_none() && self.commit().is_ok() {
+            let _ = self.journal.checkpoint(&mut self.io);
+        }
+    }
+}
