@@ -1,7 +1,4 @@
 //! `kura mkfs` and `kura fsck`: format a device with AccelFS and check one.
-//!
-//! AccelFS is being built (issue 3): the format, mkfs and a read-only fsck work today; mounting,
-//! files, `fs` tools and FUSE come next, and `fsck --repair` with them.
 
 use crate::dev::open_dev;
 use anyhow::Context;

@@ -3,6 +3,8 @@
 mod demo;
 mod dev;
 mod fs;
+mod fsops;
+mod mount;
 mod pattern;
 mod stream;
 
@@ -28,10 +30,15 @@ enum Command {
     /// Benchmarks, each measured against a peer in the same run.
     #[command(subcommand)]
     Bench(BenchCommand),
-    /// Format a device with AccelFS (the file system is in progress: format, mkfs, fsck so far).
+    /// Format a device with AccelFS.
     Mkfs(fs::MkfsArgs),
     /// Check an AccelFS device and report every inconsistency (exit 0 clean, 1 problems, 2 unreadable).
     Fsck(fs::FsckArgs),
+    /// File tools on an AccelFS device: ls, put, get, cat, rm, mkdir, stat, df.
+    #[command(subcommand)]
+    Fs(fsops::FsCommand),
+    /// Mount an AccelFS device on a directory through FUSE (serves until unmounted).
+    Mount(mount::MountArgs),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -57,6 +64,8 @@ fn main() -> anyhow::Result<()> {
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => fs::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),
+        Command::Mount(args) => mount::run(&args),
+        Command::Fs(cmd) => fsops::run(cmd),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);
             Ok(())

@@ -170,6 +170,10 @@ fn every_subcommand_explains_itself() {
         vec!["dev", "write", "--help"],
         vec!["bench", "io", "--help"],
         vec!["demo", "--help"],
+        vec!["fs", "--help"],
+        vec!["fs", "put", "--help"],
+        vec!["mount", "--help"],
+        vec!["mkfs", "--help"],
     ] {
         let o = kura(&args);
         assert!(o.status.success(), "{args:?}: {}", text(&o));

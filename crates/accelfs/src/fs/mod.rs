@@ -75,6 +75,8 @@ pub struct Metadata {
     pub mtime_ns: u64,
     pub ctime_ns: u64,
     pub generation: u32,
+    /// The directory holding it (the root is its own parent).
+    pub parent: u64,
 }
 
 impl Metadata {
@@ -382,6 +384,11 @@ impl FileSystem {
             mtime_ns: n.inode.mtime_ns,
             ctime_ns: n.inode.ctime_ns,
             generation: n.inode.generation,
+            parent: if ino == ROOT_INODE {
+                ROOT_INODE
+            } else {
+                n.inode.parent
+            },
         })
     }
 
@@ -451,6 +458,31 @@ impl FileSystem {
 
     pub fn set_len_ino(&self, ino: u64, size: u64) -> Result<(), FsError> {
         self.lock().set_len(ino, size)
+    }
+
+    /// Changes permission bits and/or the modification time (what `chmod` and `touch` do).
+    pub fn set_attr(
+        &self,
+        ino: u64,
+        mode: Option<u16>,
+        mtime_ns: Option<u64>,
+    ) -> Result<(), FsError> {
+        let mut g = self.lock();
+        g.writable()?;
+        g.make_transaction_room()?;
+        let n = g.node(ino)?;
+        if n.inode.kind == Kind::Free {
+            return Err(FsError::NotFound(format!("inode {ino}")));
+        }
+        if let Some(m) = mode {
+            n.inode.mode = m & 0o7777;
+        }
+        if let Some(t) = mtime_ns {
+            n.inode.mtime_ns = t;
+        }
+        n.inode.ctime_ns = crate::mkfs::now_ns();
+        g.touch(ino);
+        Ok(())
     }
 
     /// Checks that a handle opened on inode `ino` of `generation` still names that file.

@@ -1,0 +1,466 @@
+//! `kura fs ls|put|get|cat|rm|mkdir|stat|df`: file tools on an AccelFS device without mounting it
+//! through the kernel. Each command mounts the device (replaying its journal), does its work, and
+//! unmounts (commit + checkpoint), so the image is clean whenever the command has returned.
+
+use crate::dev::open_dev;
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use kura_accelfs::{FileSystem, FileType, Metadata, MountOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+/// Bytes moved per call when copying: large enough to take the cache bypass.
+const CHUNK: usize = 4 << 20;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum FsCommand {
+    /// List a directory (default `/`).
+    Ls {
+        spec: String,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Long format: type, size, inode, modification time.
+        #[arg(short, long)]
+        long: bool,
+        /// List subdirectories too.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// Copy a host file (or, with -r, a directory tree) into the file system.
+    Put {
+        spec: String,
+        local: PathBuf,
+        /// Destination path; into it when it is an existing directory.
+        dest: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Copy a file (or, with -r, a directory tree) out to the host.
+    Get {
+        spec: String,
+        src: String,
+        /// Host destination; into it when it is an existing directory.
+        local: PathBuf,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Write a file's contents to standard output.
+    Cat { spec: String, path: String },
+    /// Remove a file (or, with -r, a directory tree; an empty directory needs no -r).
+    Rm {
+        spec: String,
+        path: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Create a directory.
+    Mkdir {
+        spec: String,
+        path: String,
+        /// Create missing parents; no error when it exists.
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Show an inode's metadata.
+    Stat { spec: String, path: String },
+    /// Space and inodes used and free.
+    Df { spec: String },
+}
+
+fn mount(spec: &str) -> anyhow::Result<FileSystem> {
+    let dev = open_dev(spec)?;
+    FileSystem::mount(dev, MountOptions::default())
+        .with_context(|| format!("mounting AccelFS from {spec}"))
+}
+
+pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
+    let spec = match &cmd {
+        FsCommand::Ls { spec, .. }
+        | FsCommand::Put { spec, .. }
+        | FsCommand::Get { spec, .. }
+        | FsCommand::Cat { spec, .. }
+        | FsCommand::Rm { spec, .. }
+        | FsCommand::Mkdir { spec, .. }
+        | FsCommand::Stat { spec, .. }
+        | FsCommand::Df { spec } => spec.clone(),
+    };
+    let fs = mount(&spec)?;
+    let result = execute(&fs, cmd);
+    let closed = fs.unmount().context("unmounting (final commit)");
+    result.and(closed)
+}
+
+fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
+    match cmd {
+        FsCommand::Ls {
+            path,
+            long,
+            recursive,
+            ..
+        } => ls(fs, &path, long, recursive),
+        FsCommand::Put {
+            local,
+            dest,
+            recursive,
+            ..
+        } => {
+            let base = local
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dest = match fs.metadata(&dest) {
+                Ok(m) if m.is_dir() && !base.is_empty() => join(&dest, &base),
+                _ => dest,
+            };
+            let meta = std::fs::metadata(&local)
+                .with_context(|| format!("reading {}", local.display()))?;
+            let total = if meta.is_dir() {
+                if !recursive {
+                    bail!("{} is a directory (use -r)", local.display());
+                }
+                tree_bytes(&local)?
+            } else {
+                meta.len()
+            };
+            let bar = progress(total, "put");
+            put(fs, &local, &dest, &bar)?;
+            bar.finish_and_clear();
+            fs.sync().context("sync")?;
+            eprintln!("copied {} into {dest}", human(total));
+            Ok(())
+        }
+        FsCommand::Get {
+            src,
+            local,
+            recursive,
+            ..
+        } => {
+            let m = fs.metadata(&src)?;
+            let local = if local.is_dir() {
+                let name = src.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                if name.is_empty() {
+                    local
+                } else {
+                    local.join(name)
+                }
+            } else {
+                local
+            };
+            if m.is_dir() && !recursive {
+                bail!("{src} is a directory (use -r)");
+            }
+            let bar = progress(fs_tree_bytes(fs, &src)?, "get");
+            get(fs, &src, &local, &bar)?;
+            bar.finish_and_clear();
+            Ok(())
+        }
+        FsCommand::Cat { path, .. } => {
+            let f = fs.open(&path)?;
+            let mut out = std::io::stdout().lock();
+            let mut buf = vec![0u8; CHUNK];
+            let mut at = 0u64;
+            loop {
+                let n = f.read_at(at, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                at += n as u64;
+            }
+            out.flush()?;
+            Ok(())
+        }
+        FsCommand::Rm {
+            path, recursive, ..
+        } => {
+            let m = fs.metadata(&path)?;
+            if m.is_dir() {
+                if recursive {
+                    remove_tree(fs, &path)?;
+                } else {
+                    fs.remove_dir(&path)?;
+                }
+            } else {
+                fs.remove_file(&path)?;
+            }
+            Ok(())
+        }
+        FsCommand::Mkdir { path, parents, .. } => {
+            if parents {
+                fs.create_dir_all(&path)?;
+            } else {
+                fs.mkdir(&path)?;
+            }
+            Ok(())
+        }
+        FsCommand::Stat { path, .. } => {
+            let m = fs.metadata(&path)?;
+            println!("  path: {path}");
+            println!("  type: {}", kind(&m));
+            println!("  size: {} bytes ({})", m.size, human(m.size));
+            println!(
+                "blocks: {} of {} bytes ({} allocated)",
+                m.blocks,
+                m.block_size,
+                human(m.blocks * u64::from(m.block_size))
+            );
+            println!(" inode: {} (generation {})", m.ino, m.generation);
+            println!("parent: {}", m.parent);
+            println!(" links: {}", m.links);
+            println!("  mode: {:o}", m.mode);
+            println!(" mtime: {}", timestamp(m.mtime_ns));
+            println!(" ctime: {}", timestamp(m.ctime_ns));
+            Ok(())
+        }
+        FsCommand::Df { .. } => {
+            let s = fs.statfs();
+            let bs = u64::from(s.block_size);
+            let used = s.total_blocks - s.free_blocks;
+            println!(
+                "{:>12} {:>12} {:>12} {:>5} {:>9} {:>9}",
+                "size", "used", "free", "use%", "inodes", "ifree"
+            );
+            println!(
+                "{:>12} {:>12} {:>12} {:>4}% {:>9} {:>9}",
+                human(s.total_blocks * bs),
+                human(used * bs),
+                human(s.free_blocks * bs),
+                used * 100 / s.total_blocks.max(1),
+                s.total_inodes,
+                s.free_inodes
+            );
+            println!(
+                "block size {} bytes; used includes the journal ({} at mount: {} transactions replayed)",
+                s.block_size,
+                if s.recovery.replayed > 0 {
+                    "recovered"
+                } else {
+                    "clean"
+                },
+                s.recovery.replayed
+            );
+            Ok(())
+        }
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+fn kind(m: &Metadata) -> &'static str {
+    if m.is_dir() {
+        "directory"
+    } else {
+        "file"
+    }
+}
+
+fn timestamp(ns: u64) -> String {
+    format!(
+        "{}.{:09} s since the epoch",
+        ns / 1_000_000_000,
+        ns % 1_000_000_000
+    )
+}
+
+/// Sizes in binary units with one decimal.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
+    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn ls(fs: &FileSystem, path: &str, long: bool, recursive: bool) -> anyhow::Result<()> {
+    let m = fs.metadata(path)?;
+    if !m.is_dir() {
+        print_entry(path, &m, long);
+        return Ok(());
+    }
+    if recursive {
+        println!("{path}:");
+    }
+    let entries = fs.read_dir(path)?;
+    let mut subdirs = Vec::new();
+    for e in &entries {
+        let name = e.name_lossy();
+        let child = join(path, &name);
+        if long {
+            let m = fs.metadata_of(e.ino)?;
+            print_entry(&name, &m, true);
+        } else {
+            println!(
+                "{name}{}",
+                if e.file_type == FileType::Directory {
+                    "/"
+                } else {
+                    ""
+                }
+            );
+        }
+        if e.file_type == FileType::Directory {
+            subdirs.push(child);
+        }
+    }
+    if recursive {
+        for d in subdirs {
+            println!();
+            ls(fs, &d, long, true)?;
+        }
+    }
+    Ok(())
+}
+
+fn print_entry(name: &str, m: &Metadata, long: bool) {
+    if long {
+        println!(
+            "{} {:o} {:>12} ino {:>6}  {}{}",
+            if m.is_dir() { 'd' } else { '-' },
+            m.mode,
+            m.size,
+            m.ino,
+            name,
+            if m.is_dir() { "/" } else { "" }
+        );
+    } else {
+        println!("{name}");
+    }
+}
+
+fn tree_bytes(p: &Path) -> anyhow::Result<u64> {
+    let m = std::fs::symlink_metadata(p)?;
+    if !m.is_dir() {
+        return Ok(if m.is_file() { m.len() } else { 0 });
+    }
+    let mut total = 0;
+    for e in std::fs::read_dir(p)? {
+        total += tree_bytes(&e?.path())?;
+    }
+    Ok(total)
+}
+
+fn fs_tree_bytes(fs: &FileSystem, p: &str) -> anyhow::Result<u64> {
+    let m = fs.metadata(p)?;
+    if !m.is_dir() {
+        return Ok(m.size);
+    }
+    let mut total = 0;
+    for e in fs.read_dir(p)? {
+        total += fs_tree_bytes(fs, &join(p, &e.name_lossy()))?;
+    }
+    Ok(total)
+}
+
+fn put(fs: &FileSystem, local: &Path, dest: &str, bar: &ProgressBar) -> anyhow::Result<()> {
+    let m = std::fs::symlink_metadata(local)?;
+    if m.is_dir() {
+        match fs.mkdir(dest) {
+            Ok(()) => {}
+            Err(kura_accelfs::FsError::Exists(_)) if fs.metadata(dest)?.is_dir() => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut children: Vec<_> = std::fs::read_dir(local)?.collect::<Result<_, _>>()?;
+        children.sort_by_key(|e| e.file_name());
+        for e in children {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else {
+                bail!("{}: file name is not UTF-8", e.path().display());
+            };
+            put(fs, &e.path(), &join(dest, name), bar)?;
+        }
+        return Ok(());
+    }
+    if !m.is_file() {
+        eprintln!("skipping {} (not a regular file)", local.display());
+        return Ok(());
+    }
+    let mut src =
+        std::fs::File::open(local).with_context(|| format!("opening {}", local.display()))?;
+    let f = fs.create(dest)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    loop {
+        let n = read_full(&mut src, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        f.write_at(at, &buf[..n])?;
+        at += n as u64;
+        bar.inc(n as u64);
+    }
+    Ok(())
+}
+
+fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match src.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+fn get(fs: &FileSystem, src: &str, local: &Path, bar: &ProgressBar) -> anyhow::Result<()> {
+    let m = fs.metadata(src)?;
+    if m.is_dir() {
+        std::fs::create_dir_all(local).with_context(|| format!("creating {}", local.display()))?;
+        for e in fs.read_dir(src)? {
+            let name = e.name_lossy();
+            get(fs, &join(src, &name), &local.join(&name), bar)?;
+        }
+        return Ok(());
+    }
+    let f = fs.open(src)?;
+    let mut out =
+        std::fs::File::create(local).with_context(|| format!("creating {}", local.display()))?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    loop {
+        let n = f.read_at(at, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        out.write_all(&buf[..n])?;
+        at += n as u64;
+        bar.inc(n as u64);
+    }
+    out.sync_all()?;
+    Ok(())
+}
+
+fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {
+    for e in fs.read_dir(path)? {
+        let child = join(path, &e.name_lossy());
+        if e.file_type == FileType::Directory {
+            remove_tree(fs, &child)?;
+        } else {
+            fs.remove_file(&child)?;
+        }
+    }
+    fs.remove_dir(path)?;
+    Ok(())
+}
