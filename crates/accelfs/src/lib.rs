@@ -23,6 +23,7 @@ pub mod inode;
 pub mod journal;
 pub mod layout;
 pub mod mkfs;
+pub mod repair;
 pub mod wal;
 
 pub use error::{FormatError, FsError};

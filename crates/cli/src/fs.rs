@@ -21,6 +21,10 @@ pub struct MkfsArgs {
 pub struct FsckArgs {
     /// Device spec (see `kura specs`).
     spec: String,
+    /// Fix what is safely repairable first (bitmaps, link counts, bad records and inodes,
+    /// orphans into /lost+found, a damaged superblock from its copy), then check again.
+    #[arg(long)]
+    repair: bool,
 }
 
 pub fn run_mkfs(args: &MkfsArgs) -> anyhow::Result<()> {
@@ -58,6 +62,34 @@ pub fn run_mkfs(args: &MkfsArgs) -> anyhow::Result<()> {
 
 /// Runs fsck and returns the process exit code: 0 clean, 1 problems found, 2 unreadable.
 pub fn run_fsck(args: &FsckArgs) -> i32 {
+    if args.repair {
+        let dev = match open_dev(&args.spec) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("kura fsck: {e:#}");
+                return 2;
+            }
+        };
+        match kura_accelfs::repair::repair(dev) {
+            Err(e) => {
+                eprintln!("kura fsck --repair: {}: {e}", args.spec);
+                return 2;
+            }
+            Ok(r) => {
+                for f in &r.fixed {
+                    println!("FIXED: {f}");
+                }
+                for u in &r.unrepairable {
+                    println!("NOT REPAIRED: {u}");
+                }
+                println!(
+                    "repair: {} fixed, {} left as they are; checking again",
+                    r.fixed.len(),
+                    r.unrepairable.len()
+                );
+            }
+        }
+    }
     let dev = match open_dev(&args.spec) {
         Ok(d) => d,
         Err(e) => {

@@ -211,6 +211,16 @@ fn mkfs_then_fsck_is_clean_and_damage_fails_fsck() {
     let o = kura(&["fsck", &spec]);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     assert!(text(&o).contains("PROBLEM"), "{}", text(&o));
+    let o = kura(&["fsck", "--repair", &spec]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    assert!(text(&o).contains("FIXED"), "{}", text(&o));
+    let o = kura(&["fsck", &spec]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "repaired image is clean: {}",
+        text(&o)
+    );
     let o = kura(&["fsck", "mem:16M"]);
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no AccelFS"), "{}", text(&o));
