@@ -89,7 +89,18 @@ impl BlockIo {
     /// completions arrive) and returns them with their buffers, reads filled in. Every operation
     /// is waited for even after a failure, so no buffer is left with the device; the first error
     /// is returned.
-    pub fn batch(&mut self, mut ops: Vec<BatchOp>) -> Result<Vec<BatchOp>, FsError> {
+    pub fn batch(&mut self, ops: Vec<BatchOp>) -> Result<Vec<BatchOp>, FsError> {
+        self.batch_each(ops, |_, _| {})
+    }
+
+    /// Like [`BlockIo::batch`], calling `on_done(index, buffer)` for each operation that
+    /// succeeds as soon as it completes, while the others are still in flight (so a reader can
+    /// copy one piece out while the device fills the next).
+    pub fn batch_each(
+        &mut self,
+        mut ops: Vec<BatchOp>,
+        mut on_done: impl FnMut(usize, &IoBuf),
+    ) -> Result<Vec<BatchOp>, FsError> {
         for op in &ops {
             if op.buf.is_empty() || !op.buf.len().is_multiple_of(self.block_size) {
                 return Err(FsError::Invalid(format!(
@@ -143,8 +154,12 @@ impl BlockIo {
                 break;
             }
             for c in &mut done[before..] {
-                if let Err(e) = &c.status {
-                    first_error.get_or_insert_with(|| e.clone());
+                match (&c.status, &c.buf) {
+                    (Err(e), _) => {
+                        first_error.get_or_insert_with(|| e.clone());
+                    }
+                    (Ok(()), Some(buf)) if first_error.is_none() => on_done(c.tag as usize, buf),
+                    _ => {}
                 }
             }
         }

@@ -133,15 +133,22 @@ impl Journal {
             images: images.to_vec(),
         };
         let mut ops = data;
-        ops.extend(
-            journal::encode(&txn, self.area, self.head, self.block_size)
-                .into_iter()
-                .map(|(block, b)| BatchOp {
-                    write: true,
-                    block,
-                    buf: IoBuf::from_slice(&b),
-                }),
-        );
+        // The log blocks of a transaction are contiguous except where the log wraps: each run
+        // goes out as one command.
+        let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
+        for (block, b) in journal::encode(&txn, self.area, self.head, self.block_size) {
+            match runs.last_mut() {
+                Some((first, run)) if *first + (run.len() / self.block_size) as u64 == block => {
+                    run.extend_from_slice(&b)
+                }
+                _ => runs.push((block, b)),
+            }
+        }
+        ops.extend(runs.into_iter().map(|(block, run)| BatchOp {
+            write: true,
+            block,
+            buf: IoBuf::from_slice(&run),
+        }));
         io.batch(ops)?;
         io.flush()?;
         for (t, img) in images {

@@ -3,4 +3,5 @@
 //! Results go to a terminal table, a JSON file and a PNG plot.
 
 pub mod crc;
+pub mod fs;
 pub mod io;

@@ -53,6 +53,9 @@ enum BenchCommand {
     Io(kura_bench::io::IoArgs),
     /// CRC32C: table-driven vs the crc32 instruction vs vectorized folding, 64 B to 1 MiB.
     Crc(kura_bench::crc::CrcArgs),
+    /// File system: read/write/write+sync latency by size on AccelFS, the raw engine, ext4
+    /// syscalls and redirect; fsync'd appends/s; sequential read bandwidth (the paper's Fig. 5).
+    Fs(kura_bench::fs::FsBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -61,6 +64,7 @@ fn main() -> anyhow::Result<()> {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
+        Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => fs::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),

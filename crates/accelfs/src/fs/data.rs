@@ -2,7 +2,7 @@
 //! readers, and the bypass that sends large reads and writes to the engine as big commands at
 //! queue depth.
 
-use super::meta::{coalesce, corrupt, Inner};
+use super::meta::{corrupt, io_buffer, Inner};
 use crate::blockio::BatchOp;
 use crate::error::FsError;
 use crate::inode::Kind;
@@ -141,17 +141,18 @@ impl Inner {
             .map(|&(_, p, len)| BatchOp {
                 write: false,
                 block: p,
-                buf: IoBuf::zeroed(len as usize * self.bs),
+                buf: io_buffer(len as usize * self.bs),
             })
             .collect();
-        let done = self.io.batch(ops)?;
-        for ((b, _, len), op) in runs.into_iter().zip(done) {
+        let end = offset + out.len() as u64;
+        self.io.batch_each(ops, |i, buf| {
+            let (b, _, len) = runs[i];
             let run_lo = u64::from(b) * bs;
             let lo = run_lo.max(offset);
-            let hi = (run_lo + u64::from(len) * bs).min(offset + out.len() as u64);
+            let hi = (run_lo + u64::from(len) * bs).min(end);
             out[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&op.buf[(lo - run_lo) as usize..(hi - run_lo) as usize]);
-        }
+                .copy_from_slice(&buf[(lo - run_lo) as usize..(hi - run_lo) as usize]);
+        })?;
         self.cache.stats.bypass_bytes += out.len() as u64;
         Ok(())
     }
@@ -176,7 +177,7 @@ impl Inner {
             .map(|&(_, p, len)| BatchOp {
                 write: false,
                 block: p,
-                buf: IoBuf::zeroed(len * bs),
+                buf: io_buffer(len * bs),
             })
             .collect();
         let done = self.io.batch(ops)?;
@@ -242,7 +243,7 @@ impl Inner {
         let last = ((offset + data.len() as u64 - 1) / bs) as u32;
         let fresh = self.map_holes(ino, first, last)?;
         let map = self.node(ino)?.map.clone();
-        let mut direct: Vec<(u64, IoBuf)> = Vec::new();
+        let mut direct: Vec<(u64, Vec<&[u8]>)> = Vec::new();
         for b in first..=last {
             let block_start = u64::from(b) * bs;
             let lo = block_start.max(offset);
@@ -255,7 +256,15 @@ impl Inner {
                 let (p, _) = map.lookup(b).ok_or_else(|| {
                     corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
                 })?;
-                direct.push((p, IoBuf::from_slice(src)));
+                match direct.last_mut() {
+                    Some((first, run))
+                        if *first + run.len() as u64 == p
+                            && (run.len() + 1) * self.bs <= self.opts.max_command_bytes =>
+                    {
+                        run.push(src)
+                    }
+                    _ => direct.push((p, vec![src])),
+                }
                 continue;
             }
             if let Some(slot) = self.cache.get(ino, b) {
@@ -279,8 +288,21 @@ impl Inner {
             self.cache.insert(ino, b, buf, true);
         }
         if !direct.is_empty() {
-            self.cache.stats.bypass_bytes += (direct.len() * self.bs) as u64;
-            let ops = coalesce(direct, self.bs, self.opts.max_command_bytes);
+            let ops: Vec<BatchOp> = direct
+                .into_iter()
+                .map(|(p, pieces)| {
+                    let mut buf = io_buffer(pieces.len() * self.bs);
+                    for (i, piece) in pieces.iter().enumerate() {
+                        buf[i * self.bs..(i + 1) * self.bs].copy_from_slice(piece);
+                    }
+                    BatchOp {
+                        write: true,
+                        block: p,
+                        buf,
+                    }
+                })
+                .collect();
+            self.cache.stats.bypass_bytes += ops.iter().map(|o| o.buf.len() as u64).sum::<u64>();
             self.io.batch(ops)?;
         }
         Ok(())

@@ -16,7 +16,7 @@ use crate::header::{seal, verify, BlockKind, HEADER_LEN};
 use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::layout::{Layout, Superblock};
 use crate::wal::{Journal, Recovery};
-use kura_engine::IoBuf;
+use kura_engine::{BufferPool, IoBuf};
 use std::collections::{BTreeSet, HashMap};
 
 /// An inode and its block map.
@@ -599,6 +599,14 @@ impl Inner {
     }
 }
 
+/// A buffer for the device to read into, or for data about to be copied in whole: from the
+/// registered pool, not zeroed, since every byte is overwritten before anyone looks.
+pub(crate) fn io_buffer(len: usize) -> IoBuf {
+    BufferPool::global()
+        .alloc(len)
+        .unwrap_or_else(|_| IoBuf::zeroed(len))
+}
+
 /// Sorts writes by device block and merges runs into commands of at most `max_bytes`.
 pub(crate) fn coalesce(mut blocks: Vec<(u64, IoBuf)>, bs: usize, max_bytes: usize) -> Vec<BatchOp> {
     blocks.sort_by_key(|(p, _)| *p);
@@ -614,7 +622,7 @@ pub(crate) fn coalesce(mut blocks: Vec<(u64, IoBuf)>, bs: usize, max_bytes: usiz
                 });
             }
         } else if let Some(&(first, _)) = run.first() {
-            let mut buf = IoBuf::zeroed(run.len() * bs);
+            let mut buf = io_buffer(run.len() * bs);
             for (i, (_, b)) in run.iter().enumerate() {
                 buf[i * bs..(i + 1) * bs].copy_from_slice(&b[..bs]);
             }
