@@ -111,6 +111,9 @@ impl Bitmap {
     }
 
     /// Encodes the `index`th block of the bitmap, to be stored at block number `number`.
+    /// Bit `k` of a block is bit `k % 8` of byte `k / 8`, which is exactly the little-endian
+    /// layout of the in-memory words, so whole words are copied (a block's bit count is a
+    /// multiple of 64 for every allowed block size).
     pub fn encode_block(
         &self,
         index: u64,
@@ -119,18 +122,18 @@ impl Bitmap {
         number: u64,
     ) -> Vec<u8> {
         let mut b = vec![0u8; block_size];
-        let per = Self::bits_per_block(block_size);
-        let first = index * per;
-        for i in 0..per.min(self.len.saturating_sub(first)) {
-            if self.get(first + i) {
-                b[HEADER_LEN + (i / 8) as usize] |= 1 << (i % 8);
-            }
+        let per_words = (Self::bits_per_block(block_size) / 64) as usize;
+        let first = index as usize * per_words;
+        let words = self.words.get(first..).unwrap_or(&[]);
+        for (i, w) in words.iter().take(per_words).enumerate() {
+            b[HEADER_LEN + i * 8..HEADER_LEN + i * 8 + 8].copy_from_slice(&w.to_le_bytes());
         }
         seal(&mut b, kind, number);
         b
     }
 
-    /// Decodes block `index` (read from block `number`) into this bitmap.
+    /// Decodes block `index` (read from block `number`) into this bitmap. Bits past the
+    /// bitmap's length are ignored.
     pub fn decode_block(
         &mut self,
         index: u64,
@@ -139,11 +142,25 @@ impl Bitmap {
         number: u64,
     ) -> Result<(), FormatError> {
         verify(block, kind, number)?;
-        let per = Self::bits_per_block(block.len());
-        let first = index * per;
-        for i in 0..per.min(self.len.saturating_sub(first)) {
-            let bit = block[HEADER_LEN + (i / 8) as usize] & (1 << (i % 8)) != 0;
-            self.set(first + i, bit);
+        let per_words = (Self::bits_per_block(block.len()) / 64) as usize;
+        let first = index as usize * per_words;
+        let total_words = self.words.len();
+        for i in 0..per_words {
+            let w = first + i;
+            if w >= total_words {
+                break;
+            }
+            let at = HEADER_LEN + i * 8;
+            let mut bytes = [0u8; 8];
+            bytes.copy_from_slice(&block[at..at + 8]);
+            let mut value = u64::from_le_bytes(bytes);
+            let valid = self.len - w as u64 * 64;
+            if valid < 64 {
+                value &= (1u64 << valid) - 1;
+            }
+            self.ones -= u64::from(self.words[w].count_ones());
+            self.ones += u64::from(value.count_ones());
+            self.words[w] = value;
         }
         Ok(())
     }

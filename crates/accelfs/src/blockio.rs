@@ -2,7 +2,7 @@
 //! blocks from LBA `n × B / device_block_size`, read and written through the blocking API.
 
 use crate::error::FsError;
-use kura_engine::{BlockDevice, BlockingIo, DeviceError, IoBuf, Request};
+use kura_engine::{BlockDevice, BlockingIo, BufferPool, DeviceError, IoBuf, Request};
 
 /// One read or write of whole AccelFS blocks for [`BlockIo::batch`].
 #[derive(Debug)]
@@ -10,6 +10,13 @@ pub struct BatchOp {
     pub write: bool,
     pub block: u64,
     pub buf: IoBuf,
+}
+
+/// One piece of a [`BlockIo::stream_read`]: device blocks to read, or zeroes (a file hole).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Piece {
+    Device { block: u64, bytes: usize },
+    Zero { bytes: usize },
 }
 
 /// A device seen in AccelFS blocks.
@@ -177,6 +184,111 @@ impl BlockIo {
             }
         }
         Ok(ops)
+    }
+
+    /// Reads `pieces` with up to `depth` commands in flight continuously (a new one is submitted
+    /// as each completes) and hands each piece's bytes to `deliver` in order, straight from the
+    /// engine buffer the device read into. Memory stays bounded by `depth` pieces.
+    pub fn stream_read(
+        &mut self,
+        pieces: &[Piece],
+        depth: usize,
+        mut deliver: impl FnMut(&[u8]),
+    ) -> Result<(), FsError> {
+        for p in pieces {
+            if let Piece::Device { block, bytes } = *p {
+                if bytes == 0 || !bytes.is_multiple_of(self.block_size) {
+                    return Err(FsError::Invalid(format!(
+                        "streamed read of {bytes} bytes is not whole {}-byte blocks",
+                        self.block_size
+                    )));
+                }
+                self.check(block, (bytes / self.block_size) as u64)?;
+            }
+        }
+        let depth = depth.max(1);
+        // Completed pieces waiting for their turn: a buffer, or a count of zero bytes.
+        let mut ready: std::collections::BTreeMap<usize, Result<IoBuf, usize>> = Default::default();
+        let mut zeroes: Vec<u8> = Vec::new();
+        let (mut next_submit, mut next_deliver) = (0usize, 0usize);
+        let mut failure: Option<DeviceError> = None;
+        let mut done = Vec::new();
+        while next_deliver < pieces.len() && failure.is_none() {
+            while next_submit < pieces.len() && self.dev.in_flight() + ready.len() < depth {
+                match pieces[next_submit] {
+                    Piece::Zero { bytes } => {
+                        ready.insert(next_submit, Err(bytes));
+                    }
+                    Piece::Device { block, bytes } => {
+                        let buf = BufferPool::global()
+                            .alloc(bytes)
+                            .unwrap_or_else(|_| IoBuf::zeroed(bytes));
+                        let blocks = (bytes / self.block_size) as u64 * self.per_block;
+                        let req =
+                            Request::read(next_submit as u64, block * self.per_block, blocks, buf);
+                        if let Err(rejected) = self.dev.submit(req) {
+                            if matches!(rejected.error, DeviceError::QueueFull { .. })
+                                && self.dev.in_flight() > 0
+                            {
+                                break;
+                            }
+                            failure = Some(rejected.error);
+                            break;
+                        }
+                    }
+                }
+                next_submit += 1;
+            }
+            while let Some(piece) = ready.remove(&next_deliver) {
+                match piece {
+                    Ok(buf) => deliver(&buf),
+                    Err(bytes) => {
+                        if zeroes.len() < bytes {
+                            zeroes.resize(bytes, 0);
+                        }
+                        deliver(&zeroes[..bytes]);
+                    }
+                }
+                next_deliver += 1;
+            }
+            if next_deliver == pieces.len() || failure.is_some() || self.dev.in_flight() == 0 {
+                continue;
+            }
+            done.clear();
+            if let Err(e) = self.dev.poll(&mut done, 1) {
+                failure = Some(e);
+                break;
+            }
+            for c in done.drain(..) {
+                match c.status {
+                    Ok(()) => match c.buf {
+                        Some(buf) => {
+                            ready.insert(c.tag as usize, Ok(buf));
+                        }
+                        None => {
+                            failure.get_or_insert(DeviceError::Offline {
+                                reason: "a read completed without its buffer".into(),
+                            });
+                        }
+                    },
+                    Err(e) => {
+                        failure.get_or_insert(e);
+                    }
+                }
+            }
+        }
+        // Never leave a buffer with the device.
+        while self.dev.in_flight() > 0 {
+            done.clear();
+            if let Err(e) = self.dev.poll(&mut done, 1) {
+                failure.get_or_insert(e);
+                break;
+            }
+        }
+        match failure {
+            Some(e) => Err(e.into()),
+            None => Ok(()),
+        }
     }
 
     /// Gives the device back.

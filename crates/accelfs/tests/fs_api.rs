@@ -269,3 +269,44 @@ fn threads_share_one_file_system() {
         }
     }
 }
+
+#[test]
+fn streamed_reads_match_positioned_reads_across_holes_and_dirty_blocks() {
+    let (fs, _storage) = fresh(64 << 20, MountOptions::default());
+    let f = fs.create("/s").expect("create");
+    f.write_at(0, &pattern(3 << 20, 9)).expect("write");
+    f.write_at(5 << 20, &pattern(100_000, 4))
+        .expect("write past a hole");
+    fs.sync().expect("sync");
+    f.write_at(12_345, b"dirty, only in the cache")
+        .expect("small write");
+    let size = f.len().expect("len");
+    let mut rng = 17u64;
+    for round in 0..40 {
+        rng = rng
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let offset = if round == 0 {
+            0
+        } else {
+            (rng >> 20) % (size + 1000)
+        };
+        let len = if round == 0 {
+            size
+        } else {
+            (rng >> 7) % (3 << 20)
+        };
+        let mut streamed = Vec::new();
+        let n = f
+            .read_stream(offset, len, |chunk| streamed.extend_from_slice(chunk))
+            .expect("stream");
+        let mut want = vec![0u8; len as usize];
+        let m = f.read_at(offset, &mut want).expect("read");
+        want.truncate(m);
+        assert_eq!(n as usize, m, "offset {offset} len {len}");
+        assert!(
+            streamed == want,
+            "offset {offset} len {len}: contents differ"
+        );
+    }
+}

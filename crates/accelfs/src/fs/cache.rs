@@ -6,7 +6,7 @@
 //! dirty victims back to the caller, which writes them at queue depth in one batch.
 
 use kura_engine::IoBuf;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Counters of the buffer cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct CacheStats {
 
 pub(crate) struct Slot {
     pub(crate) buf: IoBuf,
-    pub(crate) dirty: bool,
+    dirty: bool,
     tick: u64,
 }
 
@@ -42,6 +42,8 @@ pub(crate) struct Cache {
     budget_blocks: usize,
     files: HashMap<u64, HashMap<u32, Slot>>,
     lru: BTreeMap<u64, (u64, u32)>,
+    /// Every dirty block, so write-back never scans clean ones.
+    dirty: BTreeSet<(u64, u32)>,
     tick: u64,
     count: usize,
     pub(crate) stats: CacheStats,
@@ -55,6 +57,7 @@ impl Cache {
             budget_blocks,
             files: HashMap::new(),
             lru: BTreeMap::new(),
+            dirty: BTreeSet::new(),
             tick: 0,
             count: 0,
             stats: CacheStats {
@@ -110,6 +113,11 @@ impl Cache {
             dirty,
             tick: self.tick,
         };
+        if dirty {
+            self.dirty.insert((ino, block));
+        } else {
+            self.dirty.remove(&(ino, block));
+        }
         if let Some(old) = self.files.entry(ino).or_default().insert(block, slot) {
             self.lru.remove(&old.tick);
         } else {
@@ -130,6 +138,7 @@ impl Cache {
             self.files.remove(&ino);
         }
         self.lru.remove(&slot.tick);
+        self.dirty.remove(&(ino, block));
         self.count -= 1;
         self.stats.cached_bytes = (self.count * self.block_size) as u64;
         Some(slot)
@@ -146,19 +155,40 @@ impl Cache {
         }
     }
 
+    /// Records that the caller changed cached block `block` of `ino`.
+    pub(crate) fn mark_dirty(&mut self, ino: u64, block: u32) {
+        if let Some(slot) = self.files.get_mut(&ino).and_then(|m| m.get_mut(&block)) {
+            slot.dirty = true;
+            self.dirty.insert((ino, block));
+        }
+    }
+
     /// Copies of the dirty blocks (all files, or one), marking them clean.
     pub(crate) fn take_dirty(&mut self, only: Option<u64>) -> Vec<Victim> {
-        let mut out = Vec::new();
-        for (&ino, map) in self.files.iter_mut() {
-            if only.is_some_and(|o| o != ino) {
-                continue;
-            }
-            for (&block, slot) in map.iter_mut().filter(|(_, s)| s.dirty) {
+        let keys: Vec<(u64, u32)> = match only {
+            Some(ino) => self
+                .dirty
+                .range((ino, 0)..=(ino, u32::MAX))
+                .copied()
+                .collect(),
+            None => self.dirty.iter().copied().collect(),
+        };
+        let mut out = Vec::with_capacity(keys.len());
+        for (ino, block) in keys {
+            self.dirty.remove(&(ino, block));
+            if let Some(slot) = self.files.get_mut(&ino).and_then(|m| m.get_mut(&block)) {
                 slot.dirty = false;
                 out.push((ino, block, IoBuf::from_slice(&slot.buf)));
             }
         }
         out
+    }
+
+    pub(crate) fn has_dirty(&self, ino: u64) -> bool {
+        self.dirty
+            .range((ino, 0)..=(ino, u32::MAX))
+            .next()
+            .is_some()
     }
 }
 

@@ -3,7 +3,7 @@
 //! queue depth.
 
 use super::meta::{corrupt, io_buffer, Inner};
-use crate::blockio::BatchOp;
+use crate::blockio::{BatchOp, Piece};
 use crate::error::FsError;
 use crate::inode::Kind;
 use kura_engine::IoBuf;
@@ -157,6 +157,79 @@ impl Inner {
         Ok(())
     }
 
+    /// Streams `len` bytes from `offset` (clamped to the end of the file) to `deliver` in order,
+    /// straight from the engine buffers, with the device kept busy at `stream_depth` commands.
+    /// The file's dirty cached blocks are written first, so the device holds the newest data.
+    /// Returns the number of bytes delivered.
+    pub(crate) fn read_stream(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        deliver: &mut dyn FnMut(&[u8]),
+    ) -> Result<u64, FsError> {
+        self.file_node(ino)?;
+        let size = self.node(ino)?.inode.size;
+        if offset >= size || len == 0 {
+            return Ok(0);
+        }
+        let n = (size - offset).min(len);
+        if self.read_only.is_none() {
+            let ops = self.dirty_data_ops(Some(ino))?;
+            self.io.batch(ops)?;
+        } else if self.cache_has_dirty(ino) {
+            return Err(FsError::ReadOnly(
+                "cannot stream a file whose newest data could not be written".into(),
+            ));
+        }
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((offset + n - 1) / bs) as u32;
+        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u32;
+        let map = self.node(ino)?.map.clone();
+        let mut pieces = Vec::new();
+        let mut b = first;
+        while b <= last {
+            let left = last - b + 1;
+            match map.lookup(b) {
+                Some((p, run)) => {
+                    let take = run.min(left).min(max_blocks);
+                    pieces.push(Piece::Device {
+                        block: p,
+                        bytes: take as usize * self.bs,
+                    });
+                    b += take;
+                }
+                None => {
+                    let mut take = 1;
+                    while take < left.min(max_blocks) && map.lookup(b + take).is_none() {
+                        take += 1;
+                    }
+                    pieces.push(Piece::Zero {
+                        bytes: take as usize * self.bs,
+                    });
+                    b += take;
+                }
+            }
+        }
+        let mut skip = (offset - u64::from(first) * bs) as usize;
+        let mut left = n as usize;
+        self.io
+            .stream_read(&pieces, self.opts.stream_depth, |chunk: &[u8]| {
+                let skipped = skip.min(chunk.len());
+                skip -= skipped;
+                let chunk = &chunk[skipped..];
+                let take = chunk.len().min(left);
+                if take > 0 {
+                    deliver(&chunk[..take]);
+                    left -= take;
+                }
+            })?;
+        self.cache.stats.bypass_bytes += n;
+        self.next_sequential.insert(ino, offset + n);
+        Ok(n)
+    }
+
     /// Reads file blocks (with their device blocks) at queue depth, merging contiguous runs.
     fn fetch(&mut self, blocks: &[(u32, u64)]) -> Result<BTreeMap<u32, IoBuf>, FsError> {
         let bs = self.bs;
@@ -269,7 +342,7 @@ impl Inner {
             }
             if let Some(slot) = self.cache.get(ino, b) {
                 slot.buf[within..within + src.len()].copy_from_slice(src);
-                slot.dirty = true;
+                self.cache.mark_dirty(ino, b);
                 continue;
             }
             let mut buf = if whole || fresh.contains(&b) {
@@ -303,6 +376,11 @@ impl Inner {
                 })
                 .collect();
             self.cache.stats.bypass_bytes += ops.iter().map(|o| o.buf.len() as u64).sum::<u64>();
+            let targets: Vec<u64> = ops
+                .iter()
+                .flat_map(|o| o.block..o.block + (o.buf.len() / self.bs) as u64)
+                .collect();
+            self.before_direct_writes(&targets)?;
             self.io.batch(ops)?;
         }
         Ok(())
@@ -395,7 +473,7 @@ impl Inner {
                     }
                     if let Some(slot) = self.cache.get(ino, b) {
                         slot.buf[tail..].fill(0);
-                        slot.dirty = true;
+                        self.cache.mark_dirty(ino, b);
                     }
                 }
             }

@@ -95,6 +95,22 @@ impl File {
         })
     }
 
+    /// Streams up to `len` bytes from `offset` to `deliver`, in order and without copying: each
+    /// slice is the engine buffer the device read into, and the device is kept busy with many
+    /// large commands in flight. The way to read a big file at device bandwidth. Returns the
+    /// number of bytes delivered (less than `len` at the end of the file).
+    pub fn read_stream(
+        &self,
+        offset: u64,
+        len: u64,
+        mut deliver: impl FnMut(&[u8]),
+    ) -> Result<u64, FsError> {
+        self.need(false)?;
+        self.fs.with_handle(self.ino, self.generation, |g| {
+            g.read_stream(self.ino, offset, len, &mut deliver)
+        })
+    }
+
     /// Reads exactly `out.len()` bytes at `offset`, or fails with `Invalid` at the end.
     pub fn read_exact_at(&self, offset: u64, out: &mut [u8]) -> Result<(), FsError> {
         let n = self.read_at(offset, out)?;

@@ -134,6 +134,10 @@ impl Inner {
         }
     }
 
+    pub(crate) fn cache_has_dirty(&self, ino: u64) -> bool {
+        self.cache.has_dirty(ino)
+    }
+
     /// Refuses writes once the file system has gone read-only or been closed.
     pub(crate) fn writable(&self) -> Result<(), FsError> {
         if let Some(why) = &self.read_only {
@@ -543,7 +547,28 @@ impl Inner {
             }
         }
         images.extend(self.alloc.dirty_images(self.bs));
-        let data = self.dirty_data_ops(None)?;
+        // Small amounts of dirty data go into the log with the metadata (format §7): an fsync'd
+        // small write is then one sequential log write and one flush.
+        let dirty = self.cache.take_dirty(None);
+        let fits = images.len() + dirty.len() <= self.journal.max_transaction_blocks();
+        let data = if !images.is_empty()
+            && fits
+            && dirty.len() * self.bs <= self.opts.journal_data_bytes
+        {
+            for (ino, b, buf) in dirty {
+                let node = self.node(ino)?;
+                if node.inode.kind == Kind::Free {
+                    continue;
+                }
+                let (p, _) = node.map.lookup(b).ok_or_else(|| {
+                    corrupt(format!("inode {ino}: cached block {b} has no device block"))
+                })?;
+                images.push((p, buf.to_vec()));
+            }
+            Vec::new()
+        } else {
+            self.placed(dirty)?
+        };
         if images.is_empty() && data.is_empty() {
             return self.io.flush();
         }
@@ -585,7 +610,21 @@ impl Inner {
             })?;
             located.push((p, buf));
         }
+        let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
+        self.before_direct_writes(&targets)?;
         Ok(coalesce(located, self.bs, self.opts.max_command_bytes))
+    }
+
+    /// A block whose newest committed contents sit in the journal (a journaled data block) may
+    /// not be written home directly: replay, or the next checkpoint, would put the older image
+    /// back over the newer data. Such writes first checkpoint the journal, which writes every
+    /// pending image home and retires it.
+    pub(crate) fn before_direct_writes(&mut self, targets: &[u64]) -> Result<(), FsError> {
+        if targets.iter().any(|&b| self.journal.image(b).is_some()) {
+            let Inner { journal, io, .. } = self;
+            journal.checkpoint(io)?;
+        }
+        Ok(())
     }
 
     /// Writes dirty blocks evicted from the cache.

@@ -41,6 +41,11 @@ pub struct MountOptions {
     pub bypass_bytes: usize,
     /// Largest single device command the file system issues.
     pub max_command_bytes: usize,
+    /// Commands kept in flight by streaming reads ([`File::read_stream`]).
+    pub stream_depth: usize,
+    /// A commit whose dirty data is at most this many bytes writes that data into the journal
+    /// with the metadata (one sequential write, one flush) instead of to its home blocks.
+    pub journal_data_bytes: usize,
 }
 
 impl Default for MountOptions {
@@ -50,6 +55,8 @@ impl Default for MountOptions {
             readahead_blocks: 32,
             bypass_bytes: 256 << 10,
             max_command_bytes: 1 << 20,
+            stream_depth: 32,
+            journal_data_bytes: 64 << 10,
         }
     }
 }
