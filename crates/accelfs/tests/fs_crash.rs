@@ -14,7 +14,7 @@ use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 const DEVICE_BYTES: u64 = 8 << 20;
@@ -94,6 +94,8 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     let mut synced: Vec<(usize, Model)> = vec![(control.trace().len(), Model::new())];
     // (trace position when the operation began, the paths it may change)
     let mut touched: Vec<(usize, Vec<String>)> = Vec::new();
+    // (trace position when fdatasync returned, the path, its contents then)
+    let mut file_synced: Vec<(usize, String, Vec<u8>)> = Vec::new();
     let paths: Vec<String> = (0..6)
         .map(|i| format!("/f{i}"))
         .chain((0..6).map(|i| format!("/d/g{i}")))
@@ -101,7 +103,7 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     for step in 0..220u64 {
         let began = control.trace().len();
         let p = paths[rng.gen_range(0..paths.len())].clone();
-        match rng.gen_range(0..10) {
+        match rng.gen_range(0..11) {
             0..=3 => {
                 let len = if rng.gen_bool(0.2) {
                     rng.gen_range(64 << 10..300 << 10)
@@ -151,6 +153,22 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
                     }
                 }
             }
+            7 if model.get(&p).is_some_and(|d| d.len() > 1) => {
+                // An overwrite inside the file (no new size, no new blocks), then fdatasync,
+                // which promises only this file's contents.
+                let old = model.get_mut(&p).expect("present");
+                let off = rng.gen_range(0..old.len() - 1);
+                let len = rng.gen_range(1..=(old.len() - off).min(20_000));
+                let data = content(step ^ 0xfeed, len);
+                let f = fs
+                    .open_with(&p, kura_accelfs::OpenOptions::new().write(true))
+                    .expect("open");
+                f.write_at(off as u64, &data).expect("overwrite");
+                old[off..off + len].copy_from_slice(&data);
+                touched.push((began, vec![p.clone()]));
+                f.sync_data().expect("fdatasync");
+                file_synced.push((control.trace().len(), p.clone(), model[&p].clone()));
+            }
             _ => {
                 if rng.gen_bool(0.5) {
                     fs.sync().expect("sync");
@@ -185,23 +203,29 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
             MountOptions::default(),
         )
         .unwrap_or_else(|e| panic!("cut {cut}: mount failed: {e}"));
-        let (_, promised) = synced
+        let (sync_at, promised) = synced
             .iter()
             .rev()
             .find(|(at, _)| *at <= cut)
             .expect("the first sync point precedes every cut");
-        let sync_at = synced.iter().rev().find(|(at, _)| *at <= cut).map(|s| s.0);
-        let changed: BTreeSet<&String> = touched
-            .iter()
-            .filter(|(at, _)| Some(*at) >= sync_at && *at < cut)
-            .flat_map(|(_, ps)| ps.iter())
-            .collect();
         for path in &paths {
-            if changed.contains(path) {
+            // The newest promise for this path: the last global sync, or a later fdatasync.
+            let (since, want) = match file_synced
+                .iter()
+                .rev()
+                .find(|(at, p, _)| p == path && *at <= cut && at > sync_at)
+            {
+                Some((at, _, content)) => (*at, Some(content)),
+                None => (*sync_at, promised.get(path)),
+            };
+            let changed = touched
+                .iter()
+                .any(|(at, ps)| *at >= since && *at < cut && ps.contains(path));
+            if changed {
                 continue;
             }
-            compared += usize::from(promised.contains_key(path));
-            match (promised.get(path), fs.read(path)) {
+            compared += usize::from(want.is_some());
+            match (want, fs.read(path)) {
                 (Some(want), Ok(got)) => assert!(
                     *want == got,
                     "cut {cut}: {path} holds {} bytes, not the {} synced",

@@ -171,8 +171,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         .prefix("kura-bench-fs")
         .tempdir_in(&args.dir)
         .with_context(|| format!("creating a work directory in {}", args.dir.display()))?;
-    let systems = if args.no_redirect { 3 } else { 4 };
-    let bar = progress((systems * plan.sizes.len() * 3 + 6) as u64);
+    let bar = progress((plan.sizes.len() * 3 + 2) as u64);
     let mut report = Report {
         latency: Vec::new(),
         appends_per_s: Vec::new(),
@@ -185,60 +184,99 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         notes: Vec::new(),
     };
     let fs_image = dir.path().join("accelfs.img");
+    let redirect_image = dir.path().join("accelfs-redirect.img");
     let raw_image = dir.path().join("raw.img");
     let ext4_file = dir.path().join("ext4.dat");
     let image_bytes = (plan.region + plan.seq) * 5 / 4 + (64 << 20);
-
-    // The raw engine: the same region, written first so that reads reach the disk.
-    bar.set_message("raw engine");
-    let spec = format!("uring:{}", raw_image.display());
-    std::fs::File::create(&raw_image)?.set_len(image_bytes)?;
-    let mut raw = BlockIo::new(kura_engine::open(&spec)?, 4096)?;
-    fill_raw(&mut raw, 0, plan.region.max(plan.seq))?;
-    raw_latency(&mut raw, &plan, &mut report, &bar)?;
-
-    // AccelFS, direct.
-    bar.set_message("AccelFS");
-    // Written in full first, like the raw image: a sparse image would make every first write
-    // of a block a host-side allocation.
-    write_host_file(&fs_image, image_bytes)?;
     let opts = MountOptions {
         cache_bytes: plan.cache,
         stream_depth: SEQ_DEPTH,
         ..MountOptions::default()
     };
-    let fs = FileSystem::format(
-        kura_engine::open(&format!("uring:{}", fs_image.display()))?,
-        MkfsOptions {
-            block_size: plan.block_size,
-            inodes: None,
-        },
-        opts,
+
+    // Every image is written in full first: reads of never-written extents would not reach the
+    // disk, and first writes into them would be host-side allocations.
+    bar.set_message("preparing the raw image");
+    write_host_file(&raw_image, image_bytes)?;
+    let mut raw = BlockIo::new(
+        kura_engine::open(&format!("uring:{}", raw_image.display()))?,
+        4096,
     )?;
-    let region = fs.create("/region")?;
-    fill_file(&region, plan.region)?;
-    fs.sync()?;
-    fs_latency(&fs, "/region", ACCELFS, &plan, &mut report, &bar)?;
-    // Appends alternate between AccelFS and ext4 in rounds, so both see the same disk drift;
-    // each side's median round is reported.
-    let (mut fs_rounds, mut ext4_rounds) = (Vec::new(), Vec::new());
+    fill_raw(&mut raw, 0, plan.region.max(plan.seq))?;
+    bar.set_message("preparing AccelFS");
+    let fs = formatted(&fs_image, image_bytes, "uring", &plan, opts)?;
+    let region = fs.open_with("/region", OpenOptions::new().read(true).write(true))?;
+    let redirected = if args.no_redirect {
+        None
+    } else {
+        bar.set_message("preparing AccelFS over redirect");
+        let rfs = formatted(
+            &redirect_image,
+            plan.region * 5 / 4 + (64 << 20),
+            "redirect",
+            &plan,
+            opts,
+        )?;
+        let rregion = rfs.open_with("/region", OpenOptions::new().read(true).write(true))?;
+        Some((rfs, rregion))
+    };
+    bar.set_message("preparing the ext4 file");
+    let ext4 = ext4_region(&ext4_file, plan.region)?;
+
+    // Latency: for each size and operation, the systems take turns in rounds so that every one
+    // sees the same drift of the shared disk.
+    for &bytes in &plan.sizes {
+        for (op, seed) in [("read", 1u64), ("write", 2), ("write+sync", 3)] {
+            bar.set_message(format!("{op} {}", size_label(bytes)));
+            let mut samples: Vec<Vec<f64>> = vec![Vec::new(); 4];
+            let per_round = plan.iters.div_ceil(LATENCY_ROUNDS);
+            for round in 0..LATENCY_ROUNDS as u64 {
+                let offs = offsets(per_round, plan.region, bytes, seed * 100 + round);
+                fs.sync()?;
+                ext4.sync_all()?;
+                drop_page_cache(&ext4_file)?;
+                samples[0].extend(time_ops(&mut Target::Raw(&mut raw), op, &offs, bytes)?);
+                samples[1].extend(time_ops(&mut Target::Fs(&region), op, &offs, bytes)?);
+                samples[2].extend(time_ops(&mut Target::Ext4(&ext4), op, &offs, bytes)?);
+                if let Some((rfs, rregion)) = &redirected {
+                    rfs.sync()?;
+                    // The proxy reads through the page cache: cold reads for it, too.
+                    drop_page_cache(&redirect_image)?;
+                    samples[3].extend(time_ops(&mut Target::Fs(rregion), op, &offs, bytes)?);
+                }
+            }
+            for (system, us) in [RAW, ACCELFS, EXT4, REDIRECT].into_iter().zip(samples) {
+                if !us.is_empty() {
+                    report.latency.push(stats(system, op, bytes, us));
+                }
+            }
+            bar.inc(1);
+        }
+    }
+
+    // fsync'd appends, alternating in rounds; each side's median round is reported.
+    bar.set_message("fsync'd appends");
+    let mut rounds: Vec<Vec<f64>> = vec![Vec::new(); 3];
     let per_round = plan.appends.div_ceil(APPEND_ROUNDS);
     for _ in 0..APPEND_ROUNDS {
-        fs_rounds.push(fs_appends(&fs, per_round)?);
-        ext4_rounds.push(ext4_appends(&dir.path().join("ext4.log"), per_round)?);
+        rounds[0].push(fs_appends(&fs, per_round)?);
+        rounds[1].push(ext4_appends(&dir.path().join("ext4.log"), per_round)?);
+        if let Some((rfs, _)) = &redirected {
+            rounds[2].push(fs_appends(rfs, per_round)?);
+        }
     }
-    report
-        .appends_per_s
-        .push((ACCELFS.into(), median(&mut fs_rounds)));
-    report
-        .appends_per_s
-        .push((EXT4.into(), median(&mut ext4_rounds)));
+    for (system, mut r) in [ACCELFS, EXT4, REDIRECT].into_iter().zip(rounds) {
+        if !r.is_empty() {
+            report.appends_per_s.push((system.into(), median(&mut r)));
+        }
+    }
     bar.inc(1);
+
+    // Sequential read, alternating raw and AccelFS, best of three each.
+    bar.set_message("sequential read");
     let seq = fs.create("/sequential")?;
     fill_file(&seq, plan.seq)?;
     fs.sync()?;
-    // Alternate the two, three rounds each, and keep each one's best: the disk's speed drifts
-    // on a shared machine, and alternating exposes both to the same drift.
     let (mut best_raw, mut best_fs, mut best_copy) = (0f64, 0f64, 0f64);
     for _ in 0..3 {
         best_raw = best_raw.max(raw_seq_read(&mut raw, plan.seq)?);
@@ -250,34 +288,14 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
     report
         .seq_read_mib_s
         .push((format!("{ACCELFS} read_at"), best_copy));
-    drop(raw);
-    std::fs::remove_file(&raw_image)?;
-    bar.inc(2);
-    let st = fs.statfs();
-    report.cache_peak_bytes = st.cache.peak_bytes;
-    drop((region, seq));
-    fs.unmount()?;
-
-    // AccelFS over redirect: the same image, every command through the proxy process.
-    if !args.no_redirect {
-        bar.set_message("AccelFS over redirect");
-        let fs = FileSystem::mount(
-            kura_engine::open(&format!("redirect:{}", fs_image.display()))?,
-            opts,
-        )?;
-        fs_latency(&fs, "/region", REDIRECT, &plan, &mut report, &bar)?;
-        report
-            .appends_per_s
-            .push((REDIRECT.into(), fs_appends(&fs, plan.appends)?));
-        bar.inc(1);
-        fs.unmount()?;
-    }
-    std::fs::remove_file(&fs_image)?;
-
-    // ext4 through plain system calls.
-    bar.set_message("ext4");
-    ext4_latency(&ext4_file, &plan, &mut report, &bar)?;
     bar.inc(1);
+    report.cache_peak_bytes = fs.statfs().cache.peak_bytes;
+    drop((region, seq, raw, ext4));
+    fs.unmount()?;
+    if let Some((rfs, rregion)) = redirected {
+        drop(rregion);
+        rfs.unmount()?;
+    }
     bar.finish_and_clear();
 
     report.peak_rss_bytes = peak_rss();
@@ -286,7 +304,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         plan.block_size, plan.cache, plan.region
     ));
     report.notes.push(
-        "AccelFS write = write into the buffer cache below 256 KiB (bypass above); ext4 write = buffered pwrite; raw write = device write. write+sync adds fsync (AccelFS: journal commit) / fdatasync / flush".into(),
+        "AccelFS write = write into the buffer cache below 256 KiB (bypass above); ext4 write = buffered pwrite; raw write = device write. write+sync adds fdatasync (AccelFS File::sync_data: an overwrite needs no journal commit) / fdatasync / flush. Appends use File::sync_all (a journal commit: the size changes) against ext4 fdatasync".into(),
     );
     print_report(&report);
     if let Some(json) = &args.json {
@@ -345,6 +363,110 @@ fn fill_raw(raw: &mut BlockIo, first_byte: u64, bytes: u64) -> anyhow::Result<()
     Ok(())
 }
 
+/// Rounds per latency point; the systems take turns within each.
+const LATENCY_ROUNDS: usize = 4;
+
+/// A host image written in full, formatted with AccelFS, mounted through `kind` (`uring` or
+/// `redirect`), with `/region` filled.
+fn formatted(
+    path: &Path,
+    bytes: u64,
+    kind: &str,
+    plan: &Plan,
+    opts: MountOptions,
+) -> anyhow::Result<FileSystem> {
+    write_host_file(path, bytes)?;
+    let fs = FileSystem::format(
+        kura_engine::open(&format!("{kind}:{}", path.display()))?,
+        MkfsOptions {
+            block_size: plan.block_size,
+            inodes: None,
+        },
+        opts,
+    )?;
+    fill_file(&fs.create("/region")?, plan.region)?;
+    fs.sync()?;
+    Ok(fs)
+}
+
+/// The ext4 peer's file, written in full and made durable.
+fn ext4_region(path: &Path, bytes: u64) -> anyhow::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .with_context(|| format!("creating {}", path.display()))?;
+    let chunk: Vec<u8> = (0..(8usize << 20)).map(|j| (j as u8) ^ 0xa5).collect();
+    let mut at = 0;
+    while at < bytes {
+        let n = (chunk.len() as u64).min(bytes - at) as usize;
+        f.write_all_at(&chunk[..n], at)?;
+        at += n as u64;
+    }
+    f.sync_all()?;
+    Ok(f)
+}
+
+/// One system under test.
+enum Target<'a> {
+    /// The engine under AccelFS: one command per operation, flush for write+sync.
+    Raw(&'a mut BlockIo),
+    /// A file on AccelFS: `read_at` / `write_at` / `sync_data`.
+    Fs(&'a kura_accelfs::File),
+    /// A file on the host's ext4: `pread` / `pwrite` / `fdatasync`.
+    Ext4(&'a std::fs::File),
+}
+
+/// Times `op` at each offset; microseconds per operation.
+fn time_ops(t: &mut Target<'_>, op: &str, offs: &[u64], bytes: usize) -> anyhow::Result<Vec<f64>> {
+    let data = vec![0x3cu8; bytes];
+    let mut buf = vec![0u8; bytes];
+    let mut us = Vec::with_capacity(offs.len());
+    for &off in offs {
+        let start = Instant::now();
+        match t {
+            Target::Raw(raw) => {
+                let mut io = kura_engine::BufferPool::global()
+                    .alloc(bytes)
+                    .unwrap_or_else(|_| IoBuf::zeroed(bytes));
+                if op != "read" {
+                    io.copy_from_slice(&data);
+                }
+                raw.batch(vec![BatchOp {
+                    write: op != "read",
+                    block: off / 4096,
+                    buf: io,
+                }])?;
+                if op == "write+sync" {
+                    raw.flush()?;
+                }
+            }
+            Target::Fs(f) => match op {
+                "read" => f.read_exact_at(off, &mut buf)?,
+                "write" => {
+                    f.write_at(off, &data)?;
+                }
+                _ => {
+                    f.write_at(off, &data)?;
+                    f.sync_data()?;
+                }
+            },
+            Target::Ext4(f) => match op {
+                "read" => f.read_exact_at(&mut buf, off)?,
+                "write" => f.write_all_at(&data, off)?,
+                _ => {
+                    f.write_all_at(&data, off)?;
+                    f.sync_data()?;
+                }
+            },
+        }
+        us.push(start.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(us)
+}
+
 fn fill_file(f: &kura_accelfs::File, bytes: u64) -> anyhow::Result<()> {
     let chunk: Vec<u8> = (0..(8usize << 20)).map(|j| (j as u8) ^ 0xa5).collect();
     let mut at = 0;
@@ -353,74 +475,6 @@ fn fill_file(f: &kura_accelfs::File, bytes: u64) -> anyhow::Result<()> {
         f.write_at(at, &chunk[..n])?;
         at += n as u64;
     }
-    Ok(())
-}
-
-fn raw_latency(
-    raw: &mut BlockIo,
-    plan: &Plan,
-    report: &mut Report,
-    bar: &ProgressBar,
-) -> anyhow::Result<()> {
-    for &bytes in &plan.sizes {
-        for (op, seed) in [("read", 1), ("write", 2), ("write+sync", 3)] {
-            let mut us = Vec::with_capacity(plan.iters);
-            for off in offsets(plan.iters, plan.region, bytes, seed) {
-                let buf = IoBuf::zeroed(bytes);
-                let t = Instant::now();
-                raw.batch(vec![BatchOp {
-                    write: op != "read",
-                    block: off / 4096,
-                    buf,
-                }])?;
-                if op == "write+sync" {
-                    raw.flush()?;
-                }
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            report.latency.push(stats(RAW, op, bytes, us));
-            bar.inc(1);
-        }
-    }
-    Ok(())
-}
-
-fn fs_latency(
-    fs: &FileSystem,
-    path: &str,
-    system: &str,
-    plan: &Plan,
-    report: &mut Report,
-    bar: &ProgressBar,
-) -> anyhow::Result<()> {
-    let f = fs.open_with(path, OpenOptions::new().read(true).write(true))?;
-    for &bytes in &plan.sizes {
-        let data = vec![0x3cu8; bytes];
-        let mut buf = vec![0u8; bytes];
-        for (op, seed) in [("read", 1), ("write", 2), ("write+sync", 3)] {
-            fs.sync()?;
-            let mut us = Vec::with_capacity(plan.iters);
-            for off in offsets(plan.iters, plan.region, bytes, seed) {
-                let t = Instant::now();
-                match op {
-                    "read" => {
-                        f.read_exact_at(off, &mut buf)?;
-                    }
-                    "write" => {
-                        f.write_at(off, &data)?;
-                    }
-                    _ => {
-                        f.write_at(off, &data)?;
-                        f.sync_all()?;
-                    }
-                }
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            report.latency.push(stats(system, op, bytes, us));
-            bar.inc(1);
-        }
-    }
-    fs.sync()?;
     Ok(())
 }
 
@@ -494,55 +548,6 @@ fn raw_seq_read(raw: &mut BlockIo, bytes: u64) -> anyhow::Result<f64> {
     let secs = t.elapsed().as_secs_f64();
     std::hint::black_box(sum);
     Ok(bytes as f64 / 1048576.0 / secs)
-}
-
-fn ext4_latency(
-    path: &Path,
-    plan: &Plan,
-    report: &mut Report,
-    bar: &ProgressBar,
-) -> anyhow::Result<()> {
-    let f = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(path)
-        .with_context(|| format!("creating {}", path.display()))?;
-    let chunk: Vec<u8> = (0..(8usize << 20)).map(|j| (j as u8) ^ 0xa5).collect();
-    let mut at = 0;
-    while at < plan.region {
-        let n = (chunk.len() as u64).min(plan.region - at) as usize;
-        f.write_all_at(&chunk[..n], at)?;
-        at += n as u64;
-    }
-    f.sync_all()?;
-    for &bytes in &plan.sizes {
-        let data = vec![0x3cu8; bytes];
-        let mut buf = vec![0u8; bytes];
-        for (op, seed) in [("read", 1), ("write", 2), ("write+sync", 3)] {
-            f.sync_all()?;
-            drop_page_cache(path)?;
-            let mut us = Vec::with_capacity(plan.iters);
-            for off in offsets(plan.iters, plan.region, bytes, seed) {
-                let t = Instant::now();
-                match op {
-                    "read" => f.read_exact_at(&mut buf, off)?,
-                    "write" => f.write_all_at(&data, off)?,
-                    _ => {
-                        f.write_all_at(&data, off)?;
-                        f.sync_data()?;
-                    }
-                }
-                us.push(t.elapsed().as_secs_f64() * 1e6);
-            }
-            report.latency.push(stats(EXT4, op, bytes, us));
-            bar.inc(1);
-        }
-    }
-    drop(f);
-    std::fs::remove_file(path)?;
-    Ok(())
 }
 
 fn ext4_appends(path: &Path, n: usize) -> anyhow::Result<f64> {

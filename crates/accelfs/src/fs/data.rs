@@ -44,7 +44,9 @@ impl Inner {
         let first = (offset / bs) as u32;
         let last = ((offset + n as u64 - 1) / bs) as u32;
         let sequential = self.next_sequential.get(&ino) == Some(&offset);
-        let large = n >= self.opts.bypass_bytes;
+        // Large reads, and random reads of several blocks, skip the cache: caching them would
+        // cost a copy per block and evict what sequential readers and small I/O need.
+        let large = n >= self.opts.bypass_bytes || (!sequential && n >= 4 * self.bs);
         if large {
             self.read_direct(ino, offset, out)?;
             self.next_sequential.insert(ino, offset + n as u64);
@@ -155,6 +157,25 @@ impl Inner {
         })?;
         self.cache.stats.bypass_bytes += out.len() as u64;
         Ok(())
+    }
+
+    /// fdatasync: makes the file's data durable. When neither its size nor its block map changed
+    /// since the last commit (an overwrite), writing the dirty blocks home and one flush is
+    /// enough; the new times follow with the next commit. Otherwise it is a full commit.
+    pub(crate) fn sync_data(&mut self, ino: u64) -> Result<(), FsError> {
+        self.writable()?;
+        if self.layout_changed.contains(&ino) {
+            return self.commit();
+        }
+        let result = (|| {
+            let ops = self.dirty_data_ops(Some(ino))?;
+            self.io.batch(ops)?;
+            self.io.flush()
+        })();
+        if let Err(e) = &result {
+            self.read_only = Some(e.to_string());
+        }
+        result
     }
 
     /// Streams `len` bytes from `offset` (clamped to the end of the file) to `deliver` in order,
@@ -297,9 +318,15 @@ impl Inner {
         }
         let now = crate::mkfs::now_ns();
         let node = self.node(ino)?;
-        node.inode.size = node.inode.size.max(end);
+        let grew = end > node.inode.size;
+        if grew {
+            node.inode.size = end;
+        }
         node.inode.mtime_ns = now;
         node.inode.ctime_ns = now;
+        if grew {
+            self.layout_changed.insert(ino);
+        }
         self.touch(ino);
         Ok(data.len())
     }
@@ -396,6 +423,7 @@ impl Inner {
         if holes.is_empty() {
             return Ok(HashSet::new());
         }
+        self.layout_changed.insert(ino);
         // Extent blocks may be needed too; keep a small reserve for them.
         if self.alloc.free_block_count() < holes.len() as u64 + 4 {
             return Err(FsError::NoSpace(format!(
@@ -478,6 +506,7 @@ impl Inner {
                 }
             }
         }
+        self.layout_changed.insert(ino);
         let now = crate::mkfs::now_ns();
         let node = self.node(ino)?;
         node.inode.size = size;

@@ -157,10 +157,12 @@ impl File {
             .with_handle(self.ino, self.generation, |g| g.commit())
     }
 
-    /// Same as [`File::sync_all`]: the size is metadata that must be durable for the data to be
-    /// reachable.
+    /// Makes this file's data durable (fdatasync): after an overwrite that changed neither the
+    /// size nor the block map, one write of the dirty blocks and one flush, without a journal
+    /// commit; otherwise the same as [`File::sync_all`].
     pub fn sync_data(&self) -> Result<(), FsError> {
-        self.sync_all()
+        self.fs
+            .with_handle(self.ino, self.generation, |g| g.sync_data(self.ino))
     }
 
     pub fn metadata(&self) -> Result<Metadata, FsError> {

@@ -83,6 +83,9 @@ pub(crate) struct Inner {
     pub(crate) closed: bool,
     /// Per file: where the next read continues a sequential stream.
     pub(crate) next_sequential: HashMap<u64, u64>,
+    /// Files whose size or block map changed in the running transaction (fdatasync must
+    /// commit for them).
+    pub(crate) layout_changed: BTreeSet<u64>,
     pub(crate) commits: u64,
     pub(crate) recovery: Recovery,
 }
@@ -117,6 +120,7 @@ impl Inner {
             read_only: None,
             closed: false,
             next_sequential: HashMap::new(),
+            layout_changed: BTreeSet::new(),
             commits: 0,
             recovery,
         }
@@ -584,6 +588,7 @@ impl Inner {
         for d in self.dirs.values_mut() {
             d.dirty.clear();
         }
+        self.layout_changed.clear();
         self.commits += 1;
         Ok(())
     }
