@@ -197,6 +197,25 @@ fn bad_input_is_a_typed_error_and_changes_nothing() {
             libc::EBADF,
         ),
     ];
+    // Through the inode-level API (what FUSE uses) a name arrives whole, so `/` must be refused.
+    let root = fs.metadata("/").expect("root").ino;
+    let slash = fs
+        .create_in(root, b"a/b", kura_accelfs::FileType::File, 0o644)
+        .map(|_| ());
+    let nul = fs
+        .create_in(root, b"a\0b", kura_accelfs::FileType::File, 0o644)
+        .map(|_| ());
+    let dots = fs
+        .create_in(root, b"..", kura_accelfs::FileType::Directory, 0o755)
+        .map(|_| ());
+    let cases: Vec<(Result<(), FsError>, i32)> = cases
+        .into_iter()
+        .chain([
+            (slash, libc::EINVAL),
+            (nul, libc::EINVAL),
+            (dots, libc::EINVAL),
+        ])
+        .collect();
     for (i, (r, errno)) in cases.into_iter().enumerate() {
         let e = r.expect_err(&format!("case {i} should fail"));
         assert_eq!(e.errno(), errno, "case {i}: {e}");

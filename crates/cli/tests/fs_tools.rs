@@ -206,3 +206,37 @@ fn fuse_mount_copies_a_tree_in_and_out_unchanged() {
     assert!(ok(&["fsck", &spec]).contains("clean"));
     assert_eq!(ok(&["fs", "cat", &spec, "/moved.txt"]), "hello, AccelFS\n");
 }
+
+#[test]
+fn bench_fs_quick_reports_every_system_as_json() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("fs.json");
+    let out = ok(&[
+        "bench",
+        "fs",
+        "--quick",
+        "--dir",
+        dir.path().to_str().expect("utf8"),
+        "--json",
+        json.to_str().expect("utf8"),
+        "--plot",
+        dir.path().join("fs.png").to_str().expect("utf8"),
+    ]);
+    assert!(out.contains("fsync'd 4 KiB appends/s"), "{out}");
+    let report = std::fs::read_to_string(&json).expect("json written");
+    for system in ["raw engine", "AccelFS", "ext4 syscalls", "AccelFS/redirect"] {
+        assert!(
+            report.contains(&format!("\"system\": \"{system}\"")),
+            "{system} missing from the report"
+        );
+    }
+    assert!(report.contains("seq_read_mib_s"));
+    // The work directory is cleaned up: only what we asked for is left.
+    let left: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("kura-bench-fs"))
+        .collect();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
