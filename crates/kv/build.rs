@@ -1,0 +1,28 @@
+//! Compiles the C++ bridge to Google LevelDB (`cpp/kura_leveldb.cc`) and links Debian's
+//! libleveldb. Without its headers (`libleveldb-dev`), the crate builds without the engine and
+//! `Db::open` says how to install it.
+
+fn main() {
+    println!("cargo::rustc-check-cfg=cfg(kura_no_leveldb)");
+    println!("cargo:rerun-if-changed=cpp/kura_leveldb.cc");
+    let header = [
+        "/usr/include/leveldb/env.h",
+        "/usr/local/include/leveldb/env.h",
+    ]
+    .iter()
+    .any(|p| std::path::Path::new(p).exists());
+    if !header {
+        println!("cargo:warning=libleveldb-dev not found: kura-kv builds without Google LevelDB");
+        println!("cargo:rustc-cfg=kura_no_leveldb");
+        return;
+    }
+    cc::Build::new()
+        .cpp(true)
+        .file("cpp/kura_leveldb.cc")
+        .flag("-std=c++17")
+        // Debian's libleveldb is built without RTTI; the Env subclass must match.
+        .flag("-fno-rtti")
+        .warnings(true)
+        .compile("kura_leveldb");
+    println!("cargo:rustc-link-lib=leveldb");
+}
