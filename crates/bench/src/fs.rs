@@ -323,7 +323,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn write_host_file(path: &Path, bytes: u64) -> anyhow::Result<()> {
+pub(crate) fn write_host_file(path: &Path, bytes: u64) -> anyhow::Result<()> {
     let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
     let chunk = vec![0u8; 8 << 20];
     let mut at = 0;
@@ -568,7 +568,7 @@ fn ext4_appends(path: &Path, n: usize) -> anyhow::Result<f64> {
 }
 
 /// Peak resident set of this process (VmHWM), in bytes.
-fn peak_rss() -> u64 {
+pub(crate) fn peak_rss() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
         .and_then(|s| {

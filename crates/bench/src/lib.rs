@@ -5,3 +5,4 @@
 pub mod crc;
 pub mod fs;
 pub mod io;
+pub mod kv;

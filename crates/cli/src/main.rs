@@ -56,6 +56,9 @@ enum BenchCommand {
     /// File system: read/write/write+sync latency by size on AccelFS, the raw engine, ext4
     /// syscalls and redirect; fsync'd appends/s; sequential read bandwidth (the paper's Fig. 5).
     Fs(kura_bench::fs::FsBenchArgs),
+    /// Key-value store: db_bench workloads and YCSB A-F on LevelDB over AccelFS, ext4 and
+    /// redirect, and RocksDB on ext4, with the same trace (the paper's Fig. 6-7).
+    Kv(kura_bench::kv::KvBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -65,6 +68,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
+        Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => fs::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),

@@ -163,6 +163,18 @@ impl Inner {
         )
     }
 
+    /// The in-memory copy of inode-table block `block`, read and checked on first use.
+    fn itable_block(&mut self, block: u64) -> Result<&mut Vec<u8>, FsError> {
+        if !self.itable.contains_key(&block) {
+            let b = self.read_meta(block)?;
+            verify(&b, BlockKind::InodeTable, block)?;
+            self.itable.insert(block, b);
+        }
+        self.itable
+            .get_mut(&block)
+            .ok_or_else(|| corrupt(format!("inode-table block {block} vanished")))
+    }
+
     /// Loads inode `ino` (and its extents) if needed.
     pub(crate) fn node(&mut self, ino: u64) -> Result<&mut Node, FsError> {
         if !self.nodes.contains_key(&ino) {
@@ -183,12 +195,7 @@ impl Inner {
             )));
         }
         let (block, at) = self.itable_slot(ino);
-        if !self.itable.contains_key(&block) {
-            let b = self.read_meta(block)?;
-            verify(&b, BlockKind::InodeTable, block)?;
-            self.itable.insert(block, b);
-        }
-        let raw = &self.itable[&block][at..at + INODE_SIZE];
+        let raw = &self.itable_block(block)?[at..at + INODE_SIZE];
         let inode = Inode::decode(ino, raw).map_err(|e| corrupt(e.to_string()))?;
         let count = inode.extent_count as usize;
         let mut extents: Vec<Extent> = inode.inline[..count.min(INLINE_EXTENTS)].to_vec();
@@ -526,14 +533,7 @@ impl Inner {
         for ino in dirty {
             let (block, at) = self.itable_slot(ino);
             let raw = self.node(ino)?.inode.encode();
-            if !self.itable.contains_key(&block) {
-                let b = self.read_meta(block)?;
-                verify(&b, BlockKind::InodeTable, block)?;
-                self.itable.insert(block, b);
-            }
-            if let Some(t) = self.itable.get_mut(&block) {
-                t[at..at + INODE_SIZE].copy_from_slice(&raw);
-            }
+            self.itable_block(block)?[at..at + INODE_SIZE].copy_from_slice(&raw);
             self.dirty_itable.insert(block);
         }
         for &block in &self.dirty_itable {
