@@ -48,6 +48,9 @@ pub struct KvBenchArgs {
     /// Block cache of every store (LevelDB and RocksDB alike).
     #[arg(long, default_value = "8M")]
     pub cache: String,
+    /// AccelFS buffer cache (ext4 has the whole page cache, which cannot be bounded here).
+    #[arg(long, default_value = "256M")]
+    pub fs_cache: String,
     /// fillsync writes this many keys (each one synced).
     #[arg(long, default_value_t = 2000)]
     pub sync_records: u64,
@@ -288,13 +291,13 @@ fn rocksdb_missing() -> Option<String> {
 }
 
 /// An image file written in full, formatted and mounted through `kind` (`uring`/`redirect`).
-fn accelfs(path: &Path, bytes: u64, kind: &str) -> anyhow::Result<FileSystem> {
+fn accelfs(path: &Path, bytes: u64, kind: &str, cache: u64) -> anyhow::Result<FileSystem> {
     crate::fs::write_host_file(path, bytes)?;
     let fs = FileSystem::format(
         kura_engine::open(&format!("{kind}:{}", path.display()))?,
         MkfsOptions::default(),
         MountOptions {
-            cache_bytes: 32 << 20,
+            cache_bytes: cache,
             ..MountOptions::default()
         },
     )?;
@@ -370,11 +373,13 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         .tempdir_in(&args.dir)
         .with_context(|| format!("work directory in {}", args.dir.display()))?;
     let image_bytes = (data * 3).max(256 << 20);
+    let fs_cache = size_arg(&args.fs_cache)?;
     let fs = if systems.iter().any(|s| s == "accelfs") {
         Some(accelfs(
             &dir.path().join("accelfs.img"),
             image_bytes,
             "uring",
+            fs_cache,
         )?)
     } else {
         None
@@ -384,6 +389,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
             &dir.path().join("redirect.img"),
             image_bytes,
             "redirect",
+            fs_cache,
         )?)
     } else {
         None
@@ -455,7 +461,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         fs.unmount()?;
     }
     notes.push(format!(
-        "block cache {cache} B for every store; LevelDB and RocksDB without compression; ext4 also has the page cache, which is not bounded"
+        "block cache {cache} B for every store; LevelDB and RocksDB without compression; AccelFS buffer cache {fs_cache} B; ext4 has the page cache, which is not bounded"
     ));
     notes.push("RocksDB runs in Python (rocksdict): its latencies include a few µs of interpreter time per call".into());
     notes.push(

@@ -6,6 +6,7 @@ mod fs;
 mod fsops;
 mod mount;
 mod pattern;
+mod serve;
 mod stream;
 
 use clap::{Parser, Subcommand};
@@ -39,6 +40,8 @@ enum Command {
     Fs(fsops::FsCommand),
     /// Mount an AccelFS device on a directory through FUSE (serves until unmounted).
     Mount(mount::MountArgs),
+    /// Export devices over NBD (nbdinfo, nbdcopy, qemu-img and nbdfuse are clients).
+    Serve(serve::ServeArgs),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -74,6 +77,7 @@ fn main() -> anyhow::Result<()> {
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),
         Command::Mount(args) => mount::run(&args),
         Command::Fs(cmd) => fsops::run(cmd),
+        Command::Serve(args) => serve::run(&args),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);
             Ok(())

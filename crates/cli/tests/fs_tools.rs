@@ -240,3 +240,89 @@ fn bench_fs_quick_reports_every_system_as_json() {
         .collect();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+#[test]
+fn bench_kv_quick_runs_leveldb_on_accelfs_and_ext4() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let json = dir.path().join("kv.json");
+    let out = ok(&[
+        "bench",
+        "kv",
+        "--quick",
+        "--systems",
+        "accelfs,posix",
+        "--workloads",
+        "fillrandom,readrandom,ycsb-a",
+        "--records",
+        "500",
+        "--ops",
+        "500",
+        "--dir",
+        dir.path().to_str().expect("utf8"),
+        "--json",
+        json.to_str().expect("utf8"),
+        "--plot",
+        dir.path().join("kv.png").to_str().expect("utf8"),
+    ]);
+    assert!(out.contains("ycsb-a"), "{out}");
+    let report: String = std::fs::read_to_string(&json).expect("json");
+    for system in ["LevelDB/AccelFS", "LevelDB/ext4"] {
+        assert_eq!(
+            report.matches(&format!("\"system\": \"{system}\"")).count(),
+            3,
+            "{system} ran every workload"
+        );
+    }
+}
+
+#[test]
+fn serve_exports_a_device_to_nbdinfo_and_stops_cleanly_on_sigint() {
+    let refused = kura(&["serve", "disk=mem:8M", "--listen", "0.0.0.0:0"]);
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--insecure"));
+    if Command::new("nbdinfo").arg("--version").output().is_err() {
+        eprintln!("SKIPPED serve_exports_a_device_to_nbdinfo: nbdinfo missing (libnbd-bin)");
+        return;
+    }
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args([
+            "serve",
+            "disk=mem:64M",
+            "golden=mem:8M:ro",
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kura serve");
+    let mut stderr = std::io::BufReader::new(server.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stderr, &mut line).expect("banner");
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("nbd://"))
+        .unwrap_or_else(|| panic!("no address in {line:?}"))
+        .to_string();
+    let list = Command::new("nbdinfo")
+        .args(["--list", "--json", &url])
+        .output()
+        .expect("nbdinfo");
+    let text = String::from_utf8_lossy(&list.stdout).into_owned();
+    assert!(
+        list.status.success(),
+        "{}",
+        String::from_utf8_lossy(&list.stderr)
+    );
+    assert!(
+        text.contains("\"disk\"") && text.contains("\"golden\""),
+        "{text}"
+    );
+    assert!(text.contains("67108864"), "size of disk: {text}");
+    let kill = Command::new("kill")
+        .args(["-INT", &server.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(kill.success());
+    let status = server.wait().expect("exit");
+    assert!(status.success(), "kura serve exit {status}");
+}

@@ -150,7 +150,9 @@ class AccelWritableFile : public leveldb::WritableFile {
   }
 
  private:
-  static constexpr size_t kBuffer = 256 << 10;
+  // Below AccelFS's bypass threshold, so table and log writes land in its write-back cache
+  // and reach the device in large batches at Sync, as they would through a page cache.
+  static constexpr size_t kBuffer = 64 << 10;
   const KuraFsOps& ops_;
   std::string name_;
   uint64_t h_;

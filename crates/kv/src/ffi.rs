@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 /// Mirrors `struct KuraFsOps` in the C++ file.
 #[repr(C)]
@@ -123,7 +123,7 @@ thread_local! {
 /// What the callbacks work on: the file system and the files LevelDB holds open.
 pub(crate) struct FsContext {
     fs: FileSystem,
-    files: Mutex<HashMap<u64, (File, u64)>>,
+    files: Mutex<HashMap<u64, (Arc<File>, u64)>>,
     next: AtomicU64,
 }
 
@@ -140,7 +140,7 @@ impl FsContext {
         &self.fs
     }
 
-    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (File, u64)>> {
+    fn files(&self) -> std::sync::MutexGuard<'_, HashMap<u64, (Arc<File>, u64)>> {
         self.files.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
@@ -211,7 +211,7 @@ extern "C" fn cb_open(ctx: *mut c_void, p: *const c_char, mode: c_int, out: *mut
         };
         let end = file.len()?;
         let h = c.next.fetch_add(1, Ordering::Relaxed);
-        c.files().insert(h, (file, end));
+        c.files().insert(h, (Arc::new(file), end));
         // SAFETY: `out` points at the bridge's local u64.
         unsafe { *out = h };
         Ok(0)
@@ -221,13 +221,21 @@ extern "C" fn cb_open(ctx: *mut c_void, p: *const c_char, mode: c_int, out: *mut
 fn with_file<T>(
     c: &FsContext,
     h: u64,
-    f: impl FnOnce(&mut File, &mut u64) -> Result<T, FsError>,
+    f: impl FnOnce(&File, &mut u64) -> Result<T, FsError>,
 ) -> Result<T, FsError> {
     let mut files = c.files();
     let (file, end) = files
         .get_mut(&h)
         .ok_or_else(|| FsError::BadHandle(format!("file handle {h} is not open")))?;
     f(file, end)
+}
+
+/// The open file behind `h`, without holding the handle table while it is used.
+fn file(c: &FsContext, h: u64) -> Result<Arc<File>, FsError> {
+    c.files()
+        .get(&h)
+        .map(|(f, _)| Arc::clone(f))
+        .ok_or_else(|| FsError::BadHandle(format!("file handle {h} is not open")))
 }
 
 extern "C" fn cb_read_at(
@@ -241,21 +249,17 @@ extern "C" fn cb_read_at(
     guard(|| {
         // SAFETY: see `context`.
         let c = unsafe { context(ctx) };
-        // Reads need no exclusive access to the handle table: clone nothing, just look up and
-        // read under the table lock (the file system serialises anyway).
         // SAFETY: `buf` has room for `n` bytes (LevelDB's scratch buffer).
         let dst = unsafe { std::slice::from_raw_parts_mut(buf as *mut u8, n) };
-        let total = with_file(c, h, |file, _| {
-            let mut total = 0;
-            while total < dst.len() {
-                let k = file.read_at(off + total as u64, &mut dst[total..])?;
-                if k == 0 {
-                    break;
-                }
-                total += k;
+        let file = file(c, h)?;
+        let mut total = 0;
+        while total < dst.len() {
+            let k = file.read_at(off + total as u64, &mut dst[total..])?;
+            if k == 0 {
+                break;
             }
-            Ok(total)
-        })?;
+            total += k;
+        }
         // SAFETY: `got` points at the bridge's local size_t.
         unsafe { *got = total };
         Ok(0)
@@ -280,7 +284,7 @@ extern "C" fn cb_sync(ctx: *mut c_void, h: u64) -> c_int {
     guard(|| {
         // SAFETY: see `context`.
         let c = unsafe { context(ctx) };
-        with_file(c, h, |file, _| file.sync_data().map(|()| 0))
+        file(c, h)?.sync_data().map(|()| 0)
     })
 }
 
