@@ -38,9 +38,12 @@ Options every backend takes
   qd=128              queue depth of the queue pair
   max_transfer=1M     largest command; bigger requests are split and completed as one
 
+Remote devices
+  nbd://HOST[:PORT][/EXPORT]   an NBD export (kura serve, qemu-nbd, nbdkit); port 10809 by default
+
 Examples
   mem:256M   file:/tmp/kura.img?size=1G   uring:/dev/loop0?sqpoll=1   sync:/tmp/a.img?direct=1
-  redirect:/tmp/a.img?link=aurora   fault(mem:64M)?flush_eio=1
+  redirect:/tmp/a.img?link=aurora   fault(mem:64M)?flush_eio=1   nbd://127.0.0.1:10809/disk
 ";
 
 #[derive(Debug, clap::Subcommand)]
@@ -211,7 +214,25 @@ pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
 }
 
 pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
+    if let Some(rest) = spec.strip_prefix("nbd://") {
+        return open_nbd(rest).with_context(|| format!("connecting to `{spec}`"));
+    }
     open(spec).with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))
+}
+
+/// `nbd://HOST[:PORT][/EXPORT]`: an export of any NBD server (another `kura serve`, qemu-nbd,
+/// nbdkit) used as a device. The default port is 10809 and the default export the server's.
+fn open_nbd(rest: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
+    let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
+    if host.is_empty() {
+        anyhow::bail!("no host in the NBD URL");
+    }
+    let addr = if host.contains(':') && !host.ends_with(']') {
+        host.to_string()
+    } else {
+        format!("{host}:10809")
+    };
+    Ok(Box::new(kura_nbd::connect(addr.as_str(), export)?))
 }
 
 fn print_info(dev: &dyn BlockDevice) {

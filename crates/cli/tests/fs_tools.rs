@@ -318,6 +318,17 @@ fn serve_exports_a_device_to_nbdinfo_and_stops_cleanly_on_sigint() {
         "{text}"
     );
     assert!(text.contains("67108864"), "size of disk: {text}");
+    // The export is a kura device for kura itself: write a pattern through NBD and verify it.
+    let disk = format!("{url}/disk");
+    ok(&["dev", "write", &disk, "--pattern", "5"]);
+    ok(&["dev", "verify", &disk, "--seed", "5"]);
+    let wrong = kura(&["dev", "verify", &disk, "--seed", "6"]);
+    assert!(
+        !wrong.status.success(),
+        "a different pattern does not verify"
+    );
+    let ro = kura(&["dev", "write", &format!("{url}/golden"), "--pattern", "1"]);
+    assert!(!ro.status.success(), "the read-only export refuses writes");
     let kill = Command::new("kill")
         .args(["-INT", &server.id().to_string()])
         .status()
