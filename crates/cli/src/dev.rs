@@ -3,7 +3,7 @@
 use crate::pattern;
 use crate::stream::{self, progress};
 use anyhow::{bail, Context};
-use kura_engine::{open, BlockDevice, BlockingIo, BufferPool};
+use kura_engine::{BlockDevice, BlockingIo, BufferPool};
 use std::io::Write;
 
 /// Printed by `kura specs`.
@@ -38,12 +38,21 @@ Options every backend takes
   qd=128              queue depth of the queue pair
   max_transfer=1M     largest command; bigger requests are split and completed as one
 
+Virtual drives (kura-vdrive), composable with everything else
+  split(CHILD)?offset=SIZE&len=SIZE    a window of the child (a partition)
+  concat(A,B,...)                      children end to end
+  stripe(A,B,...)?chunk=64K            RAID-0
+  mirror(A,B,...)                      RAID-1: reads balanced, writes to all legs; a failing leg is
+                                       marked degraded and the drive keeps serving
+  cache(CHILD)?size=32M&mode=wt|wb     LRU block cache, write-through or write-back
+
 Remote devices
-  nbd://HOST[:PORT][/EXPORT]   an NBD export (kura serve, qemu-nbd, nbdkit); port 10809 by default
+  nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]
 
 Examples
   mem:256M   file:/tmp/kura.img?size=1G   uring:/dev/loop0?sqpoll=1   sync:/tmp/a.img?direct=1
   redirect:/tmp/a.img?link=aurora   fault(mem:64M)?flush_eio=1   nbd://127.0.0.1:10809/disk
+  mirror(stripe(mem:64M,mem:64M),cache(file:/tmp/b.img?size=128M)?mode=wb)
 ";
 
 #[derive(Debug, clap::Subcommand)]
@@ -217,15 +226,39 @@ pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     if let Some(rest) = spec.strip_prefix("nbd://") {
         return open_nbd(rest).with_context(|| format!("connecting to `{spec}`"));
     }
-    open(spec).with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))
+    let parsed = kura_engine::Spec::parse(spec)
+        .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
+    open_any(&parsed).with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))
 }
 
-/// `nbd://HOST[:PORT][/EXPORT]`: an export of any NBD server (another `kura serve`, qemu-nbd,
+/// Every kind the CLI knows, nested to any depth: the virtual drives (`kura-vdrive`), NBD
+/// exports (`nbd:HOST:PORT/EXPORT`), and the engine's backends and wrappers.
+fn open_any(spec: &kura_engine::Spec) -> Result<Box<dyn BlockDevice>, kura_engine::OpenError> {
+    if spec.kind == "nbd" {
+        let target = spec.target.as_deref().unwrap_or("");
+        return open_nbd(target)
+            .map_err(|e| kura_engine::OpenError::Invalid(format!("nbd:{target}: {e:#}")));
+    }
+    if let Some(opened) = kura_vdrive::open_vdrive_kind(spec, &open_any) {
+        return opened;
+    }
+    kura_engine::open::open_engine_kind(spec, &open_any).unwrap_or_else(|| {
+        let known: Vec<&str> = kura_vdrive::VDRIVE_KINDS
+            .iter()
+            .chain(kura_engine::open::ENGINE_KINDS)
+            .chain(&["nbd"])
+            .copied()
+            .collect();
+        Err(kura_engine::open::unknown_kind(spec, &known))
+    })
+}
+
+/// `HOST[:PORT][/EXPORT]`: an export of any NBD server (another `kura serve`, qemu-nbd,
 /// nbdkit) used as a device. The default port is 10809 and the default export the server's.
 fn open_nbd(rest: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
     if host.is_empty() {
-        anyhow::bail!("no host in the NBD URL");
+        anyhow::bail!("no host in the NBD address");
     }
     let addr = if host.contains(':') && !host.ends_with(']') {
         host.to_string()

@@ -337,3 +337,19 @@ fn serve_exports_a_device_to_nbdinfo_and_stops_cleanly_on_sigint() {
     let status = server.wait().expect("exit");
     assert!(status.success(), "kura serve exit {status}");
 }
+
+#[test]
+fn composite_specs_work_in_every_command() {
+    // A mirror of a stripe and a write-back cache: write a pattern, verify it, and see the
+    // layers named.
+    let spec = "mirror(stripe(mem:16M,mem:16M),cache(mem:32M)?mode=wb)";
+    ok(&["dev", "write", spec, "--pattern", "9"]);
+    let info = ok(&["dev", "info", spec]);
+    assert!(info.contains("mirror") && info.contains("stripe"), "{info}");
+    let bad = kura(&["dev", "info", "strip(mem:16M,mem:16M)"]);
+    assert!(!bad.status.success());
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("stripe"),
+        "did-you-mean names the right kind"
+    );
+}

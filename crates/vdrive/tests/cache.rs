@@ -1,0 +1,138 @@
+//! The block cache's durability: write-through reaches the child before the ack, write-back holds
+//! dirty blocks until eviction or flush, and after a power cut everything flushed has survived.
+
+use kura_engine::backend::common::QueueOptions;
+use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_engine::fault::{FaultDevice, FaultPlan};
+use kura_engine::{BlockDevice, BlockingIo};
+use kura_vdrive::{Cache, CacheMode};
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+
+const BS: usize = 4096;
+const BLOCKS: u64 = 256;
+
+fn mem() -> (MemDevice, MemStorage) {
+    let dev = MemDevice::new(BLOCKS * BS as u64, QueueOptions::default());
+    let storage = dev.storage();
+    (dev, storage)
+}
+
+/// A block whose every 8 bytes hold `id`.
+fn block_of(id: u64) -> Vec<u8> {
+    id.to_le_bytes().repeat(BS / 8)
+}
+
+fn id_of(block: &[u8]) -> u64 {
+    let id = u64::from_le_bytes(block[..8].try_into().expect("8 bytes"));
+    assert!(block == block_of(id), "a block is whole, never torn");
+    id
+}
+
+#[test]
+fn write_through_reaches_the_child_before_the_ack() {
+    let (child, disk) = mem();
+    let mut c = Cache::new(Box::new(child), 64 << 10, CacheMode::WriteThrough).unwrap();
+    c.write_blocks(5, &block_of(9)).unwrap();
+    assert_eq!(id_of(&disk.lock().unwrap()[5 * BS..6 * BS]), 9);
+    assert_eq!(c.dirty_blocks(), 0);
+    let mut out = vec![0u8; BS];
+    c.read_blocks(5, &mut out).unwrap();
+    assert_eq!(id_of(&out), 9);
+    assert_eq!(
+        c.stats().hits,
+        1,
+        "the written block is served from the cache"
+    );
+}
+
+#[test]
+fn write_back_holds_dirty_blocks_until_eviction_or_flush() {
+    let (child, disk) = mem();
+    let mut c = Cache::new(Box::new(child), 4 * BS as u64, CacheMode::WriteBack).unwrap();
+    c.write_blocks(0, &[block_of(1), block_of(2)].concat())
+        .unwrap();
+    assert_eq!(c.dirty_blocks(), 2);
+    assert_eq!(
+        id_of(&disk.lock().unwrap()[..BS]),
+        0,
+        "not on the child yet"
+    );
+    c.flush_all().unwrap();
+    assert_eq!(c.dirty_blocks(), 0);
+    assert_eq!(id_of(&disk.lock().unwrap()[BS..2 * BS]), 2);
+    c.write_blocks(10, &block_of(3)).unwrap();
+    for lba in 20..24 {
+        c.write_blocks(lba, &block_of(lba)).unwrap();
+    }
+    assert!(c.cached_blocks() <= 4);
+    assert_eq!(
+        id_of(&disk.lock().unwrap()[10 * BS..11 * BS]),
+        3,
+        "evicted dirty block was written back"
+    );
+    let mut out = vec![0u8; 24 * BS];
+    c.read_blocks(0, &mut out).unwrap();
+    assert_eq!(id_of(&out[10 * BS..11 * BS]), 3);
+    assert_eq!(id_of(&out[23 * BS..]), 23);
+}
+
+#[test]
+fn write_back_power_cut_keeps_everything_flushed() {
+    for seed in 0..6 {
+        let (child, disk) = mem();
+        let fault = FaultDevice::new(
+            Box::new(child),
+            FaultPlan {
+                seed,
+                ..FaultPlan::default()
+            },
+        );
+        let control = fault.control();
+        let mut c = Cache::new(Box::new(fault), 16 * BS as u64, CacheMode::WriteBack).unwrap();
+        let mut rng = SmallRng::seed_from_u64(seed);
+        let mut flushed = vec![0u64; BLOCKS as usize];
+        let mut current = flushed.clone();
+        let mut since: Vec<Vec<u64>> = vec![Vec::new(); BLOCKS as usize];
+        let mut next_id = 1u64;
+        for _ in 0..300 {
+            if rng.gen_bool(0.08) {
+                c.flush_all().unwrap();
+                flushed.clone_from(&current);
+                since.iter_mut().for_each(Vec::clear);
+                continue;
+            }
+            let blocks = rng.gen_range(1..=6u64);
+            let lba = rng.gen_range(0..=BLOCKS - blocks);
+            let mut data = Vec::new();
+            for b in lba..lba + blocks {
+                data.extend(block_of(next_id));
+                current[b as usize] = next_id;
+                since[b as usize].push(next_id);
+                next_id += 1;
+            }
+            c.write_blocks(lba, &data).unwrap();
+        }
+        control.power_cut();
+        drop(c);
+        assert!(control.is_offline());
+        let image = disk.lock().unwrap();
+        for b in 0..BLOCKS as usize {
+            let id = id_of(&image[b * BS..(b + 1) * BS]);
+            assert!(
+                id == flushed[b] || since[b].contains(&id),
+                "seed {seed} block {b}: holds write {id}, flushed {}, written since {:?}",
+                flushed[b],
+                since[b]
+            );
+        }
+    }
+}
+
+#[test]
+fn a_cache_opened_from_a_spec_names_its_mode() {
+    let dev = kura_vdrive::open("cache(mem:1M)?size=64K&mode=wb").unwrap();
+    assert_eq!(dev.describe(), "cache(mem:1048576)?size=65536&mode=wb");
+    let dev = kura_vdrive::open("cache(mem:1M)").unwrap();
+    assert_eq!(dev.describe(), "cache(mem:1048576)?size=33554432&mode=wt");
+}
