@@ -3,6 +3,7 @@
 //! Results go to a terminal table, a JSON file and a PNG plot.
 
 pub mod crc;
+pub mod drives;
 pub mod fs;
 pub mod io;
 pub mod kv;

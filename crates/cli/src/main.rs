@@ -62,6 +62,9 @@ enum BenchCommand {
     /// Key-value store: db_bench workloads and YCSB A-F on LevelDB over AccelFS, ext4 and
     /// redirect, and RocksDB on ext4, with the same trace (the paper's Fig. 6-7).
     Kv(kura_bench::kv::KvBenchArgs),
+    /// Virtual drives: each layer's overhead against pass-through on the same image, and the NBD
+    /// export against qemu-nbd and nbdkit with nbdcopy.
+    Drives(kura_bench::drives::DrivesArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -72,6 +75,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
+        Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => fs::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),

@@ -1,0 +1,337 @@
+//! `kura bench drives`: what each virtual-drive layer costs against pass-through on the same
+//! backing image (4 KiB random read at QD 1 and 32, 4 KiB random write at QD 32, 1 MiB
+//! sequential read), and how fast the NBD export serves the image compared with `qemu-nbd` and
+//! `nbdkit`, each measured with `nbdcopy` in the same run.
+//!
+//! The layers alternate with pass-through in rounds (best round kept for each), because the
+//! shared disk's speed drifts during a run.
+
+use crate::io::plot::render_with;
+use crate::io::workload::{self, Job, Pattern};
+use anyhow::Context;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const PLOT: &str = include_str!("../../../scripts/plot_drives.py");
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct DrivesArgs {
+    /// Directory for the backing image (a disk file system, not tmpfs).
+    #[arg(long, default_value_os_t = std::env::temp_dir())]
+    pub dir: PathBuf,
+    /// Backing image size.
+    #[arg(long, default_value = "1G")]
+    pub size: String,
+    /// Seconds per measured point.
+    #[arg(long, default_value_t = 1.0)]
+    pub seconds: f64,
+    /// Rounds per point (each layer and pass-through alternate; the best round counts).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+    /// A short run for smoke tests.
+    #[arg(long)]
+    pub quick: bool,
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct LayerPoint {
+    pub layer: String,
+    pub spec: String,
+    pub test: String,
+    pub value: f64,
+    pub unit: String,
+    pub passthrough: f64,
+    /// Fraction lost against pass-through (positive = slower).
+    pub overhead: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct NbdPoint {
+    pub server: String,
+    pub direction: String,
+    pub mib_per_s: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub layers: Vec<LayerPoint>,
+    pub nbd: Vec<NbdPoint>,
+    pub notes: Vec<String>,
+}
+
+fn tests(seconds: f64) -> Vec<(&'static str, Job, &'static str)> {
+    let d = Duration::from_secs_f64(seconds);
+    let job = |pattern, bytes, depth| Job {
+        pattern,
+        bytes,
+        depth,
+        duration: d,
+        max_ops: u64::MAX,
+        seed: 3,
+    };
+    vec![
+        ("4K randread QD1", job(Pattern::RandRead, 4096, 1), "IOPS"),
+        ("4K randread QD32", job(Pattern::RandRead, 4096, 32), "IOPS"),
+        (
+            "4K randwrite QD32",
+            job(Pattern::RandWrite, 4096, 32),
+            "IOPS",
+        ),
+        ("1M seqread QD8", job(Pattern::SeqRead, 1 << 20, 8), "MiB/s"),
+    ]
+}
+
+fn measure(spec: &str, job: &Job) -> anyhow::Result<f64> {
+    let mut dev = kura_vdrive::open(spec).with_context(|| format!("opening {spec}"))?;
+    let out = workload::run(&mut *dev, job)?;
+    Ok(if job.bytes >= 1 << 20 {
+        out.mib_per_s()
+    } else {
+        out.iops()
+    })
+}
+
+pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
+    let mut size = kura_engine::spec::parse_size(&args.size).map_err(anyhow::Error::msg)?;
+    let (mut seconds, mut rounds) = (args.seconds, args.rounds.max(1));
+    if args.quick {
+        size = size.min(128 << 20);
+        seconds = seconds.min(0.2);
+        rounds = 1;
+    }
+    let dir = tempfile::Builder::new()
+        .prefix("kura-bench-drives")
+        .tempdir_in(&args.dir)?;
+    let img = dir.path().join("backing.img");
+    crate::fs::write_host_file(&img, size)?;
+    let base = format!("uring:{}", img.display());
+    let half = size / 2;
+    let a = format!("split({base})?offset=0&len={half}");
+    let b = format!("split({base})?offset={half}&len={half}");
+    let layers: Vec<(&str, String)> = vec![
+        ("split", format!("split({base})?offset=0&len={size}")),
+        ("concat", format!("concat({a},{b})")),
+        ("stripe", format!("stripe({a},{b})?chunk=64K")),
+        ("mirror", format!("mirror({a},{b})")),
+        ("cache (wt)", format!("cache({base})?size=32M&mode=wt")),
+    ];
+    let tests = tests(seconds);
+    let nbd_steps = 3 * rounds;
+    let bar = ProgressBar::new((layers.len() * tests.len() * rounds + nbd_steps) as u64);
+    if let Ok(style) =
+        ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
+    {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    let mut report = Report {
+        layers: Vec::new(),
+        nbd: Vec::new(),
+        notes: Vec::new(),
+    };
+    for (name, job, unit) in &tests {
+        for (layer, spec) in &layers {
+            bar.set_message(format!("{layer}: {name}"));
+            let (mut best, mut best_pass) = (0f64, 0f64);
+            for _ in 0..rounds {
+                best_pass = best_pass.max(measure(&base, job)?);
+                best = best.max(measure(spec, job)?);
+                bar.inc(1);
+            }
+            report.layers.push(LayerPoint {
+                layer: layer.to_string(),
+                spec: spec.clone(),
+                test: name.to_string(),
+                value: best,
+                unit: unit.to_string(),
+                passthrough: best_pass,
+                overhead: 1.0 - best / best_pass.max(1e-9),
+            });
+        }
+    }
+    match nbd_comparison(&img, rounds, &bar) {
+        Ok(points) => report.nbd = points,
+        Err(e) => report.notes.push(format!("NBD comparison skipped: {e:#}")),
+    }
+    bar.finish_and_clear();
+    report.notes.push(format!(
+        "layers over {base}; each point is the best of {rounds} rounds alternating with pass-through"
+    ));
+    report.notes.push(
+        "the cache drive runs its child at queue depth 1 in this version; priority, coalesce and snapshot layers are not measured yet".into(),
+    );
+    print_report(&report);
+    if let Some(json) = &args.json {
+        std::fs::write(json, serde_json::to_string_pretty(&report)?)?;
+        println!("JSON: {}", json.display());
+    }
+    let png = args.plot.clone().unwrap_or_else(|| match &args.json {
+        Some(j) => j.with_extension("png"),
+        None => PathBuf::from("bench-out/drives.png"),
+    });
+    match render_with(PLOT, &report, &png) {
+        Ok(()) => println!("plot: {}", png.display()),
+        Err(e) => println!("plot skipped: {e}"),
+    }
+    Ok(())
+}
+
+/// A free loopback port (bound and released; good enough for a benchmark).
+fn free_port() -> anyhow::Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+}
+
+fn wait_for_port(port: u16) -> anyhow::Result<()> {
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > Duration::from_secs(10) {
+            anyhow::bail!("server on port {port} did not start");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Reads the whole export with `nbdcopy URL null:` and returns MiB/s.
+fn nbdcopy_out(url: &str, bytes: u64) -> anyhow::Result<f64> {
+    let t = Instant::now();
+    let st = Command::new("nbdcopy")
+        .args([url, "null:"])
+        .stdout(Stdio::null())
+        .status()
+        .context("running nbdcopy (Debian libnbd-bin)")?;
+    anyhow::ensure!(st.success(), "nbdcopy {url} failed");
+    Ok(bytes as f64 / 1048576.0 / t.elapsed().as_secs_f64())
+}
+
+fn nbd_comparison(img: &Path, rounds: usize, bar: &ProgressBar) -> anyhow::Result<Vec<NbdPoint>> {
+    for tool in ["nbdcopy", "qemu-nbd", "nbdkit"] {
+        Command::new(tool)
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .with_context(|| format!("{tool} is not installed"))?;
+    }
+    let bytes = std::fs::metadata(img)?.len();
+    let mut best = [0f64; 3];
+    for _ in 0..rounds {
+        // kura: the image through the direct engine, exported in-process.
+        let listener = TcpListener::bind("127.0.0.1:0")?;
+        let port = listener.local_addr()?.port();
+        let dev = kura_engine::open(&format!("uring:{}", img.display()))?;
+        let server = kura_nbd::serve(
+            listener,
+            vec![kura_nbd::Export::new("img", dev)],
+            kura_nbd::ServeOptions::default(),
+        )?;
+        bar.set_message("nbdcopy from kura serve");
+        best[0] = best[0].max(nbdcopy_out(&format!("nbd://127.0.0.1:{port}/img"), bytes)?);
+        server.stop();
+        bar.inc(1);
+
+        let port = free_port()?;
+        let _qemu = Killed(
+            Command::new("qemu-nbd")
+                .args([
+                    "-f",
+                    "raw",
+                    "-r",
+                    "-t",
+                    "--cache=none",
+                    "--aio=io_uring",
+                    "-p",
+                ])
+                .arg(port.to_string())
+                .arg(img)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting qemu-nbd")?,
+        );
+        wait_for_port(port)?;
+        bar.set_message("nbdcopy from qemu-nbd");
+        best[1] = best[1].max(nbdcopy_out(&format!("nbd://127.0.0.1:{port}"), bytes)?);
+        drop(_qemu);
+        bar.inc(1);
+
+        let port = free_port()?;
+        let _nbdkit = Killed(
+            Command::new("nbdkit")
+                .args(["-f", "-r", "-p"])
+                .arg(port.to_string())
+                .arg("file")
+                .arg(format!("file={}", img.display()))
+                .arg("cache=none")
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .context("starting nbdkit")?,
+        );
+        wait_for_port(port)?;
+        bar.set_message("nbdcopy from nbdkit");
+        best[2] = best[2].max(nbdcopy_out(&format!("nbd://127.0.0.1:{port}"), bytes)?);
+        drop(_nbdkit);
+        bar.inc(1);
+    }
+    Ok(["kura serve", "qemu-nbd", "nbdkit"]
+        .iter()
+        .zip(best)
+        .map(|(s, v)| NbdPoint {
+            server: s.to_string(),
+            direction: "read (nbdcopy URL null:)".into(),
+            mib_per_s: v,
+        })
+        .collect())
+}
+
+fn print_report(r: &Report) {
+    println!(
+        "{:<12} {:<18} {:>12} {:>12} {:>9}",
+        "layer", "test", "value", "pass-thru", "overhead"
+    );
+    for p in &r.layers {
+        println!(
+            "{:<12} {:<18} {:>12.0} {:>12.0} {:>8.1}%",
+            p.layer,
+            p.test,
+            p.value,
+            p.passthrough,
+            p.overhead * 100.0
+        );
+    }
+    if !r.nbd.is_empty() {
+        println!();
+        for p in &r.nbd {
+            println!(
+                "NBD export {:<11} {:>8.0} MiB/s  ({})",
+                p.server, p.mib_per_s, p.direction
+            );
+        }
+        if let (Some(k), Some(q)) = (r.nbd.first(), r.nbd.get(1)) {
+            println!(
+                "  kura / qemu-nbd = {:.2}x",
+                k.mib_per_s / q.mib_per_s.max(1e-9)
+            );
+        }
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}
