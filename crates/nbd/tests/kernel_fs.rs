@@ -1,0 +1,137 @@
+//! A real kernel file system on a kura NBD export: the export is exposed as a file by
+//! `nbdfuse`, attached with `losetup`, formatted with `mkfs.ext4`, mounted, filled with a tree,
+//! unmounted, and `e2fsck -f` must find it clean. The kernel here has no NBD driver, hence
+//! nbdfuse + loop. Needs root, /dev/fuse, loop devices and the tools; skipped visibly otherwise.
+
+use kura_nbd::{serve, Export, ServeOptions};
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{cmd} {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ))
+    }
+}
+
+fn missing() -> Option<String> {
+    // Root check without libc: a file we create belongs to our uid.
+    let probe = tempfile::NamedTempFile::new().ok()?;
+    let uid = std::os::unix::fs::MetadataExt::uid(&probe.as_file().metadata().ok()?);
+    if uid != 0 {
+        return Some("not root (losetup and mount need it)".into());
+    }
+    if !Path::new("/dev/fuse").exists() {
+        return Some("/dev/fuse missing".into());
+    }
+    for tool in ["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"] {
+        if Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .stdout(Stdio::null())
+            .status()
+            .map(|s| !s.success())
+            .unwrap_or(true)
+        {
+            return Some(format!("{tool} is not installed"));
+        }
+    }
+    None
+}
+
+#[test]
+fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
+    if let Some(why) = missing() {
+        eprintln!("SKIPPED ext4_on_a_kura_export: {why}");
+        return;
+    }
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let dev = kura_engine::open("mem:128M").expect("mem device");
+    let server = serve(
+        listener,
+        vec![Export::new("disk", dev)],
+        ServeOptions::default(),
+    )
+    .expect("serve");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fuse_dir = dir.path().join("fuse");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&fuse_dir).expect("mkdir");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mut nbdfuse = Command::new("nbdfuse")
+        .arg(&fuse_dir)
+        .arg(format!("nbd://127.0.0.1:{port}/disk"))
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("nbdfuse");
+    let image = fuse_dir.join("nbd");
+    let start = Instant::now();
+    while !image.exists() {
+        if let Ok(Some(st)) = nbdfuse.try_wait() {
+            eprintln!("SKIPPED ext4_on_a_kura_export: nbdfuse exited ({st})");
+            return;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "nbdfuse did not expose the export"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let image_s = image.to_str().expect("utf8").to_string();
+    let loopdev = match run("losetup", &["-f", "--show", &image_s]) {
+        Ok(l) => l.trim().to_string(),
+        Err(e) => {
+            let _ = run("fusermount3", &["-u", fuse_dir.to_str().expect("utf8")]);
+            let _ = nbdfuse.wait();
+            eprintln!("SKIPPED ext4_on_a_kura_export: no loop device here ({e})");
+            return;
+        }
+    };
+    let outcome = (|| -> Result<String, String> {
+        run("mkfs.ext4", &["-q", "-F", &loopdev])?;
+        let m = mnt.to_str().expect("utf8");
+        run("mount", &[&loopdev, m])?;
+        let filled = (|| -> std::io::Result<()> {
+            for d in 0..5 {
+                let sub = mnt.join(format!("d{d}"));
+                std::fs::create_dir(&sub)?;
+                for f in 0..20 {
+                    std::fs::write(
+                        sub.join(format!("f{f}")),
+                        vec![(d * 20 + f) as u8; 4096 * (f + 1)],
+                    )?;
+                }
+            }
+            Ok(())
+        })();
+        run("sync", &[])?;
+        run("umount", &[m])?;
+        filled.map_err(|e| e.to_string())?;
+        run("e2fsck", &["-f", "-n", &loopdev])
+    })();
+    let _ = run("losetup", &["-d", &loopdev]);
+    let _ = run("fusermount3", &["-u", fuse_dir.to_str().expect("utf8")]);
+    let _ = nbdfuse.wait();
+    let report = outcome.expect("ext4 round trip");
+    assert!(
+        report.contains("clean") || report.contains("files"),
+        "e2fsck: {report}"
+    );
+    let stats = server.stats();
+    server.stop();
+    assert!(
+        stats.requests > 100,
+        "the kernel file system went through the export: {stats:?}"
+    );
+}
