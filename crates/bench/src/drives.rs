@@ -122,6 +122,7 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
         ("stripe", format!("stripe({a},{b})?chunk=64K")),
         ("mirror", format!("mirror({a},{b})")),
         ("cache (wt)", format!("cache({base})?size=32M&mode=wt")),
+        ("coalesce", format!("coalesce({base})")),
     ];
     let tests = tests(seconds);
     let nbd_steps = 3 * rounds;
@@ -165,7 +166,7 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
         "layers over {base}; each point is the best of {rounds} rounds alternating with pass-through"
     ));
     report.notes.push(
-        "the cache drive runs its child at queue depth 1 in this version; priority, coalesce and snapshot layers are not measured yet".into(),
+        "the cache drive runs its child at queue depth 1 in this version; priority and snapshot layers are not measured yet".into(),
     );
     print_report(&report);
     if let Some(json) = &args.json {

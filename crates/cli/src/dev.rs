@@ -45,6 +45,8 @@ Virtual drives (kura-vdrive), composable with everything else
   mirror(A,B,...)                      RAID-1: reads balanced, writes to all legs; a failing leg is
                                        marked degraded and the drive keeps serving
   cache(CHILD)?size=32M&mode=wt|wb     LRU block cache, write-through or write-back
+  coalesce(CHILD)?max=1M               merges contiguous requests that arrive within half the
+                                       child's measured average latency (at most 2 ms)
 
 Remote devices
   nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]

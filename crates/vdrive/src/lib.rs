@@ -8,6 +8,7 @@
 //! | `stripe(A,B,...)?chunk=SIZE` | [`stripe`] | RAID-0, 64 KiB chunks by default |
 //! | `mirror(A,B,...)` | [`mirror`] | RAID-1 with degraded legs and rebuild |
 //! | `cache(CHILD)?size=SIZE&mode=wt\|wb` | [`cache`] | LRU block cache, 32 MiB, write-through or write-back |
+//! | `coalesce(CHILD)?max=SIZE` | [`coalesce`] | merges contiguous requests within half the child's average latency |
 //!
 //! Children are any spec, of this crate or of the engine, so
 //! `mirror(stripe(mem:32M,mem:32M),cache(file:/tmp/x.img?size=64M))` and
@@ -18,6 +19,7 @@
 //! flush poisons the drive, as the engine's contract requires.
 
 pub mod cache;
+pub mod coalesce;
 pub mod concat;
 mod fanout;
 pub mod mapped;
@@ -26,6 +28,7 @@ pub mod split;
 pub mod stripe;
 
 pub use cache::{Cache, CacheMode, CacheStats};
+pub use coalesce::{Coalesce, CoalesceStats};
 pub use concat::Concat;
 pub use mapped::{Layout, MappedDrive, Piece};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
@@ -36,7 +39,7 @@ use kura_engine::open::{open_engine_kind, unknown_kind, ChildOpener, ENGINE_KIND
 use kura_engine::{BlockDevice, OpenError, Spec};
 
 /// The kinds this crate adds to the engine's.
-pub const VDRIVE_KINDS: &[&str] = &["split", "concat", "stripe", "mirror", "cache"];
+pub const VDRIVE_KINDS: &[&str] = &["split", "concat", "stripe", "mirror", "cache", "coalesce"];
 
 /// Opens a device from its spec string: this crate's kinds and every engine kind, nested freely.
 pub fn open(spec: &str) -> Result<Box<dyn BlockDevice>, OpenError> {
@@ -66,6 +69,7 @@ pub fn open_vdrive_kind(
         "stripe" => boxed(stripe::open(spec, children)),
         "mirror" => boxed(mirror::open(spec, children)),
         "cache" => boxed(cache::open(spec, children)),
+        "coalesce" => boxed(coalesce::open(spec, children)),
         _ => return None,
     })
 }

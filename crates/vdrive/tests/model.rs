@@ -53,6 +53,16 @@ fn cache_matches_the_model_in_both_modes() {
 }
 
 #[test]
+fn coalesce_matches_the_model() {
+    check("coalesce(mem:1M?shuffle=1)", 21);
+    check("coalesce(mem:1M?qd=4&shuffle=2)?max=16K", 22);
+    check(
+        "coalesce(cache(mem:1M?shuffle=3)?size=64K&mode=wb)?max=64K",
+        23,
+    );
+}
+
+#[test]
 fn compositions_match_the_model() {
     for (i, spec) in [
         "mirror(stripe(mem:512K?qd=4&shuffle=1,mem:512K?qd=4&shuffle=2)?chunk=16K,cache(concat(mem:512K?shuffle=3,mem:512K?shuffle=4))?size=128K&mode=wb)",
