@@ -1,1 +1,25 @@
-//! Genome sequence matching on kura (issue 5): FASTA/FASTQ streaming, a packed reference, a minimizer index and a read mapper.
+//! Genome sequence matching on kura (issue 5): the paper's showcase application.
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`source`] | streaming byte sources (any `Read`: host files, AccelFS files, gzip) with large reads |
+//! | [`fasta`] | streaming FASTA parsing into contigs |
+//! | [`fastq`] | streaming FASTQ parsing with file/line errors |
+//! | [`simulate`] | seeded synthetic genomes and reads whose names carry their true origin |
+//! | [`truth`] | parsing true origins from read names and scoring SAM output against them |
+//! | [`pack`] | the 2-bit packed reference |
+//! | [`index`] | the minimizer index and its versioned, checksummed on-disk format |
+//! | [`align`] | banded alignment for seed extension (mismatches and small indels) |
+//! | [`map`] | seeding, chaining, extension, MAPQ, single- and paired-end mapping |
+//! | [`sam`] | SAM and PAF output |
+
+pub mod align;
+pub mod fasta;
+pub mod fastq;
+pub mod index;
+pub mod map;
+pub mod pack;
+pub mod sam;
+pub mod simulate;
+pub mod source;
+pub mod truth;

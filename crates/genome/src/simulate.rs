@@ -1,0 +1,1 @@
+//! (issue 5, in progress)
