@@ -15,16 +15,23 @@
 //!   (best effort; flush to know).
 //!
 //! Write-zeroes and discards drop the cached blocks they cover (dirty or not) and go to the child.
-//! Each command is carried out against the child while it is submitted (the child sees one
-//! command at a time) and completes at the next poll.
+//!
+//! The child is driven asynchronously at the caller's queue depth: read misses (one child command
+//! per run of missing blocks), write-through writes, write-zeroes, discards and flushes are all
+//! in flight on the child together, and a caller request completes when its last child command
+//! does. Write-back evictions and the write-back at a flush are the exceptions: they run on the
+//! child one at a time, so a failed write-back keeps its blocks dirty and fails the request that
+//! needed the room. A block range that had a mutation in flight on the child while a command on
+//! it was out is never filled into the cache from that command, because the child may have
+//! carried the two out in either order: the cache only ever holds what the child holds.
 
-use kura_engine::backend::common::CompletedQueue;
 use kura_engine::open::ChildOpener;
+use kura_engine::poison::FlushPoison;
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Opcode,
     OpenError, Rejected, Request, Spec,
 };
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Options of `cache(...)`.
 pub const CACHE_OPTIONS: &[&str] = &["size", "mode"];
@@ -61,6 +68,62 @@ struct Entry {
     tick: u64,
 }
 
+/// A caller request waiting for its child commands.
+struct Waiting {
+    req: Request,
+    /// Child commands still out for it.
+    left: usize,
+    status: DeviceResult<()>,
+}
+
+/// What a child command in flight is for.
+enum Job {
+    /// Missing blocks read for caller request `owner`, landing `at` blocks into its buffer.
+    Fill {
+        owner: u64,
+        lba: u64,
+        blocks: u64,
+        at: u64,
+        tainted: bool,
+    },
+    /// A caller's write in write-through mode, carrying the caller's buffer.
+    WriteThrough {
+        owner: u64,
+        lba: u64,
+        blocks: u64,
+        tainted: bool,
+    },
+    /// A write-zeroes, discard or flush passed through.
+    Pass {
+        owner: u64,
+        op: Opcode,
+        lba: u64,
+        blocks: u64,
+    },
+    /// A command of the cache's own (a write-back), waited for where it was issued.
+    Own,
+}
+
+impl Job {
+    fn covers(&self, first: u64, n: u64) -> bool {
+        let (lba, blocks) = match *self {
+            Job::Fill { lba, blocks, .. }
+            | Job::WriteThrough { lba, blocks, .. }
+            | Job::Pass { lba, blocks, .. } => (lba, blocks),
+            Job::Own => return false,
+        };
+        lba < first + n && first < lba + blocks
+    }
+
+    fn is_mutation(&self) -> bool {
+        match self {
+            Job::WriteThrough { .. } => true,
+            Job::Pass { op, .. } => op.is_mutation(),
+            Job::Fill { .. } | Job::Own => false,
+        }
+    }
+}
+
 /// The block cache.
 pub struct Cache {
     child: Box<dyn BlockDevice>,
@@ -71,13 +134,23 @@ pub struct Cache {
     /// Use order: tick of last use to block.
     lru: BTreeMap<u64, u64>,
     tick: u64,
-    queue: CompletedQueue,
+    /// Child commands in flight by child tag.
+    jobs: HashMap<u64, Job>,
+    next_tag: u64,
+    /// Completions of the cache's own commands, until their issuer picks them up.
+    own_done: HashMap<u64, (Option<IoBuf>, DeviceResult<()>)>,
+    waiting: HashMap<u64, Waiting>,
+    next_owner: u64,
+    ready: VecDeque<Completion>,
+    /// Caller requests accepted and not yet handed back by `poll`.
+    accepted: usize,
+    poison: FlushPoison,
     stats: CacheStats,
 }
 
 impl Cache {
     /// A cache of `size` bytes (at least one block of the child) in front of `child`, which must
-    /// be idle and is driven one command at a time from now on.
+    /// be idle and is driven by the cache from now on.
     pub fn new(child: Box<dyn BlockDevice>, size: u64, mode: CacheMode) -> Result<Self, OpenError> {
         let geo = child.geometry();
         let bs = u64::from(geo.block_size);
@@ -95,7 +168,14 @@ impl Cache {
             entries: BTreeMap::new(),
             lru: BTreeMap::new(),
             tick: 0,
-            queue: CompletedQueue::default(),
+            jobs: HashMap::new(),
+            next_tag: 1,
+            own_done: HashMap::new(),
+            waiting: HashMap::new(),
+            next_owner: 1,
+            ready: VecDeque::new(),
+            accepted: 0,
+            poison: FlushPoison::default(),
             stats: CacheStats::default(),
         })
     }
@@ -122,25 +202,203 @@ impl Cache {
         self.geo.block_size as usize
     }
 
-    /// Runs one command on the idle child, always handing its buffer back.
-    fn child_run(&mut self, req: Request) -> (Option<IoBuf>, DeviceResult<()>) {
-        if let Err(r) = self.child.submit(req) {
-            return (r.request.buf, Err(r.error));
+    fn tag(&mut self) -> u64 {
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1);
+        tag
+    }
+
+    /// Polls the child once (waiting for one completion when `wait`) and handles what came back.
+    fn pump(&mut self, wait: bool) -> DeviceResult<()> {
+        let mut got = Vec::new();
+        self.child.poll(&mut got, usize::from(wait))?;
+        for c in got {
+            self.on_child(c);
         }
-        let mut out = Vec::with_capacity(1);
-        while out.is_empty() {
-            if let Err(e) = self.child.poll(&mut out, 1) {
+        Ok(())
+    }
+
+    /// Submits `req` (already registered in `jobs`) to the child, waiting for room while the
+    /// child's queue is full. On failure the request's buffer comes back with the error.
+    fn child_submit(&mut self, req: Request) -> Result<(), (Option<IoBuf>, DeviceError)> {
+        let mut req = req;
+        loop {
+            match self.child.submit(req) {
+                Ok(()) => return Ok(()),
+                Err(r)
+                    if matches!(r.error, DeviceError::QueueFull { .. })
+                        && self.child.in_flight() > 0 =>
+                {
+                    req = r.request;
+                    let room = self.child.ring_doorbell().and_then(|()| self.pump(true));
+                    if let Err(e) = room {
+                        return Err((req.buf.take(), e));
+                    }
+                }
+                Err(r) => return Err((r.request.buf, r.error)),
+            }
+        }
+    }
+
+    /// Sends `req` for `job`; a refusal finishes the job's share of its caller request, handing a
+    /// write-through caller its buffer back.
+    fn send(&mut self, job: Job, mut req: Request) {
+        let tag = self.tag();
+        req.tag = tag;
+        let owner = match job {
+            Job::Fill { owner, .. } | Job::WriteThrough { owner, .. } | Job::Pass { owner, .. } => {
+                Some(owner)
+            }
+            Job::Own => None,
+        };
+        self.jobs.insert(tag, job);
+        if let Err((buf, e)) = self.child_submit(req) {
+            self.jobs.remove(&tag);
+            if let Some(owner) = owner {
+                if let Some(w) = self.waiting.get_mut(&owner) {
+                    if w.req.buf.is_none() {
+                        w.req.buf = buf;
+                    }
+                }
+                self.finish_part(owner, Err(e));
+            }
+        }
+    }
+
+    /// Runs one command of the cache's own on the child and waits for it, handling every other
+    /// completion that arrives meanwhile.
+    fn child_run(&mut self, req: Request) -> (Option<IoBuf>, DeviceResult<()>) {
+        let tag = self.tag();
+        let mut req = req;
+        req.tag = tag;
+        self.jobs.insert(tag, Job::Own);
+        if let Err((buf, e)) = self.child_submit(req) {
+            self.jobs.remove(&tag);
+            return (buf, Err(e));
+        }
+        if let Err(e) = self.child.ring_doorbell() {
+            return (None, Err(e));
+        }
+        loop {
+            if let Some(done) = self.own_done.remove(&tag) {
+                return done;
+            }
+            if let Err(e) = self.pump(true) {
                 return (None, Err(e));
             }
         }
-        match out.pop() {
-            Some(c) => (c.buf, c.status),
-            None => (
-                None,
-                Err(DeviceError::Offline {
-                    reason: "cache child lost a completion".into(),
-                }),
-            ),
+    }
+
+    /// A child command came back: finish its share of the caller request it served.
+    fn on_child(&mut self, c: Completion) {
+        let bs = self.bs();
+        let Some(job) = self.jobs.remove(&c.tag) else {
+            return;
+        };
+        match job {
+            Job::Own => {
+                self.own_done.insert(c.tag, (c.buf, c.status));
+            }
+            Job::Pass { owner, .. } => self.finish_part(owner, c.status),
+            Job::WriteThrough {
+                owner,
+                lba,
+                blocks,
+                tainted,
+            } => {
+                match (&c.status, &c.buf) {
+                    (Ok(()), Some(data)) if !tainted => {
+                        for k in 0..blocks as usize {
+                            // Write-through never holds dirty blocks, so making room cannot fail.
+                            let _ = self.store(lba + k as u64, &data[k * bs..(k + 1) * bs], false);
+                        }
+                    }
+                    (Ok(()), _) => {}
+                    (Err(_), _) => self.forget_range(lba, blocks),
+                }
+                if let Some(w) = self.waiting.get_mut(&owner) {
+                    w.req.buf = c.buf;
+                }
+                self.finish_part(owner, c.status);
+            }
+            Job::Fill {
+                owner,
+                lba,
+                blocks,
+                at,
+                tainted,
+            } => {
+                let len = blocks as usize * bs;
+                let data = match (c.status, c.buf) {
+                    (Ok(()), Some(data)) => data,
+                    (Ok(()), None) => {
+                        let lost = DeviceError::Offline {
+                            reason: "cache child lost a read buffer".into(),
+                        };
+                        return self.finish_part(owner, Err(lost));
+                    }
+                    (Err(e), _) => return self.finish_part(owner, Err(e)),
+                };
+                if let Some(out) = self
+                    .waiting
+                    .get_mut(&owner)
+                    .and_then(|w| w.req.buf.as_mut())
+                {
+                    let dst = at as usize * bs;
+                    out[dst..dst + len].copy_from_slice(&data[..len]);
+                }
+                self.stats.misses += blocks;
+                self.finish_part(owner, Ok(()));
+                if !tainted {
+                    for k in 0..blocks {
+                        if self.entries.contains_key(&(lba + k)) {
+                            continue;
+                        }
+                        let at = k as usize * bs;
+                        // A write-back that fails while making room only costs this fill.
+                        if self.store(lba + k, &data[at..at + bs], false).is_err() {
+                            break;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn finish_part(&mut self, owner: u64, status: DeviceResult<()>) {
+        let Some(w) = self.waiting.get_mut(&owner) else {
+            return;
+        };
+        if w.status.is_ok() {
+            w.status = status;
+        }
+        w.left = w.left.saturating_sub(1);
+        if w.left == 0 {
+            if let Some(w) = self.waiting.remove(&owner) {
+                self.complete(w.req, w.status);
+            }
+        }
+    }
+
+    fn complete(&mut self, req: Request, status: DeviceResult<()>) {
+        self.poison.observe(req.op, &status);
+        self.ready.push_back(Completion::of(req, status));
+    }
+
+    /// Whether a mutation covering any of these blocks is in flight on the child.
+    fn mutation_in_flight(&self, lba: u64, blocks: u64) -> bool {
+        self.jobs
+            .values()
+            .any(|j| j.is_mutation() && j.covers(lba, blocks))
+    }
+
+    /// Keeps every command in flight over these blocks from filling the cache when it returns.
+    fn taint(&mut self, first: u64, n: u64) {
+        for job in self.jobs.values_mut() {
+            let covered = job.covers(first, n);
+            if let Job::Fill { tainted, .. } | Job::WriteThrough { tainted, .. } = job {
+                *tainted |= covered;
+            }
         }
     }
 
@@ -241,131 +499,156 @@ impl Cache {
         }
     }
 
-    fn read(&mut self, req: &mut Request) -> DeviceResult<()> {
-        let bs = self.bs();
-        let Some(mut out) = req.buf.take() else {
-            return Err(DeviceError::BadBuffer {
-                op: Opcode::Read,
-                blocks: req.blocks,
-                need: req.blocks * bs as u64,
-                have: 0,
-            });
-        };
-        let result = self.read_into(req.lba, req.blocks, &mut out);
-        req.buf = Some(out);
-        result
-    }
-
-    fn read_into(&mut self, lba: u64, blocks: u64, out: &mut IoBuf) -> DeviceResult<()> {
-        let bs = self.bs();
-        let mut i = 0;
-        while i < blocks {
-            let at = lba + i;
-            if let Some(e) = self.entries.get(&at) {
-                out[i as usize * bs..(i as usize + 1) * bs].copy_from_slice(&e.data);
-                self.touch(at);
-                self.stats.hits += 1;
-                i += 1;
-                continue;
-            }
-            let mut n = 1;
-            while i + n < blocks && n < MAX_RUN_BLOCKS && !self.entries.contains_key(&(at + n)) {
-                n += 1;
-            }
-            let buf = crate::fanout::scratch(n as usize * bs);
-            let (buf, status) = self.child_run(Request::read(0, at, n, buf));
-            status?;
-            let Some(buf) = buf else {
-                return Err(DeviceError::Offline {
-                    reason: "cache child lost a buffer".into(),
-                });
-            };
-            let dst = i as usize * bs;
-            out[dst..dst + n as usize * bs].copy_from_slice(&buf[..n as usize * bs]);
-            self.stats.misses += n;
-            for k in 0..n as usize {
-                self.store(at + k as u64, &buf[k * bs..(k + 1) * bs], false)?;
-            }
-            i += n;
-        }
-        Ok(())
-    }
-
-    fn write(&mut self, req: &mut Request) -> DeviceResult<()> {
+    /// Serves what the cache holds and sends one child read per run of missing blocks.
+    fn start_read(&mut self, owner: u64, mut req: Request) {
         let bs = self.bs();
         let (lba, blocks) = (req.lba, req.blocks);
-        if self.mode == CacheMode::WriteThrough {
-            let (buf, status) = self.child_run(Request {
+        let mut misses = Vec::new();
+        if let Some(out) = req.buf.as_mut() {
+            let mut i = 0;
+            while i < blocks {
+                let at = lba + i;
+                if let Some(e) = self.entries.get(&at) {
+                    out[i as usize * bs..(i as usize + 1) * bs].copy_from_slice(&e.data);
+                    self.touch(at);
+                    self.stats.hits += 1;
+                    i += 1;
+                    continue;
+                }
+                let mut n = 1;
+                while i + n < blocks && n < MAX_RUN_BLOCKS && !self.entries.contains_key(&(at + n))
+                {
+                    n += 1;
+                }
+                misses.push((i, n));
+                i += n;
+            }
+        }
+        if misses.is_empty() {
+            return self.complete(req, Ok(()));
+        }
+        self.waiting.insert(
+            owner,
+            Waiting {
+                req,
+                left: misses.len(),
+                status: Ok(()),
+            },
+        );
+        for (at, n) in misses {
+            let tainted = self.mutation_in_flight(lba + at, n);
+            let job = Job::Fill {
+                owner,
+                lba: lba + at,
+                blocks: n,
+                at,
+                tainted,
+            };
+            let buf = crate::fanout::scratch(n as usize * bs);
+            self.send(job, Request::read(0, lba + at, n, buf));
+        }
+    }
+
+    fn start_write(&mut self, owner: u64, mut req: Request) {
+        let bs = self.bs();
+        let (lba, blocks) = (req.lba, req.blocks);
+        self.taint(lba, blocks);
+        if self.mode == CacheMode::WriteBack {
+            let mut result = Ok(());
+            if let Some(data) = req.buf.take() {
+                for k in 0..blocks as usize {
+                    if let Err(e) = self.store(lba + k as u64, &data[k * bs..(k + 1) * bs], true) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                req.buf = Some(data);
+            }
+            return self.complete(req, result);
+        }
+        let tainted = self.mutation_in_flight(lba, blocks);
+        self.forget_range(lba, blocks);
+        let buf = req.buf.take();
+        self.waiting.insert(
+            owner,
+            Waiting {
+                req,
+                left: 1,
+                status: Ok(()),
+            },
+        );
+        let job = Job::WriteThrough {
+            owner,
+            lba,
+            blocks,
+            tainted,
+        };
+        let child_req = Request {
+            tag: 0,
+            op: Opcode::Write,
+            lba,
+            blocks,
+            buf,
+        };
+        self.send(job, child_req);
+    }
+
+    fn start_pass(&mut self, owner: u64, req: Request) {
+        let (op, lba, blocks) = (req.op, req.lba, req.blocks);
+        if op == Opcode::Flush && self.mode == CacheMode::WriteBack {
+            if let Err(e) = self.write_back_all() {
+                return self.complete(req, Err(e));
+            }
+        }
+        if op != Opcode::Flush {
+            self.taint(lba, blocks);
+            self.forget_range(lba, blocks);
+        }
+        self.waiting.insert(
+            owner,
+            Waiting {
+                req,
+                left: 1,
+                status: Ok(()),
+            },
+        );
+        let job = Job::Pass {
+            owner,
+            op,
+            lba,
+            blocks,
+        };
+        self.send(
+            job,
+            Request {
                 tag: 0,
-                op: Opcode::Write,
+                op,
                 lba,
                 blocks,
-                buf: req.buf.take(),
-            });
-            req.buf = buf;
-            if status.is_err() {
-                self.forget_range(lba, blocks);
-                return status;
-            }
-        }
-        let dirty = self.mode == CacheMode::WriteBack;
-        let Some(data) = req.buf.take() else {
-            self.forget_range(lba, blocks);
-            return Ok(());
-        };
-        let mut result = Ok(());
-        for k in 0..blocks as usize {
-            if let Err(e) = self.store(lba + k as u64, &data[k * bs..(k + 1) * bs], dirty) {
-                result = Err(e);
-                break;
-            }
-        }
-        req.buf = Some(data);
-        result
+                buf: None,
+            },
+        );
     }
 
-    /// Writes every dirty block back in LBA order, in runs of contiguous blocks.
+    /// Writes every dirty block back in LBA order, in runs of contiguous blocks. Each run is found
+    /// afresh, because completions handled while a run is out may evict (and write back) blocks.
     fn write_back_all(&mut self) -> DeviceResult<()> {
-        let dirty: Vec<u64> = self
-            .entries
-            .iter()
-            .filter(|(_, e)| e.dirty)
-            .map(|(&l, _)| l)
-            .collect();
-        let mut i = 0;
-        while i < dirty.len() {
-            let first = dirty[i];
+        let mut from = 0;
+        loop {
+            let Some(first) = self
+                .entries
+                .range(from..)
+                .find(|(_, e)| e.dirty)
+                .map(|(&l, _)| l)
+            else {
+                return Ok(());
+            };
             let mut end = first + 1;
-            i += 1;
-            while i < dirty.len() && dirty[i] == end && end - first < MAX_RUN_BLOCKS {
+            while end - first < MAX_RUN_BLOCKS && self.entries.get(&end).is_some_and(|e| e.dirty) {
                 end += 1;
-                i += 1;
             }
             self.write_back_run(first, end)?;
-        }
-        Ok(())
-    }
-
-    fn execute(&mut self, req: &mut Request) -> DeviceResult<()> {
-        match req.op {
-            Opcode::Read => self.read(req),
-            Opcode::Write => self.write(req),
-            Opcode::WriteZeroes | Opcode::Discard => {
-                self.forget_range(req.lba, req.blocks);
-                let (_, status) = self.child_run(Request {
-                    tag: 0,
-                    op: req.op,
-                    lba: req.lba,
-                    blocks: req.blocks,
-                    buf: None,
-                });
-                status
-            }
-            Opcode::Flush => {
-                self.write_back_all()?;
-                let (_, status) = self.child_run(Request::flush(0));
-                status
-            }
+            from = end;
         }
     }
 }
@@ -388,29 +671,59 @@ impl BlockDevice for Cache {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        let mut queue = std::mem::take(&mut self.queue);
-        let geo = self.geo;
-        let result = queue.submit(&geo, req, |r| self.execute(r));
-        self.queue = queue;
-        result
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        let req = req.admit(&self.geo, self.in_flight())?;
+        self.accepted += 1;
+        if let Err(e) = self.poison.check(req.op) {
+            self.complete(req, Err(e));
+            return Ok(());
+        }
+        let owner = self.next_owner;
+        self.next_owner = self.next_owner.wrapping_add(1);
+        match req.op {
+            Opcode::Read => self.start_read(owner, req),
+            Opcode::Write => self.start_write(owner, req),
+            Opcode::Flush | Opcode::WriteZeroes | Opcode::Discard => self.start_pass(owner, req),
+        }
         Ok(())
     }
 
-    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        Ok(self.queue.drain(out))
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        if self.child.in_flight() > 0 {
+            self.child.ring_doorbell()?;
+        }
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        let target = min_complete.min(self.in_flight());
+        let mut n = 0;
+        loop {
+            if self.ready.is_empty() && !self.jobs.is_empty() {
+                self.pump(n < target)?;
+            }
+            let got = self.ready.len();
+            self.accepted = self.accepted.saturating_sub(got);
+            n += got;
+            out.extend(self.ready.drain(..));
+            if n >= target || self.jobs.is_empty() {
+                return Ok(n);
+            }
+        }
     }
 
     fn in_flight(&self) -> usize {
-        self.queue.len()
+        self.accepted
     }
 }
 
 impl Drop for Cache {
     fn drop(&mut self) {
         // Best effort: an error here has nowhere to go; callers who need to know flush first.
+        while !self.jobs.is_empty() {
+            if self.pump(true).is_err() {
+                return;
+            }
+        }
         if self.mode == CacheMode::WriteBack
             && self.entries.values().any(|e| e.dirty)
             && self.write_back_all().is_ok()
