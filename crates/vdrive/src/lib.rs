@@ -9,6 +9,7 @@
 //! | `mirror(A,B,...)` | [`mirror`] | RAID-1 with degraded legs and rebuild |
 //! | `cache(CHILD)?size=SIZE&mode=wt\|wb` | [`cache`] | LRU block cache, 32 MiB, write-through or write-back |
 //! | `coalesce(CHILD)?max=SIZE` | [`coalesce`] | merges contiguous requests within half the child's average latency |
+//! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
 //!
 //! Children are any spec, of this crate or of the engine, so
 //! `mirror(stripe(mem:32M,mem:32M),cache(file:/tmp/x.img?size=64M))` and
@@ -24,6 +25,7 @@ pub mod concat;
 mod fanout;
 pub mod mapped;
 pub mod mirror;
+pub mod spill;
 pub mod split;
 pub mod stripe;
 
@@ -32,6 +34,7 @@ pub use coalesce::{Coalesce, CoalesceStats};
 pub use concat::Concat;
 pub use mapped::{Layout, MappedDrive, Piece};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
+pub use spill::{Spill, SpillStats};
 pub use split::Split;
 pub use stripe::Stripe;
 
@@ -39,7 +42,9 @@ use kura_engine::open::{open_engine_kind, unknown_kind, ChildOpener, ENGINE_KIND
 use kura_engine::{BlockDevice, OpenError, Spec};
 
 /// The kinds this crate adds to the engine's.
-pub const VDRIVE_KINDS: &[&str] = &["split", "concat", "stripe", "mirror", "cache", "coalesce"];
+pub const VDRIVE_KINDS: &[&str] = &[
+    "split", "concat", "stripe", "mirror", "cache", "coalesce", "spill",
+];
 
 /// Opens a device from its spec string: this crate's kinds and every engine kind, nested freely.
 pub fn open(spec: &str) -> Result<Box<dyn BlockDevice>, OpenError> {
@@ -70,6 +75,7 @@ pub fn open_vdrive_kind(
         "mirror" => boxed(mirror::open(spec, children)),
         "cache" => boxed(cache::open(spec, children)),
         "coalesce" => boxed(coalesce::open(spec, children)),
+        "spill" => boxed(spill::open(spec, children)),
         _ => return None,
     })
 }
