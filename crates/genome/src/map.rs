@@ -1,1 +1,574 @@
-//! (issue 5, in progress)
+//! Read mapping: seeds (the read's minimizers looked up in the [`Index`]) are grouped by strand and
+//! diagonal, the strongest groups are extended over the whole read with [`crate::align`], and the
+//! gap between the best and second-best alignment gives the mapping quality. Paired-end reads are
+//! mapped mate by mate and then paired within an insert-size window (given, or estimated from the
+//! batch), which sets the proper-pair flag.
+//!
+//! Batches are split into chunks that `threads` scoped threads take from a shared counter; results
+//! are put back in input order, so the output does not depend on the thread count.
+
+use crate::align::{align_ungapped, Aligner, Alignment, Cigar, Scoring};
+use crate::index::{minimizers, Index, Minimizer};
+use crate::pack::{encode_base, reverse_complement_codes};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use thiserror::Error;
+
+/// Reads per unit of work handed to a thread.
+const CHUNK: usize = 256;
+/// Mismatches an ungapped alignment may have and still skip the banded aligner.
+const UNGAPPED_MAX_MISMATCHES: u32 = 2;
+/// MAPQ points per mismatch's worth of score between the best and second-best alignment: a read
+/// whose runner-up differs by one mismatch gets 6, by four gets 24, so a repeat copy that differs
+/// from the read's true origin in only a few bases never earns MAPQ 20 or more.
+const MAPQ_PER_MISMATCH: i32 = 6;
+/// Highest MAPQ reported (as BWA and minimap2).
+pub const MAX_MAPQ: u8 = 60;
+/// Insert window used when the batch has too few confidently paired reads to estimate one.
+pub const DEFAULT_INSERT: InsertWindow = InsertWindow { min: 0, max: 1000 };
+/// Confident pairs needed before the insert window is estimated from the data.
+const MIN_PAIRS_FOR_ESTIMATE: usize = 16;
+/// Score a pair may give up against the two mates' best unpaired alignments and still be
+/// preferred as a proper pair (BWA's unpaired penalty).
+const PAIR_PENALTY: i32 = 17;
+
+/// Why a batch could not be mapped.
+#[derive(Debug, Error, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MapError {
+    /// The two mate lists differ in length.
+    #[error("paired-end input has {first} first mates but {second} second mates")]
+    MateCountMismatch {
+        /// Number of first mates.
+        first: usize,
+        /// Number of second mates.
+        second: usize,
+    },
+    /// A mapping thread panicked.
+    #[error("a mapping thread failed")]
+    ThreadFailed,
+}
+
+/// A sequencing read: ASCII bases and Phred+33 qualities (empty when unknown).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Read {
+    /// Read name (the SAM writer keeps it up to the first whitespace).
+    pub name: String,
+    /// Bases as ASCII letters; anything other than ACGT is an ambiguous base.
+    pub seq: Vec<u8>,
+    /// Qualities, one per base, or empty.
+    pub qual: Vec<u8>,
+}
+
+/// Allowed outer distance (leftmost to rightmost aligned base) of a proper pair.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InsertWindow {
+    /// Smallest insert accepted.
+    pub min: u64,
+    /// Largest insert accepted.
+    pub max: u64,
+}
+
+/// Mapping settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MapOptions {
+    /// Worker threads (at least one is used).
+    pub threads: usize,
+    /// Half-width of the alignment band in diagonals.
+    pub band: usize,
+    /// Alignment scores.
+    pub scoring: Scoring,
+    /// Skip minimizers with more positions than this; `None` uses the index's cutoff.
+    pub max_occ: Option<u32>,
+    /// Most seed groups extended per read.
+    pub max_candidates: usize,
+    /// Alignments scoring below this are not reported (minimap2 `-ax sr` uses 40 too).
+    pub min_score: i32,
+    /// Proper-pair insert window; `None` estimates it from each paired batch.
+    pub insert: Option<InsertWindow>,
+}
+
+impl Default for MapOptions {
+    fn default() -> Self {
+        Self {
+            threads: std::thread::available_parallelism().map_or(1, usize::from),
+            band: 16,
+            scoring: Scoring::default(),
+            max_occ: None,
+            max_candidates: 10,
+            min_score: 40,
+            insert: None,
+        }
+    }
+}
+
+/// Where a read aligned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hit {
+    /// Contig index in the reference.
+    pub contig: usize,
+    /// 0-based position in the contig of the leftmost aligned reference base.
+    pub pos: u64,
+    /// True when the reverse complement of the read aligned.
+    pub reverse: bool,
+    /// CIGAR in reference orientation (as SAM wants it).
+    pub cigar: Cigar,
+    /// Alignment score.
+    pub score: i32,
+    /// Edit distance over the aligned part.
+    pub nm: u32,
+    /// Mapping quality, 0..=[`MAX_MAPQ`].
+    pub mapq: u8,
+}
+
+impl Hit {
+    /// 0-based position just past the rightmost aligned reference base.
+    pub fn end(&self) -> u64 {
+        self.pos + self.cigar.ref_len()
+    }
+}
+
+/// Result for a single-end read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// The primary alignment, or `None` when unmapped.
+    pub hit: Option<Hit>,
+}
+
+/// Result for a read pair.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PairMapping {
+    /// First mate's alignment.
+    pub first: Option<Hit>,
+    /// Second mate's alignment.
+    pub second: Option<Hit>,
+    /// Mates on one contig, opposite strands, facing each other, within the insert window.
+    pub proper: bool,
+}
+
+/// One seed hit: strand, diagonal (reference position of read base 0 in the read's aligned
+/// orientation) and the seed's offset in that orientation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct Anchor {
+    reverse: bool,
+    diag: i64,
+    qpos: u32,
+}
+
+/// Seeds on one strand within a band of nearby diagonals.
+#[derive(Debug, Clone, Copy)]
+struct Group {
+    reverse: bool,
+    dmin: i64,
+    dmax: i64,
+    anchors: u32,
+}
+
+/// Per-thread buffers reused from read to read.
+#[derive(Debug, Default)]
+struct Scratch {
+    aligner: Aligner,
+    fwd: Vec<u8>,
+    rc: Vec<u8>,
+    mins: Vec<Minimizer>,
+    anchors: Vec<Anchor>,
+    groups: Vec<Group>,
+    window: Vec<u8>,
+}
+
+/// All scored placements of a read, best first, with the MAPQ of the best.
+#[derive(Debug, Clone, Default)]
+struct Candidates {
+    hits: Vec<Hit>,
+    /// Groups as strong as the best that were not extended (beyond `max_candidates`).
+    unextended_ties: u32,
+}
+
+/// Maps reads against an index.
+#[derive(Debug)]
+pub struct Mapper<'a> {
+    index: &'a Index,
+    opts: MapOptions,
+    max_occ: usize,
+}
+
+impl<'a> Mapper<'a> {
+    /// A mapper over `index` with `opts`.
+    pub fn new(index: &'a Index, opts: MapOptions) -> Self {
+        let max_occ = opts.max_occ.unwrap_or_else(|| index.max_occ()) as usize;
+        Self {
+            index,
+            opts,
+            max_occ,
+        }
+    }
+
+    /// The options in use.
+    pub fn options(&self) -> &MapOptions {
+        &self.opts
+    }
+
+    /// Maps one read on the calling thread.
+    pub fn map_read(&self, read: &Read) -> Mapping {
+        let mut s = Scratch::default();
+        self.map_one(&mut s, read)
+    }
+
+    /// Maps a batch on [`MapOptions::threads`] threads; results are in input order.
+    pub fn map_batch(&self, reads: &[Read]) -> Result<Vec<Mapping>, MapError> {
+        par_map(reads, self.opts.threads, |s, r| self.map_one(s, r))
+    }
+
+    /// Maps a batch of pairs (`first[i]` with `second[i]`); results are in input order. The
+    /// insert window is [`MapOptions::insert`] or, when that is `None`, estimated from this batch
+    /// (see [`Self::estimate_insert`]).
+    pub fn map_pairs(&self, first: &[Read], second: &[Read]) -> Result<Vec<PairMapping>, MapError> {
+        if first.len() != second.len() {
+            return Err(MapError::MateCountMismatch {
+                first: first.len(),
+                second: second.len(),
+            });
+        }
+        let idx: Vec<usize> = (0..first.len()).collect();
+        let cands = par_map(&idx, self.opts.threads, |s, &i| {
+            (
+                self.candidates(s, &first[i]),
+                self.candidates(s, &second[i]),
+            )
+        })?;
+        let window = self.opts.insert.unwrap_or_else(|| {
+            estimate_window(cands.iter().map(|(a, b)| (a.hits.first(), b.hits.first())))
+        });
+        Ok(cands
+            .into_iter()
+            .map(|(a, b)| pair_up(a, b, window))
+            .collect())
+    }
+
+    /// Estimates the insert window from pairs whose mates both map uniquely (MAPQ ≥ 30) to one
+    /// contig facing each other: quartiles ± 3 interquartile ranges, or [`DEFAULT_INSERT`] when
+    /// fewer than 16 such pairs exist.
+    pub fn estimate_insert(
+        &self,
+        first: &[Read],
+        second: &[Read],
+    ) -> Result<InsertWindow, MapError> {
+        if first.len() != second.len() {
+            return Err(MapError::MateCountMismatch {
+                first: first.len(),
+                second: second.len(),
+            });
+        }
+        let idx: Vec<usize> = (0..first.len()).collect();
+        let best = par_map(&idx, self.opts.threads, |s, &i| {
+            (
+                self.map_one(s, &first[i]).hit,
+                self.map_one(s, &second[i]).hit,
+            )
+        })?;
+        Ok(estimate_window(
+            best.iter().map(|(a, b)| (a.as_ref(), b.as_ref())),
+        ))
+    }
+
+    fn map_one(&self, s: &mut Scratch, read: &Read) -> Mapping {
+        let c = self.candidates(s, read);
+        Mapping {
+            hit: c.hits.into_iter().next(),
+        }
+    }
+
+    /// Seeds, groups, extends and ranks the placements of one read; the first hit carries the
+    /// read's MAPQ.
+    fn candidates(&self, s: &mut Scratch, read: &Read) -> Candidates {
+        let m = read.seq.len();
+        let k = i64::from(self.index.params().k);
+        s.fwd.clear();
+        s.fwd.extend(read.seq.iter().map(|&b| encode_base(b)));
+        s.rc.clear();
+        s.rc.extend_from_slice(&s.fwd);
+        reverse_complement_codes(&mut s.rc);
+        s.mins.clear();
+        minimizers(&s.fwd, self.index.params(), &mut s.mins);
+        s.anchors.clear();
+        for mz in &s.mins {
+            let hits = self.index.get(mz.hash);
+            if hits.len() > self.max_occ {
+                continue;
+            }
+            for &v in hits {
+                let gpos = (v >> 1) as i64;
+                let reverse = mz.rev != (v & 1 == 1);
+                let qpos = if reverse {
+                    m as i64 - k - i64::from(mz.pos)
+                } else {
+                    i64::from(mz.pos)
+                };
+                s.anchors.push(Anchor {
+                    reverse,
+                    diag: gpos - qpos,
+                    qpos: qpos as u32,
+                });
+            }
+        }
+        s.anchors.sort_unstable();
+        s.groups.clear();
+        let band = self.opts.band as i64;
+        for a in &s.anchors {
+            match s.groups.last_mut() {
+                Some(g) if g.reverse == a.reverse && a.diag - g.dmax <= band => {
+                    g.dmax = a.diag;
+                    g.anchors += 1;
+                }
+                _ => s.groups.push(Group {
+                    reverse: a.reverse,
+                    dmin: a.diag,
+                    dmax: a.diag,
+                    anchors: 1,
+                }),
+            }
+        }
+        let mut out = Candidates::default();
+        let Some(best_anchors) = s.groups.iter().map(|g| g.anchors).max() else {
+            return out;
+        };
+        s.groups.sort_by(|a, b| {
+            b.anchors
+                .cmp(&a.anchors)
+                .then(a.reverse.cmp(&b.reverse))
+                .then(a.dmin.cmp(&b.dmin))
+        });
+        let keep = s
+            .groups
+            .iter()
+            .take_while(|g| g.anchors * 4 >= best_anchors)
+            .count()
+            .min(self.opts.max_candidates);
+        out.unextended_ties = s.groups[keep..]
+            .iter()
+            .filter(|g| g.anchors == best_anchors)
+            .count() as u32;
+        let groups = std::mem::take(&mut s.groups);
+        for g in &groups[..keep] {
+            if let Some(h) = self.extend(s, g, m) {
+                if h.score >= self.opts.min_score {
+                    out.hits.push(h);
+                }
+            }
+        }
+        s.groups = groups;
+        rank(&mut out, m, &self.opts.scoring);
+        out
+    }
+
+    /// Aligns the read over one seed group's diagonals, clipped to the group's contig.
+    fn extend(&self, s: &mut Scratch, g: &Group, m: usize) -> Option<Hit> {
+        let reference = self.index.reference();
+        let spread = ((g.dmax - g.dmin) / 2) as usize;
+        let centre = g.dmin + (g.dmax - g.dmin) / 2;
+        let band = self.opts.band + spread;
+        let probe = (centre + m as i64 / 2).clamp(0, reference.total_len() as i64 - 1) as u64;
+        let (ci, _) = reference.locate(probe)?;
+        let contig = &reference.contigs()[ci];
+        let cstart = contig.offset as i64;
+        let cend = cstart + contig.len as i64;
+        let ws = (centre - band as i64).max(cstart);
+        let we = (centre + m as i64 + band as i64).min(cend);
+        if we <= ws {
+            return None;
+        }
+        s.window.clear();
+        reference.fetch(ws as u64, (we - ws) as u64, &mut s.window);
+        let read = if g.reverse { &s.rc } else { &s.fwd };
+        let diag = centre - ws;
+        let sc = &self.opts.scoring;
+        let ungapped = if g.dmin == g.dmax && diag >= 0 {
+            align_ungapped(read, &s.window, diag as usize, sc)
+                .filter(|a| a.mismatches <= UNGAPPED_MAX_MISMATCHES)
+        } else {
+            None
+        };
+        let aln: Alignment = match ungapped {
+            Some(a) => a,
+            None => s.aligner.align(read, &s.window, diag as isize, band, sc)?,
+        };
+        Some(Hit {
+            contig: ci,
+            pos: (ws - cstart) as u64 + aln.ref_start as u64,
+            reverse: g.reverse,
+            nm: aln.nm(),
+            score: aln.score,
+            cigar: aln.cigar,
+            mapq: 0,
+        })
+    }
+}
+
+/// Sorts hits best first, merges hits that are the same placement, and sets the best hit's MAPQ.
+fn rank(c: &mut Candidates, m: usize, sc: &Scoring) {
+    c.hits.sort_by(|a, b| {
+        b.score
+            .cmp(&a.score)
+            .then(a.contig.cmp(&b.contig))
+            .then(a.pos.cmp(&b.pos))
+            .then(a.reverse.cmp(&b.reverse))
+    });
+    let near = (m / 2) as u64;
+    let mut kept: Vec<Hit> = Vec::with_capacity(c.hits.len());
+    for h in c.hits.drain(..) {
+        let dup = kept.iter().any(|k| {
+            k.contig == h.contig && k.reverse == h.reverse && k.pos.abs_diff(h.pos) < near
+        });
+        if !dup {
+            kept.push(h);
+        }
+    }
+    c.hits = kept;
+    let Some(best) = c.hits.first().map(|h| h.score) else {
+        return;
+    };
+    let ties = c.hits.iter().filter(|h| h.score == best).count() as u32 + c.unextended_ties;
+    let mapq = if ties > 1 {
+        0
+    } else {
+        match c.hits.get(1) {
+            None => MAX_MAPQ,
+            Some(second) => {
+                let unit = (sc.matched + sc.mismatch).max(1);
+                let q = (best - second.score) * MAPQ_PER_MISMATCH / unit;
+                q.clamp(0, i32::from(MAX_MAPQ)) as u8
+            }
+        }
+    };
+    c.hits[0].mapq = mapq;
+}
+
+/// Chooses the placements of two mates: the best-scoring proper pair when it costs at most
+/// [`PAIR_PENALTY`] against the mates' separate bests, otherwise each mate's own best.
+fn pair_up(a: Candidates, b: Candidates, window: InsertWindow) -> PairMapping {
+    let best_a = a.hits.first().map_or(0, |h| h.score);
+    let best_b = b.hits.first().map_or(0, |h| h.score);
+    let mut chosen: Option<(i32, usize, usize)> = None;
+    let mut equal_pairs = 0u32;
+    for (i, x) in a.hits.iter().enumerate() {
+        for (j, y) in b.hits.iter().enumerate() {
+            if !is_proper(x, y, window) {
+                continue;
+            }
+            let sum = x.score + y.score;
+            match chosen {
+                Some((s, _, _)) if sum < s => {}
+                Some((s, _, _)) if sum == s => equal_pairs += 1,
+                _ => {
+                    chosen = Some((sum, i, j));
+                    equal_pairs = 1;
+                }
+            }
+        }
+    }
+    match chosen {
+        Some((sum, i, j)) if sum >= best_a + best_b - PAIR_PENALTY => {
+            let pick = |c: &Candidates, n: usize| {
+                let mut h = c.hits[n].clone();
+                // A placement other than the mate's own best, or one of several equally good
+                // pairs, is only as certain as the pairing: report it as ambiguous.
+                if n != 0 || equal_pairs > 1 {
+                    h.mapq = 0;
+                }
+                h
+            };
+            PairMapping {
+                first: Some(pick(&a, i)),
+                second: Some(pick(&b, j)),
+                proper: true,
+            }
+        }
+        _ => PairMapping {
+            first: a.hits.into_iter().next(),
+            second: b.hits.into_iter().next(),
+            proper: false,
+        },
+    }
+}
+
+/// Same contig, opposite strands, forward mate leftmost, outer distance inside the window.
+pub fn is_proper(x: &Hit, y: &Hit, window: InsertWindow) -> bool {
+    if x.contig != y.contig || x.reverse == y.reverse {
+        return false;
+    }
+    let (f, r) = if x.reverse { (y, x) } else { (x, y) };
+    if f.pos > r.end() {
+        return false;
+    }
+    let insert = r.end() - f.pos;
+    (window.min..=window.max).contains(&insert)
+}
+
+fn estimate_window<'h>(
+    pairs: impl Iterator<Item = (Option<&'h Hit>, Option<&'h Hit>)>,
+) -> InsertWindow {
+    let wide = InsertWindow {
+        min: 0,
+        max: u64::MAX,
+    };
+    let mut inserts: Vec<u64> = pairs
+        .filter_map(|(a, b)| {
+            let (a, b) = (a?, b?);
+            if a.mapq < 30 || b.mapq < 30 || !is_proper(a, b, wide) {
+                return None;
+            }
+            Some(a.end().max(b.end()) - a.pos.min(b.pos))
+        })
+        .collect();
+    if inserts.len() < MIN_PAIRS_FOR_ESTIMATE {
+        return DEFAULT_INSERT;
+    }
+    inserts.sort_unstable();
+    let q1 = inserts[inserts.len() / 4];
+    let q3 = inserts[inserts.len() * 3 / 4];
+    let iqr = q3 - q1;
+    InsertWindow {
+        min: q1.saturating_sub(3 * iqr),
+        max: q3 + 3 * iqr,
+    }
+}
+
+/// Applies `f` to every item on up to `threads` threads, keeping input order.
+fn par_map<T: Sync, R: Send>(
+    items: &[T],
+    threads: usize,
+    f: impl Fn(&mut Scratch, &T) -> R + Sync,
+) -> Result<Vec<R>, MapError> {
+    let chunks = items.len().div_ceil(CHUNK);
+    let threads = threads.clamp(1, chunks.max(1));
+    if threads == 1 {
+        let mut s = Scratch::default();
+        return Ok(items.iter().map(|x| f(&mut s, x)).collect());
+    }
+    let next = AtomicUsize::new(0);
+    let mut parts: Vec<(usize, Vec<R>)> = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                sc.spawn(|| {
+                    let mut s = Scratch::default();
+                    let mut done = Vec::new();
+                    loop {
+                        let c = next.fetch_add(1, Ordering::Relaxed);
+                        if c >= chunks {
+                            break;
+                        }
+                        let part = &items[c * CHUNK..((c + 1) * CHUNK).min(items.len())];
+                        done.push((c, part.iter().map(|x| f(&mut s, x)).collect()));
+                    }
+                    done
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(chunks);
+        for h in handles {
+            all.extend(h.join().map_err(|_| MapError::ThreadFailed)?);
+        }
+        Ok::<_, MapError>(all)
+    })?;
+    parts.sort_unstable_by_key(|(c, _)| *c);
+    Ok(parts.into_iter().flat_map(|(_, v)| v).collect())
+}
