@@ -47,6 +47,8 @@ Virtual drives (kura-vdrive), composable with everything else
   cache(CHILD)?size=32M&mode=wt|wb     LRU block cache, write-through or write-back
   coalesce(CHILD)?max=1M               merges contiguous requests that arrive within half the
                                        child's measured average latency (at most 2 ms)
+  priority(CHILD)?weights=8:1&bgdepth=4  weighted classes on one child (opens class 0; see docs)
+  atomic(CHILD)?log=4M                 all-or-nothing multi-block writes; log takes the child's end
 
 Remote devices
   nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]

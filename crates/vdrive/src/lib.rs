@@ -9,6 +9,8 @@
 //! | `mirror(A,B,...)` | [`mirror`] | RAID-1 with degraded legs and rebuild |
 //! | `cache(CHILD)?size=SIZE&mode=wt\|wb` | [`cache`] | LRU block cache, 32 MiB, write-through or write-back |
 //! | `coalesce(CHILD)?max=SIZE` | [`coalesce`] | merges contiguous requests within half the child's average latency |
+//! | `priority(CHILD)?weights=8:1&bgdepth=4` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
+//! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
 //!
 //! Children are any spec, of this crate or of the engine, so
@@ -19,21 +21,25 @@
 //! completions come back in any order, each accepted request completes exactly once, and a failed
 //! flush poisons the drive, as the engine's contract requires.
 
+pub mod atomic;
 pub mod cache;
 pub mod coalesce;
 pub mod concat;
 mod fanout;
 pub mod mapped;
 pub mod mirror;
+pub mod priority;
 pub mod spill;
 pub mod split;
 pub mod stripe;
 
+pub use atomic::{AtomicDrive, AtomicError, AtomicStats};
 pub use cache::{Cache, CacheMode, CacheStats};
 pub use coalesce::{Coalesce, CoalesceStats};
 pub use concat::Concat;
 pub use mapped::{Layout, MappedDrive, Piece};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
+pub use priority::{ClassHandle, ClassStats, Priority};
 pub use spill::{Spill, SpillStats};
 pub use split::Split;
 pub use stripe::Stripe;
@@ -43,7 +49,7 @@ use kura_engine::{BlockDevice, OpenError, Spec};
 
 /// The kinds this crate adds to the engine's.
 pub const VDRIVE_KINDS: &[&str] = &[
-    "split", "concat", "stripe", "mirror", "cache", "coalesce", "spill",
+    "split", "concat", "stripe", "mirror", "cache", "coalesce", "spill", "priority", "atomic",
 ];
 
 /// Opens a device from its spec string: this crate's kinds and every engine kind, nested freely.
@@ -75,6 +81,8 @@ pub fn open_vdrive_kind(
         "mirror" => boxed(mirror::open(spec, children)),
         "cache" => boxed(cache::open(spec, children)),
         "coalesce" => boxed(coalesce::open(spec, children)),
+        "priority" => boxed(priority::open(spec, children)),
+        "atomic" => boxed(atomic::open(spec, children)),
         "spill" => boxed(spill::open(spec, children)),
         _ => return None,
     })

@@ -63,6 +63,25 @@ fn coalesce_matches_the_model() {
 }
 
 #[test]
+fn priority_class_zero_matches_the_model() {
+    check("priority(mem:1M?shuffle=1)", 31);
+    check(
+        "priority(mem:1M?qd=4&shuffle=2)?weights=1:4:2&bgdepth=1",
+        32,
+    );
+}
+
+#[test]
+fn atomic_matches_the_model() {
+    check("atomic(mem:1M?shuffle=1)?log=256K", 33);
+    check("atomic(mem:1M?qd=4&shuffle=2)?log=64K", 34);
+    check(
+        "atomic(stripe(mem:512K?shuffle=3,mem:512K?shuffle=4)?chunk=8K)?log=128K",
+        35,
+    );
+}
+
+#[test]
 fn compositions_match_the_model() {
     for (i, spec) in [
         "mirror(stripe(mem:512K?qd=4&shuffle=1,mem:512K?qd=4&shuffle=2)?chunk=16K,cache(concat(mem:512K?shuffle=3,mem:512K?shuffle=4))?size=128K&mode=wb)",

@@ -1,0 +1,442 @@
+//! `priority(CHILD)?weights=W0:W1[:...]&bgdepth=N` — LeapIO's priority drive: several classes of
+//! requests share one child, so a latency-sensitive stream keeps its latency next to a background
+//! stream that still makes progress.
+//!
+//! [`Priority::classes`] returns one [`ClassHandle`] per weight. Each handle is a [`BlockDevice`] of
+//! its own (its own queue depth, tags and completions) and may live on its own thread: the
+//! handles share one scheduler behind an `Arc<Mutex<_>>`. A mutex rather than a dispatcher thread
+//! because the child's queue pair is driven only while some caller polls anyway, so no extra
+//! thread spins or sleeps on the child when nobody waits; the lock is held only for non-blocking
+//! steps (queueing, dispatching, reaping), never while waiting for the child, so one class never
+//! sits behind another class's wait. While only one handle is alive, waits block inside the
+//! child instead of spinning.
+//!
+//! Scheduling, at every doorbell and poll of any handle:
+//! - **Foreground and background.** The classes with the largest weight are foreground; every
+//!   other class is background. Background commands in flight on the child, all background
+//!   classes together, never exceed `bgdepth` (4 by default), so a foreground request reaches a
+//!   child queue holding at most `bgdepth` background commands however deep the background
+//!   stream is queued above.
+//! - **Weighted fair queueing** among the classes that may dispatch: deficit round robin by
+//!   bytes, each visit of a class adding `weight ×` [`QUANTUM_BYTES`] to its deficit (flushes
+//!   and requests without data cost one block). When every class is backlogged, the bytes each
+//!   class gets to the child are proportional to its weight, and a background class with waiting
+//!   requests is visited every round, so it is never starved.
+//!
+//! A flush of one class goes to the child as soon as the scheduler reaches it: every write that
+//! class had acknowledged before it has completed on the child, and the child's flush makes every
+//! completed write durable, so the class's guarantee holds (other classes' completed writes are
+//! made durable too, which costs nothing extra). A failed flush poisons the whole drive, since
+//! the child's data is shared.
+//!
+//! The spec form opens class 0 (the first weight); the other classes exist and take part in the
+//! scheduling, but without handles they stay idle, so from a spec the drive is the class-0 view
+//! of the child with the scheduler's cost. Weights are separated by `:` because `,` separates
+//! devices in a spec.
+
+use kura_engine::open::ChildOpener;
+use kura_engine::poison::FlushPoison;
+use kura_engine::{
+    BlockDevice, Completion, DeviceError, DeviceResult, Geometry, OpenError, Rejected, Request,
+    Spec,
+};
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+/// Options of `priority(...)`.
+pub const PRIORITY_OPTIONS: &[&str] = &["weights", "bgdepth"];
+/// Weights when none are given: a foreground class 8 times a background one.
+pub const DEFAULT_WEIGHTS: &[u32] = &[8, 1];
+/// Background commands allowed on the child at once when none is given.
+pub const DEFAULT_BG_DEPTH: usize = 4;
+/// Bytes a class of weight 1 may dispatch per round.
+pub const QUANTUM_BYTES: u64 = 64 << 10;
+/// Most classes one drive takes.
+pub const MAX_CLASSES: usize = 16;
+/// Largest weight.
+pub const MAX_WEIGHT: u32 = 1000;
+/// Requests one class accepts at once (or the child's queue depth, if deeper): the scheduler
+/// holds what the child has no room for, so a class can stay backlogged behind a shallow child.
+pub const CLASS_QUEUE_DEPTH: u32 = 128;
+
+/// What one class sent through the scheduler.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ClassStats {
+    /// Requests accepted (flushes included).
+    pub requests: u64,
+    /// Commands sent to the child.
+    pub dispatched: u64,
+    /// Data bytes sent to the child (reads and writes).
+    pub dispatched_bytes: u64,
+}
+
+struct Class {
+    weight: u32,
+    foreground: bool,
+    queue: VecDeque<Request>,
+    deficit: u64,
+    ready: Vec<Completion>,
+    /// Accepted and not yet returned by `poll`.
+    accepted: usize,
+    alive: bool,
+    stats: ClassStats,
+}
+
+/// The scheduler every handle of one drive shares.
+struct Sched {
+    child: Box<dyn BlockDevice>,
+    geo: Geometry,
+    classes: Vec<Class>,
+    bg_depth: usize,
+    bg_on_child: usize,
+    /// Child tag → (class, caller's tag).
+    sent: HashMap<u64, (usize, u64)>,
+    next_tag: u64,
+    /// The class the round robin stands at, and whether it has had its quantum for this visit.
+    cursor: usize,
+    granted: bool,
+    poison: FlushPoison,
+}
+
+impl Sched {
+    fn cost(&self, req: &Request) -> u64 {
+        let bs = u64::from(self.geo.block_size);
+        if req.op.has_data() {
+            req.blocks * bs
+        } else {
+            bs
+        }
+    }
+
+    fn may_dispatch(&self, c: usize) -> bool {
+        let class = &self.classes[c];
+        !class.queue.is_empty() && (class.foreground || self.bg_on_child < self.bg_depth)
+    }
+
+    fn advance(&mut self) {
+        self.cursor = (self.cursor + 1) % self.classes.len();
+        self.granted = false;
+    }
+
+    /// Deficit round robin over the classes that may dispatch, while the child takes commands.
+    fn dispatch(&mut self) {
+        let child_depth = self.geo.queue_depth as usize;
+        while self.child.in_flight() < child_depth {
+            if !(0..self.classes.len()).any(|c| self.may_dispatch(c)) {
+                return;
+            }
+            let c = self.cursor;
+            if !self.may_dispatch(c) {
+                if self.classes[c].queue.is_empty() {
+                    self.classes[c].deficit = 0;
+                }
+                self.advance();
+                continue;
+            }
+            if !self.granted {
+                let class = &mut self.classes[c];
+                class.deficit += u64::from(class.weight) * QUANTUM_BYTES;
+                self.granted = true;
+            }
+            let Some(head) = self.classes[c].queue.front() else {
+                continue;
+            };
+            let cost = self.cost(head);
+            if self.classes[c].deficit < cost {
+                self.advance();
+                continue;
+            }
+            let Some(req) = self.classes[c].queue.pop_front() else {
+                continue;
+            };
+            if !self.send(c, req) {
+                return;
+            }
+            self.classes[c].deficit -= cost;
+        }
+    }
+
+    /// Sends one request of class `c`; false when the child refused it for now (it is put back).
+    fn send(&mut self, c: usize, mut req: Request) -> bool {
+        let tag = self.next_tag;
+        self.next_tag = self.next_tag.wrapping_add(1);
+        let caller = req.tag;
+        req.tag = tag;
+        let bytes = req.data_bytes(&self.geo);
+        match self.child.submit(req) {
+            Ok(()) => {
+                self.sent.insert(tag, (c, caller));
+                let class = &mut self.classes[c];
+                class.stats.dispatched += 1;
+                class.stats.dispatched_bytes += bytes;
+                if !class.foreground {
+                    self.bg_on_child += 1;
+                }
+                true
+            }
+            Err(r) if matches!(r.error, DeviceError::QueueFull { .. }) => {
+                let mut req = r.request;
+                req.tag = caller;
+                self.classes[c].queue.push_front(req);
+                false
+            }
+            Err(r) => {
+                let mut req = r.request;
+                req.tag = caller;
+                self.complete(c, Completion::of(req, Err(r.error)));
+                true
+            }
+        }
+    }
+
+    fn complete(&mut self, c: usize, done: Completion) {
+        self.poison.observe(done.op, &done.status);
+        let class = &mut self.classes[c];
+        if class.alive {
+            class.ready.push(done);
+        }
+    }
+
+    fn retire(&mut self, got: Vec<Completion>) {
+        for mut done in got {
+            let Some((c, caller)) = self.sent.remove(&done.tag) else {
+                continue;
+            };
+            if !self.classes[c].foreground {
+                self.bg_on_child -= 1;
+            }
+            done.tag = caller;
+            self.complete(c, done);
+        }
+    }
+
+    /// Dispatches, reaps what the child has finished (waiting for one completion when `wait`),
+    /// and dispatches again into the room the completions made.
+    fn turn(&mut self, wait: bool) -> DeviceResult<()> {
+        self.dispatch();
+        if self.child.in_flight() > 0 {
+            self.child.ring_doorbell()?;
+            let mut got = Vec::new();
+            self.child.poll(&mut got, usize::from(wait))?;
+            self.retire(got);
+            self.dispatch();
+            if self.child.in_flight() > 0 {
+                self.child.ring_doorbell()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Constructor of the priority drive; see the module docs.
+pub struct Priority;
+
+impl Priority {
+    /// One handle per weight, all in front of `child`; classes with the largest weight are
+    /// foreground, and background commands on the child never exceed `bg_depth`.
+    pub fn classes(
+        child: Box<dyn BlockDevice>,
+        weights: &[u32],
+        bg_depth: usize,
+    ) -> Result<Vec<ClassHandle>, OpenError> {
+        let name = child.describe();
+        if weights.len() < 2 || weights.len() > MAX_CLASSES {
+            return Err(OpenError::Invalid(format!(
+                "priority({name}): needs 2 to {MAX_CLASSES} class weights, got {}",
+                weights.len()
+            )));
+        }
+        if let Some(w) = weights.iter().find(|&&w| w == 0 || w > MAX_WEIGHT) {
+            return Err(OpenError::Invalid(format!(
+                "priority({name}): weight {w} is outside 1..={MAX_WEIGHT}"
+            )));
+        }
+        if bg_depth == 0 {
+            return Err(OpenError::Invalid(format!(
+                "priority({name}): bgdepth must be at least 1 (background must make progress)"
+            )));
+        }
+        let geo = child.geometry();
+        let class_geo = Geometry {
+            queue_depth: geo.queue_depth.max(CLASS_QUEUE_DEPTH),
+            ..geo
+        };
+        let top = weights.iter().copied().max().unwrap_or(1);
+        let classes = weights
+            .iter()
+            .map(|&weight| Class {
+                weight,
+                foreground: weight == top,
+                queue: VecDeque::new(),
+                deficit: 0,
+                ready: Vec::new(),
+                accepted: 0,
+                alive: true,
+                stats: ClassStats::default(),
+            })
+            .collect();
+        let shared = Arc::new(Mutex::new(Sched {
+            child,
+            geo,
+            classes,
+            bg_depth,
+            bg_on_child: 0,
+            sent: HashMap::new(),
+            next_tag: 1,
+            cursor: 0,
+            granted: false,
+            poison: FlushPoison::default(),
+        }));
+        let list = weights
+            .iter()
+            .map(|w| w.to_string())
+            .collect::<Vec<_>>()
+            .join(":");
+        Ok((0..weights.len())
+            .map(|class| ClassHandle {
+                shared: Arc::clone(&shared),
+                class,
+                geo: class_geo,
+                describe: format!("priority({name})?weights={list}&bgdepth={bg_depth}"),
+            })
+            .collect())
+    }
+}
+
+/// One class's view of a priority drive: a [`BlockDevice`] that may live on its own thread.
+pub struct ClassHandle {
+    shared: Arc<Mutex<Sched>>,
+    class: usize,
+    geo: Geometry,
+    describe: String,
+}
+
+impl ClassHandle {
+    fn lock(&self) -> MutexGuard<'_, Sched> {
+        // A panic elsewhere leaves the queues consistent between steps, so keep serving.
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This handle's class index (its position in the weights).
+    pub fn class(&self) -> usize {
+        self.class
+    }
+
+    /// Whether this class is foreground (has the largest weight).
+    pub fn is_foreground(&self) -> bool {
+        self.lock().classes[self.class].foreground
+    }
+
+    /// What this class has sent so far.
+    pub fn stats(&self) -> ClassStats {
+        self.lock().classes[self.class].stats
+    }
+}
+
+impl Drop for ClassHandle {
+    fn drop(&mut self) {
+        let mut s = self.lock();
+        let class = &mut s.classes[self.class];
+        class.alive = false;
+        class.queue.clear();
+        class.ready.clear();
+        class.accepted = 0;
+    }
+}
+
+impl BlockDevice for ClassHandle {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        if self.class == 0 {
+            self.describe.clone()
+        } else {
+            format!("{} class {}", self.describe, self.class)
+        }
+    }
+
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        let mut s = self.lock();
+        let req = req.admit(&self.geo, s.classes[self.class].accepted)?;
+        let check = s.poison.check(req.op);
+        let class = &mut s.classes[self.class];
+        class.accepted += 1;
+        class.stats.requests += 1;
+        match check {
+            Ok(()) => class.queue.push_back(req),
+            Err(e) => class.ready.push(Completion::of(req, Err(e))),
+        }
+        Ok(())
+    }
+
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        self.lock().turn(false)
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        let mut n = 0;
+        loop {
+            let mut s = self.lock();
+            let target = min_complete.min(s.classes[self.class].accepted + n);
+            let alone = s.classes.iter().filter(|c| c.alive).count() == 1;
+            let mine = &s.classes[self.class];
+            let waiting_here = mine.ready.is_empty() && n < target;
+            // Blocking inside the child is only safe when no other handle could need the lock.
+            s.turn(waiting_here && alone)?;
+            let class = &mut s.classes[self.class];
+            let got = class.ready.len();
+            class.accepted -= got;
+            n += got;
+            out.append(&mut class.ready);
+            if n >= target {
+                return Ok(n);
+            }
+            let class = &s.classes[self.class];
+            let mine_on_child = s.sent.values().any(|&(c, _)| c == self.class);
+            if class.queue.is_empty() && !mine_on_child && class.ready.is_empty() {
+                return Err(DeviceError::Offline {
+                    reason: "priority drive lost track of a request in flight".into(),
+                });
+            }
+            drop(s);
+            std::thread::yield_now();
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.lock().classes[self.class].accepted
+    }
+}
+
+/// Parses `weights=W0:W1[:...]`.
+fn parse_weights(text: &str) -> Result<Vec<u32>, String> {
+    text.split(':')
+        .map(|w| {
+            w.trim().parse::<u32>().map_err(|_| {
+                format!(
+                    "weight `{w}` in `weights={text}` is not a whole number (as in weights=8:1)"
+                )
+            })
+        })
+        .collect()
+}
+
+/// Opens `priority(CHILD)?weights=W0:W1&bgdepth=N` as its class-0 handle.
+pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<ClassHandle, OpenError> {
+    spec.check_options(PRIORITY_OPTIONS)?;
+    let weights = match spec.option("weights") {
+        Some(text) => {
+            parse_weights(text).map_err(|m| OpenError::Invalid(format!("{spec}: {m}")))?
+        }
+        None => DEFAULT_WEIGHTS.to_vec(),
+    };
+    let bg_depth = spec
+        .num_option::<usize>("bgdepth")?
+        .unwrap_or(DEFAULT_BG_DEPTH);
+    let mut kids = crate::open_children(spec, children, 1, Some(1))?;
+    let mut handles = Priority::classes(kids.remove(0), &weights, bg_depth)
+        .map_err(|e| crate::in_spec(spec, e))?;
+    Ok(handles.swap_remove(0))
+}
