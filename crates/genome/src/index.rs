@@ -462,10 +462,13 @@ impl Index {
     /// invariant; any defect is a typed error.
     pub fn read_from<R: Read>(mut r: R) -> Result<Self, IndexError> {
         let mut header = [0u8; HEADER_LEN];
-        read_exact(&mut r, &mut header, "header")?;
+        // The magic is checked before the rest of the header is read, so a short file that is not
+        // an index at all is reported as such rather than as a truncated index.
+        read_exact(&mut r, &mut header[..8], "header")?;
         if header[0..8] != MAGIC {
             return Err(IndexError::BadMagic);
         }
+        read_exact(&mut r, &mut header[8..], "header")?;
         let stored = le_u32(&header[60..64]);
         let computed = crc32c(&header[..60]);
         if stored != computed {

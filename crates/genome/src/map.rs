@@ -94,7 +94,7 @@ impl Default for MapOptions {
             band: 16,
             scoring: Scoring::default(),
             max_occ: None,
-            max_candidates: 10,
+            max_candidates: 30,
             min_score: 40,
             insert: None,
         }
@@ -356,7 +356,7 @@ impl<'a> Mapper<'a> {
             }
         }
         s.groups = groups;
-        rank(&mut out, m, &self.opts.scoring);
+        rank(&mut out, m, &self.opts.scoring, name_hash(&read.name));
         out
     }
 
@@ -403,8 +403,17 @@ impl<'a> Mapper<'a> {
     }
 }
 
+/// FNV-1a of the read name: a per-read value that does not depend on batching or threads.
+fn name_hash(name: &str) -> u64 {
+    name.bytes().fold(0xCBF2_9CE4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01B3)
+    })
+}
+
 /// Sorts hits best first, merges hits that are the same placement, and sets the best hit's MAPQ.
-fn rank(c: &mut Candidates, m: usize, sc: &Scoring) {
+/// Among equally good placements the primary is chosen by `tie_hash`, so reads from a repeat are
+/// spread over its copies (as BWA and minimap2 do) instead of piling onto the first copy.
+fn rank(c: &mut Candidates, m: usize, sc: &Scoring, tie_hash: u64) {
     c.hits.sort_by(|a, b| {
         b.score
             .cmp(&a.score)
@@ -426,7 +435,9 @@ fn rank(c: &mut Candidates, m: usize, sc: &Scoring) {
     let Some(best) = c.hits.first().map(|h| h.score) else {
         return;
     };
-    let ties = c.hits.iter().filter(|h| h.score == best).count() as u32 + c.unextended_ties;
+    let extended_ties = c.hits.iter().filter(|h| h.score == best).count();
+    c.hits.swap(0, (tie_hash % extended_ties as u64) as usize);
+    let ties = extended_ties as u32 + c.unextended_ties;
     let mapq = if ties > 1 {
         0
     } else {

@@ -1,0 +1,130 @@
+//! Paired-end mapping: mates placed correctly, proper-pair flags on simulated pairs, SAM FLAG,
+//! RNEXT/PNEXT and TLEN consistent between mates, insert window estimated from the data, and
+//! improper pairs (same strand, too far apart) left unflagged.
+
+mod mapsim;
+
+use kura_genome::map::{InsertWindow, MapError, MapOptions, Mapper, Read};
+use kura_genome::sam;
+
+#[test]
+fn pairs_are_proper_and_consistent() {
+    let g = mapsim::genome(17, &[600_000, 300_000], 6);
+    let idx = mapsim::index(&g);
+    let sim = mapsim::pairs(&g, 23, 3000, 150, 500);
+    let first: Vec<Read> = sim.iter().map(|p| p.0.clone()).collect();
+    let second: Vec<Read> = sim.iter().map(|p| p.1.clone()).collect();
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 2,
+            ..MapOptions::default()
+        },
+    );
+    let window = mapper.estimate_insert(&first, &second).expect("estimates");
+    assert!(
+        window.min <= 450 && window.max >= 550 && window.max < 1000,
+        "{window:?}"
+    );
+    let out = mapper.map_pairs(&first, &second).expect("maps");
+    let mut sam_text = Vec::new();
+    sam::write_header(&mut sam_text, idx.reference(), "test").expect("header");
+    let (mut proper, mut both_right, mut bad_hi) = (0, 0, 0);
+    for ((a, b, ta, tb), p) in sim.iter().zip(&out) {
+        sam::write_pair(&mut sam_text, idx.reference(), a, b, p).expect("writes");
+        proper += usize::from(p.proper);
+        let (Some(x), Some(y)) = (&p.first, &p.second) else {
+            continue;
+        };
+        let (ok_a, ok_b) = (mapsim::correct(x, ta), mapsim::correct(y, tb));
+        if ok_a && ok_b {
+            both_right += 1;
+            assert!(
+                p.proper,
+                "correctly placed mates of a 500 bp fragment are a proper pair"
+            );
+        }
+        bad_hi += usize::from(!ok_a && x.mapq >= 20) + usize::from(!ok_b && y.mapq >= 20);
+    }
+    eprintln!(
+        "{proper}/{} proper, {both_right} with both mates right, window {window:?}",
+        sim.len()
+    );
+    assert!(both_right as f64 >= 0.98 * sim.len() as f64);
+    assert!(proper as f64 >= 0.98 * sim.len() as f64);
+    assert_eq!(bad_hi, 0);
+
+    // Mate fields agree: each record's RNEXT/PNEXT is the other's RNAME/POS and TLENs cancel.
+    let text = String::from_utf8(sam_text).expect("utf8");
+    let recs: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|l| !l.starts_with('@'))
+        .map(|l| l.split('\t').collect())
+        .collect();
+    assert_eq!(recs.len(), 2 * sim.len());
+    for pair in recs.chunks(2) {
+        let (r1, r2) = (&pair[0], &pair[1]);
+        let (f1, f2): (u16, u16) = (r1[1].parse().expect("flag"), r2[1].parse().expect("flag"));
+        assert_eq!(f1 & 0xC1, 0x41, "first mate flags");
+        assert_eq!(f2 & 0xC1, 0x81, "second mate flags");
+        assert_eq!(f1 & 0x2, f2 & 0x2, "proper flag on both");
+        if f1 & 0x4 == 0 && f2 & 0x4 == 0 {
+            assert_eq!((f1 & 0x10 != 0), (f2 & 0x20 != 0));
+            assert_eq!((f2 & 0x10 != 0), (f1 & 0x20 != 0));
+            assert_eq!(r1[7], r2[3]);
+            assert_eq!(r2[7], r1[3]);
+            let (t1, t2): (i64, i64) = (r1[8].parse().expect("tlen"), r2[8].parse().expect("tlen"));
+            if r1[6] == "=" {
+                assert_eq!(t1, -t2);
+                assert!(t1 != 0);
+                let p1: i64 = r1[3].parse().expect("pos");
+                let p2: i64 = r2[3].parse().expect("pos");
+                assert_eq!(t1 > 0, p1 < p2 || (p1 == p2 && t1 > 0));
+                if f1 & 0x2 != 0 {
+                    assert!(
+                        (400..=650).contains(&t1.abs()),
+                        "TLEN {t1} near the 500 bp fragment"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn same_strand_or_distant_mates_are_not_proper() {
+    let g = mapsim::genome(29, &[300_000], 0);
+    let idx = mapsim::index(&g);
+    let reads = mapsim::reads(&g, 31, 40, 150, 0.0, 0.0);
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            insert: Some(InsertWindow { min: 0, max: 1000 }),
+            ..MapOptions::default()
+        },
+    );
+    let first: Vec<Read> = reads.iter().step_by(2).map(|r| r.0.clone()).collect();
+    let second: Vec<Read> = reads
+        .iter()
+        .skip(1)
+        .step_by(2)
+        .map(|r| r.0.clone())
+        .collect();
+    let out = mapper.map_pairs(&first, &second).expect("maps");
+    for (i, p) in out.iter().enumerate() {
+        let (ta, tb) = (&reads[2 * i].1, &reads[2 * i + 1].1);
+        let far = (ta.start as i64 - tb.start as i64).abs() > 900;
+        if ta.reverse == tb.reverse || far {
+            assert!(!p.proper, "pair {i}: {ta:?} {tb:?}");
+        }
+        assert!(p.first.is_some() && p.second.is_some());
+    }
+    assert_eq!(
+        mapper.map_pairs(&first, &second[1..]),
+        Err(MapError::MateCountMismatch {
+            first: first.len(),
+            second: second.len() - 1
+        })
+    );
+}
