@@ -1,1 +1,31 @@
-//! User-space NVMe over VFIO and io_uring NVMe passthrough (issue 7).
+//! User-space NVMe for kura (issue 7): a polled NVMe driver that builds commands in its own
+//! queues and rings the controller's doorbells itself, over VFIO (`nvme:BDF`) or over an
+//! in-process simulated controller (`nvme-sim:SIZE`) for host-side testing.
+//!
+//! Layers, bottom up: register and entry layouts ([`regs`], [`cmd`], [`status`]), ring and PRP
+//! arithmetic ([`ring`], [`prp`]), the hardware path ([`bus`]: registers + DMA mappings, with
+//! [`sim`] and [`vfio`] behind it), a queue pair in DMA memory (`qpair`), the controller
+//! (bring-up, admin, reset, shutdown: [`ctrl`]) and one I/O queue pair as a
+//! [`kura_engine::BlockDevice`] ([`queue`]).
+
+pub mod bus;
+pub mod check;
+pub mod cmd;
+pub mod ctrl;
+pub mod error;
+pub mod open;
+pub mod prp;
+pub mod pt;
+mod qpair;
+pub mod queue;
+pub mod regs;
+pub mod ring;
+pub mod sim;
+pub mod status;
+pub mod vfio;
+
+pub use ctrl::{ControllerInfo, CtrlOptions, NamespaceInfo};
+pub use error::NvmeError;
+pub use open::{open_nvme_kind, open_sim, NVME_KINDS};
+pub use queue::{NvmeQueue, QueueStats};
+pub use sim::{SimConfig, SimController};

@@ -1,0 +1,700 @@
+//! One I/O queue pair as a [`BlockDevice`]: engine requests become NVMe commands (split at the
+//! per-command limit, PRPs or PRP lists built in per-command list pages), completions are found
+//! by phase tag, and each request completes once all of its commands have.
+//!
+//! A queue pair belongs to one thread (`&mut self`), so the data path takes no lock: the only
+//! shared state it touches is an atomic generation counter that says whether the controller was
+//! reset under it. Buffers outside the DMA-mapped buffer-pool arena are bounced through a pool
+//! buffer. A command outstanding longer than the I/O timeout is aborted; if the abort does not
+//! bring it back, the controller is reset and every queue pair re-creates itself.
+
+use crate::bus::DmaMem;
+use crate::cmd::{io, Cqe, Sqe};
+use crate::ctrl::Shared;
+use crate::error::NvmeError;
+use crate::prp::{self, LIST_ENTRIES};
+use crate::qpair::QueuePair;
+use crate::regs::{self, PAGE};
+use crate::status::NvmeStatus;
+use kura_engine::poison::FlushPoison;
+use kura_engine::{
+    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode,
+    Rejected, Request,
+};
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Largest Write Zeroes / DSM range per command, in NVMe blocks (NLB is 16 bits).
+const MAX_ZERO_LBAS: u64 = 1 << 16;
+
+/// An NVMe command waiting for room in the submission queue.
+#[derive(Debug, Clone, Copy)]
+enum Pending {
+    Rw {
+        opcode: u8,
+        slba: u64,
+        nlb: u32,
+        addr: u64,
+        len: usize,
+    },
+    Flush,
+    WriteZeroes {
+        slba: u64,
+        nlb: u32,
+        deallocate: bool,
+    },
+    Deallocate {
+        slba: u64,
+        nlb: u32,
+    },
+}
+
+struct Slot {
+    req: Request,
+    /// A DMA-mapped stand-in for a buffer outside the arena.
+    bounce: Option<IoBuf>,
+    /// Commands of this request not yet completed.
+    remaining: u32,
+    status: DeviceResult<()>,
+}
+
+#[derive(Clone, Copy)]
+struct Cmd {
+    slot: usize,
+    issued: Instant,
+}
+
+/// Counters of one queue pair's work.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct QueueStats {
+    pub commands: u64,
+    pub bounced: u64,
+    pub aborts: u64,
+    pub resets: u64,
+}
+
+/// One polled NVMe I/O queue pair.
+pub struct NvmeQueue {
+    sh: Arc<Shared>,
+    qp: QueuePair,
+    generation: u64,
+    geo: Geometry,
+    /// Engine block = NVMe block << shift.
+    shift: u32,
+    /// NVMe blocks per read/write command.
+    max_cmd_lbas: u64,
+    /// One page per command id: its PRP list or DSM range.
+    pages: DmaMem,
+    cids: crate::ring::CidPool,
+    cmds: Vec<Option<Cmd>>,
+    slots: Vec<Option<Slot>>,
+    free_slots: Vec<usize>,
+    backlog: VecDeque<(usize, Pending)>,
+    done: Vec<Completion>,
+    in_flight: usize,
+    poison: FlushPoison,
+    broken: Option<String>,
+    stats: QueueStats,
+}
+
+fn bounce_buffer(len: usize) -> Result<IoBuf, DeviceError> {
+    Ok(BufferPool::global().alloc(len)?)
+}
+
+impl NvmeQueue {
+    /// Creates I/O queue pair number `qid` on the controller.
+    pub(crate) fn create(
+        sh: Arc<Shared>,
+        qid: u16,
+        block_size: u32,
+        queue_depth: u32,
+        max_transfer: u32,
+    ) -> Result<NvmeQueue, NvmeError> {
+        let ns = sh.info.ns;
+        if block_size < ns.lba_size || !block_size.is_power_of_two() {
+            return Err(NvmeError::Invalid(format!(
+                "block size {block_size} must be a power of two and at least the namespace's {}",
+                ns.lba_size
+            )));
+        }
+        let shift = (block_size / ns.lba_size).trailing_zeros();
+        let device_max = sh
+            .info
+            .max_transfer
+            .unwrap_or(prp::MAX_PRP_TRANSFER)
+            .min(prp::MAX_PRP_TRANSFER);
+        let cmd_bytes =
+            (max_transfer as usize).min(device_max) / block_size as usize * block_size as usize;
+        if cmd_bytes == 0 {
+            return Err(NvmeError::Invalid(format!(
+                "the controller's largest transfer ({device_max} bytes) is below one {block_size}-byte block"
+            )));
+        }
+        let entries = sh
+            .opts
+            .queue_entries
+            .clamp(2, sh.info.cap.max_queue_entries.min(4096) as u16);
+        let qp = QueuePair::new(&sh.bus, qid, entries, sh.info.cap.doorbell_stride)?;
+        let ncids = entries - 1;
+        let pages = DmaMem::new(&sh.bus, usize::from(ncids) * PAGE)?;
+        sh.create_io_queue(&qp)?;
+        let generation = sh.generation();
+        let geo = Geometry {
+            block_size,
+            num_blocks: ns.blocks >> shift,
+            max_transfer: cmd_bytes as u32,
+            queue_depth,
+            buffer_alignment: 4,
+        };
+        Ok(NvmeQueue {
+            generation,
+            geo,
+            shift,
+            max_cmd_lbas: (cmd_bytes / ns.lba_size as usize) as u64,
+            pages,
+            cids: crate::ring::CidPool::new(ncids),
+            cmds: vec![None; usize::from(ncids)],
+            slots: Vec::new(),
+            free_slots: Vec::new(),
+            backlog: VecDeque::new(),
+            done: Vec::new(),
+            in_flight: 0,
+            poison: FlushPoison::default(),
+            broken: None,
+            stats: QueueStats::default(),
+            qp,
+            sh,
+        })
+    }
+
+    /// Another I/O queue pair on the same controller, for another thread.
+    pub fn new_queue(&self) -> Result<NvmeQueue, NvmeError> {
+        let qid = self.sh.take_qid().ok_or_else(|| {
+            NvmeError::Unsupported(format!(
+                "all {} I/O queues granted by the controller are in use",
+                self.sh.info.io_queues
+            ))
+        })?;
+        NvmeQueue::create(
+            Arc::clone(&self.sh),
+            qid,
+            self.geo.block_size,
+            self.geo.queue_depth,
+            self.geo.max_transfer,
+        )
+        .inspect_err(|_| self.sh.give_qid(qid))
+    }
+
+    /// What Identify reported.
+    pub fn info(&self) -> &crate::ctrl::ControllerInfo {
+        &self.sh.info
+    }
+
+    pub fn stats(&self) -> QueueStats {
+        self.stats
+    }
+
+    /// Resets the controller now (as a timeout would); every queue pair re-creates itself.
+    pub fn reset_controller(&mut self) -> Result<(), NvmeError> {
+        self.stats.resets += 1;
+        let r = self.sh.reset(self.generation);
+        self.recover();
+        r?;
+        self.sh.identify_serial().map(|_| ())
+    }
+
+    /// Reads `nlb` NVMe blocks at `slba` with no range check on the host side, so that the
+    /// controller's own status comes back (used to test error decoding).
+    pub fn raw_read(&mut self, slba: u64, nlb: u32, buf: IoBuf) -> DeviceResult<IoBuf> {
+        if self.in_flight > 0 {
+            return Err(DeviceError::Busy {
+                in_flight: self.in_flight,
+            });
+        }
+        if nlb == 0 || buf.len() < nlb as usize * self.sh.info.ns.lba_size as usize {
+            return Err(DeviceError::BadBuffer {
+                op: Opcode::Read,
+                blocks: u64::from(nlb),
+                need: u64::from(nlb) * u64::from(self.sh.info.ns.lba_size),
+                have: buf.len() as u64,
+            });
+        }
+        let len = nlb as usize * self.sh.info.ns.lba_size as usize;
+        let bounce = if self.sh.is_dma(buf.as_ptr() as u64, len) {
+            None
+        } else {
+            Some(bounce_buffer(len)?)
+        };
+        let req = Request::read(
+            u64::MAX,
+            slba >> self.shift,
+            u64::from(nlb) >> self.shift,
+            buf,
+        );
+        let slot = self.new_slot(req, bounce, 1);
+        let addr = self.data_addr(slot);
+        let pending = Pending::Rw {
+            opcode: io::READ,
+            slba,
+            nlb,
+            addr,
+            len,
+        };
+        self.backlog.push_back((slot, pending));
+        self.in_flight += 1;
+        let mut out = Vec::new();
+        self.poll(&mut out, 1)?;
+        let c = out.pop().ok_or_else(|| DeviceError::Offline {
+            reason: "raw read lost".into(),
+        })?;
+        c.status?;
+        c.buf.ok_or_else(|| DeviceError::Offline {
+            reason: "raw read lost its buffer".into(),
+        })
+    }
+
+    fn new_slot(&mut self, req: Request, bounce: Option<IoBuf>, remaining: u32) -> usize {
+        let slot = Slot {
+            req,
+            bounce,
+            remaining,
+            status: Ok(()),
+        };
+        match self.free_slots.pop() {
+            Some(i) => {
+                self.slots[i] = Some(slot);
+                i
+            }
+            None => {
+                self.slots.push(Some(slot));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    /// The I/O address of slot `slot`'s data (its bounce buffer when it has one).
+    fn data_addr(&self, slot: usize) -> u64 {
+        match self.slots[slot].as_ref() {
+            Some(Slot {
+                bounce: Some(b), ..
+            }) => b.as_ptr() as u64,
+            Some(Slot { req, .. }) => req.buf.as_ref().map_or(0, |b| b.as_ptr() as u64),
+            None => 0,
+        }
+    }
+
+    /// Turns an admitted request into NVMe commands on the backlog.
+    fn plan(&mut self, req: Request) -> Result<(), (Request, DeviceError)> {
+        let lba_bytes = self.sh.info.ns.lba_size as u64;
+        let slba = req.lba << self.shift;
+        let nlbs = req.blocks << self.shift;
+        let mut bounce = None;
+        if req.op.has_data() {
+            let len = (nlbs * lba_bytes) as usize;
+            let buf = req.buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
+            if !self.sh.is_dma(buf, len) {
+                let mut b = match bounce_buffer(len) {
+                    Ok(b) => b,
+                    Err(e) => return Err((req, e)),
+                };
+                if req.op == Opcode::Write {
+                    if let Some(src) = req.buf.as_ref() {
+                        b[..len].copy_from_slice(&src[..len]);
+                    }
+                }
+                self.stats.bounced += 1;
+                bounce = Some(b);
+            }
+        }
+        let zero_dealloc = req.op == Opcode::Discard
+            && !(self.sh.info.has_dsm() && self.sh.info.ns.deallocated_reads_zero);
+        if (req.op == Opcode::WriteZeroes || zero_dealloc) && !self.sh.info.has_write_zeroes() {
+            let op = req.op;
+            return Err((
+                req,
+                DeviceError::Unsupported {
+                    op,
+                    backend: "nvme",
+                },
+            ));
+        }
+        let op = req.op;
+        let pieces: Vec<(u64, u64, u64)> = match op {
+            Opcode::Flush => vec![(0, 0, 0)],
+            Opcode::Read | Opcode::Write => prp::split(slba, nlbs, self.max_cmd_lbas).collect(),
+            Opcode::WriteZeroes | Opcode::Discard => {
+                prp::split(slba, nlbs, MAX_ZERO_LBAS).collect()
+            }
+        };
+        let slot = self.new_slot(req, bounce, pieces.len() as u32);
+        let base = self.data_addr(slot);
+        for (lba, n, first) in pieces {
+            let nlb = n as u32;
+            let pending = match op {
+                Opcode::Flush => Pending::Flush,
+                Opcode::Read | Opcode::Write => Pending::Rw {
+                    opcode: if op == Opcode::Read {
+                        io::READ
+                    } else {
+                        io::WRITE
+                    },
+                    slba: lba,
+                    nlb,
+                    addr: base + first * lba_bytes,
+                    len: (n * lba_bytes) as usize,
+                },
+                Opcode::WriteZeroes => Pending::WriteZeroes {
+                    slba: lba,
+                    nlb,
+                    deallocate: false,
+                },
+                Opcode::Discard if zero_dealloc => Pending::WriteZeroes {
+                    slba: lba,
+                    nlb,
+                    deallocate: true,
+                },
+                Opcode::Discard => Pending::Deallocate { slba: lba, nlb },
+            };
+            self.backlog.push_back((slot, pending));
+        }
+        Ok(())
+    }
+
+    /// Builds the SQE for `p` using command id `cid`'s page.
+    fn build(&mut self, cid: u16, p: Pending) -> Result<Sqe, DeviceError> {
+        let nsid = self.sh.info.ns.nsid;
+        let page_off = usize::from(cid) * PAGE;
+        let mut sqe =
+            match p {
+                Pending::Rw {
+                    opcode,
+                    slba,
+                    nlb,
+                    addr,
+                    len,
+                } => {
+                    let mut list = [0u64; LIST_ENTRIES];
+                    let prps = prp::build(addr, len, &mut list, self.pages.iova(page_off))
+                        .map_err(|e| DeviceError::Misaligned {
+                            what: "NVMe data buffer",
+                            value: match e {
+                                prp::PrpError::Misaligned(a) => a,
+                                _ => addr,
+                            },
+                            required: 4,
+                        })?;
+                    if prps.list_len > 0 {
+                        let mut bytes = Vec::with_capacity(prps.list_len * 8);
+                        for e in &list[..prps.list_len] {
+                            bytes.extend_from_slice(&e.to_le_bytes());
+                        }
+                        self.pages.write(page_off, &bytes);
+                    }
+                    Sqe::rw(opcode, nsid, slba, nlb, prps.prp1, prps.prp2)
+                }
+                Pending::Flush => Sqe::new(io::FLUSH, nsid),
+                Pending::WriteZeroes {
+                    slba,
+                    nlb,
+                    deallocate,
+                } => Sqe::write_zeroes(nsid, slba, nlb, deallocate),
+                Pending::Deallocate { slba, nlb } => {
+                    let mut range = [0u8; 16];
+                    range[4..8].copy_from_slice(&nlb.to_le_bytes());
+                    range[8..16].copy_from_slice(&slba.to_le_bytes());
+                    self.pages.write(page_off, &range);
+                    Sqe::dsm_deallocate(nsid, 1, self.pages.iova(page_off))
+                }
+            };
+        sqe.cid = cid;
+        Ok(sqe)
+    }
+
+    /// Moves backlog commands into the submission queue while it and the command ids allow.
+    fn feed(&mut self) {
+        while let Some(&(slot, p)) = self.backlog.front() {
+            if self.qp.is_full() {
+                break;
+            }
+            let Some(cid) = self.cids.take() else { break };
+            self.backlog.pop_front();
+            match self.build(cid, p) {
+                Ok(sqe) => {
+                    let pushed = self.qp.push(&sqe);
+                    debug_assert!(pushed, "checked is_full above");
+                    self.cmds[usize::from(cid)] = Some(Cmd {
+                        slot,
+                        issued: Instant::now(),
+                    });
+                    self.stats.commands += 1;
+                }
+                Err(e) => {
+                    self.cids.give(cid);
+                    self.finish_part(slot, Err(e));
+                }
+            }
+        }
+        self.qp.ring(&*self.sh.bus);
+    }
+
+    /// Records one command's outcome for its request; completes the request after its last.
+    fn finish_part(&mut self, slot: usize, status: DeviceResult<()>) {
+        let Some(s) = self.slots[slot].as_mut() else {
+            return;
+        };
+        if s.status.is_ok() {
+            s.status = status;
+        }
+        s.remaining = s.remaining.saturating_sub(1);
+        if s.remaining > 0 {
+            return;
+        }
+        let Some(mut s) = self.slots[slot].take() else {
+            return;
+        };
+        self.free_slots.push(slot);
+        if s.req.op == Opcode::Read && s.status.is_ok() {
+            if let (Some(b), Some(dst)) = (s.bounce.as_ref(), s.req.buf.as_mut()) {
+                let n = dst.len().min(b.len());
+                dst[..n].copy_from_slice(&b[..n]);
+            }
+        }
+        self.poison.observe(s.req.op, &s.status);
+        self.done.push(Completion::of(s.req, s.status));
+    }
+
+    fn status_error(&self, slot: usize, st: NvmeStatus) -> DeviceError {
+        match self.slots[slot].as_ref() {
+            Some(s) => st.to_device_error(s.req.op, s.req.lba, s.req.blocks, self.geo.num_blocks),
+            None => st.to_device_error(Opcode::Read, 0, 0, self.geo.num_blocks),
+        }
+    }
+
+    fn on_cqe(&mut self, cqe: Cqe) {
+        let Some(cmd) = self
+            .cmds
+            .get_mut(usize::from(cqe.cid))
+            .and_then(Option::take)
+        else {
+            return;
+        };
+        self.cids.give(cqe.cid);
+        let status = match cqe.error() {
+            None => Ok(()),
+            Some(st) => Err(self.status_error(cmd.slot, st)),
+        };
+        self.finish_part(cmd.slot, status);
+    }
+
+    fn reap(&mut self) -> usize {
+        let mut n = 0;
+        while let Some(cqe) = self.qp.pop() {
+            self.on_cqe(cqe);
+            n += 1;
+        }
+        self.qp.release(&*self.sh.bus);
+        n
+    }
+
+    /// Fails every command still owned by the device or waiting for it with `err`.
+    fn fail_all(&mut self, err: &DeviceError) {
+        for cid in 0..self.cmds.len() {
+            if let Some(cmd) = self.cmds[cid].take() {
+                self.cids.give(cid as u16);
+                self.finish_part(cmd.slot, Err(err.clone()));
+            }
+        }
+        while let Some((slot, _)) = self.backlog.pop_front() {
+            self.finish_part(slot, Err(err.clone()));
+        }
+    }
+
+    /// After a controller reset (by this or another queue pair): fail what was in flight and
+    /// create the queue pair again.
+    fn recover(&mut self) {
+        if self.sh.generation() == self.generation {
+            return;
+        }
+        self.fail_all(&DeviceError::Io {
+            op: Opcode::Read,
+            lba: 0,
+            errno: Errno(libc::ECANCELED),
+        });
+        self.qp.reset();
+        self.generation = self.sh.generation();
+        if let Err(e) = self.sh.create_io_queue(&self.qp) {
+            self.broken = Some(format!(
+                "re-creating I/O queue {} after a reset: {e}",
+                self.qp.qid
+            ));
+        }
+    }
+
+    fn go_offline(&mut self, reason: String) {
+        let err = DeviceError::Offline {
+            reason: reason.clone(),
+        };
+        self.fail_all(&err);
+        self.broken = Some(reason);
+    }
+
+    /// Checks the oldest command against the I/O timeout: abort, then reset if that fails.
+    fn check_timeouts(&mut self) {
+        let timeout = self.sh.opts.io_timeout;
+        let oldest = self
+            .cmds
+            .iter()
+            .enumerate()
+            .filter_map(|(cid, c)| c.map(|c| (cid as u16, c)))
+            .min_by_key(|(_, c)| c.issued);
+        let Some((cid, cmd)) = oldest else { return };
+        if cmd.issued.elapsed() < timeout {
+            return;
+        }
+        self.stats.aborts += 1;
+        let aborted = self.sh.abort(self.qp.qid, cid);
+        if let Err(NvmeError::Vanished) = aborted {
+            self.go_offline(NvmeError::Vanished.to_string());
+            return;
+        }
+        if matches!(aborted, Ok(true)) {
+            // The aborted command completes with "abort requested"; give it a bounded moment.
+            let until = Instant::now() + timeout.min(Duration::from_secs(1));
+            while self.cmds[usize::from(cid)].is_some() && Instant::now() < until {
+                if self.reap() == 0 {
+                    std::thread::yield_now();
+                }
+            }
+            if self.cmds[usize::from(cid)].is_none() {
+                return;
+            }
+        }
+        if let Some(s) = self.slots[cmd.slot].as_mut() {
+            if s.status.is_ok() {
+                s.status = Err(DeviceError::Io {
+                    op: s.req.op,
+                    lba: s.req.lba,
+                    errno: Errno(libc::ETIMEDOUT),
+                });
+            }
+        }
+        self.stats.resets += 1;
+        let reset = self.sh.reset(self.generation);
+        self.recover();
+        if let Err(e) = reset {
+            self.go_offline(format!("controller reset after a timeout failed: {e}"));
+        }
+    }
+
+    fn check_health(&mut self) {
+        let csts = self.sh.bus.read32(regs::CSTS);
+        if csts == u32::MAX {
+            self.go_offline(NvmeError::Vanished.to_string());
+        } else if csts & regs::CSTS_CFS != 0 {
+            self.stats.resets += 1;
+            let reset = self.sh.reset(self.generation);
+            self.recover();
+            if let Err(e) = reset {
+                self.go_offline(format!("controller fatal status; reset failed: {e}"));
+            }
+        }
+    }
+}
+
+impl BlockDevice for NvmeQueue {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "nvme:{}/ns{}/q{}",
+            self.sh.bus.describe(),
+            self.sh.info.ns.nsid,
+            self.qp.qid
+        )
+    }
+
+    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+        let req = req.admit(&self.geo, self.in_flight)?;
+        if let Some(reason) = &self.broken {
+            return Err(Rejected::new(
+                req,
+                DeviceError::Offline {
+                    reason: reason.clone(),
+                },
+            ));
+        }
+        self.recover();
+        if let Err(e) = self.poison.check(req.op) {
+            self.in_flight += 1;
+            self.done.push(Completion::of(req, Err(e)));
+            return Ok(());
+        }
+        match self.plan(req) {
+            Ok(()) => {
+                self.in_flight += 1;
+                Ok(())
+            }
+            Err((req, e)) => Err(Rejected::new(req, e)),
+        }
+    }
+
+    fn ring_doorbell(&mut self) -> DeviceResult<()> {
+        self.recover();
+        self.feed();
+        Ok(())
+    }
+
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        let want = min_complete.min(self.in_flight);
+        let mut got = 0;
+        let mut spins = 0u64;
+        loop {
+            self.recover();
+            self.feed();
+            if self.reap() > 0 {
+                self.feed();
+            }
+            let n = self.done.len();
+            out.append(&mut self.done);
+            self.in_flight -= n;
+            got += n;
+            if got >= want {
+                return Ok(got);
+            }
+            spins += 1;
+            if spins.is_multiple_of(1024) {
+                self.check_health();
+                self.check_timeouts();
+            }
+            if spins < 512 {
+                std::hint::spin_loop();
+            } else {
+                std::thread::yield_now();
+            }
+        }
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight
+    }
+}
+
+impl Drop for NvmeQueue {
+    fn drop(&mut self) {
+        let live = self.broken.is_none() && self.sh.generation() == self.generation;
+        if live
+            && self.sh.delete_io_queue(self.qp.qid).is_err()
+            && self.cmds.iter().any(Option::is_some)
+        {
+            // The controller may still write into these buffers: leak them rather than free
+            // memory a device can reach.
+            for s in self.slots.drain(..) {
+                std::mem::forget(s);
+            }
+        }
+        self.sh.give_qid(self.qp.qid);
+    }
+}
