@@ -16,12 +16,22 @@
 //! multiple of it (else halved down to 512 or the server's minimum); bytes past the last whole
 //! block are not addressable. If the connection breaks, every command in flight completes with
 //! [`DeviceError::Offline`] and later submits are refused.
+//!
+//! Every wait is bounded: connecting and each handshake read by
+//! [`ConnectOptions::handshake_timeout`] (a server that accepts and then says nothing gives
+//! [`ClientError::Timeout`]), and, once transmitting, each wait in `poll` and each socket write by
+//! [`ConnectOptions::io_timeout`]: a server that stops answering has the connection cut, and
+//! everything in flight completes with `Offline` ("no reply within ..."). With
+//! [`ConnectOptions::tls`] the client sends `NBD_OPT_STARTTLS` right after the greeting and runs
+//! the rest of the handshake and all of transmission over TLS; a server that refuses is an error,
+//! never a silent fall back to plaintext.
 
 use crate::protocol::{
     self, client_flags, handshake_flags, info_type, tx_flags, BlockSizes, Command, ErrorCode, Info,
     InfoRequest, Opt, ProtocolError, Rep, RequestHeader, SimpleReply, EXPORT_NAME_PAD_LEN,
     EXPORT_NAME_REPLY_LEN, GREETING_LEN, MAX_PAYLOAD, OPTION_REPLY_HEADER_LEN, SIMPLE_REPLY_LEN,
 };
+use crate::tls::{ClientTls, TlsStream};
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode, Rejected,
     Request,
@@ -30,7 +40,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, BufWriter, Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpStream, ToSocketAddrs};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::{self, JoinHandle};
 use std::time::Duration;
@@ -41,7 +51,7 @@ const MAX_REPLIES_PER_OPTION: usize = 65536;
 const IO_BUFFER: usize = 256 << 10;
 
 /// How to connect.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct ConnectOptions {
     /// Commands the client accepts in flight (`Geometry::queue_depth`).
     pub queue_depth: u32,
@@ -49,6 +59,11 @@ pub struct ConnectOptions {
     pub block_size: Option<u32>,
     /// Limit on each read of the handshake and on connecting.
     pub handshake_timeout: Duration,
+    /// Limit on each wait for a reply and on each socket write once transmitting; `None` waits
+    /// for ever.
+    pub io_timeout: Option<Duration>,
+    /// Start TLS (`NBD_OPT_STARTTLS`) before anything else.
+    pub tls: Option<ClientTls>,
 }
 
 impl Default for ConnectOptions {
@@ -57,6 +72,8 @@ impl Default for ConnectOptions {
             queue_depth: 64,
             block_size: None,
             handshake_timeout: Duration::from_secs(30),
+            io_timeout: Some(Duration::from_secs(60)),
+            tls: None,
         }
     }
 }
@@ -86,6 +103,29 @@ pub enum ClientError {
     TooManyReplies,
     #[error("export {export:?} cannot be used: {reason}")]
     Unusable { export: String, reason: String },
+    #[error("the server did not answer within {0:?} during the handshake")]
+    Timeout(Duration),
+    #[error("the server refused NBD_OPT_STARTTLS: {reply}{}", if message.is_empty() { String::new() } else { format!(": {message}") })]
+    TlsRefused { reply: Rep, message: String },
+    #[error("TLS handshake failed: {0}")]
+    TlsHandshake(io::Error),
+    #[error(transparent)]
+    TlsConfig(#[from] crate::tls::TlsError),
+}
+
+/// Reads that hit the socket timeout become [`ClientError::Timeout`].
+fn timed(e: ClientError, limit: Duration) -> ClientError {
+    match e {
+        ClientError::Io(io)
+            if matches!(
+                io.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) =>
+        {
+            ClientError::Timeout(limit)
+        }
+        other => other,
+    }
 }
 
 /// What the handshake learned about an export.
@@ -225,6 +265,33 @@ pub fn negotiate_client<S: Read + Write>(
     export: &str,
 ) -> Result<ExportDetails, ClientError> {
     let no_zeroes = greet(s)?;
+    choose_export(s, export, no_zeroes)
+}
+
+/// Sends `NBD_OPT_STARTTLS` and waits for its acknowledgement.
+fn request_tls<S: Read + Write>(s: &mut S) -> Result<(), ClientError> {
+    s.write_all(&protocol::encode_option(Opt::StartTls, &[])?)?;
+    s.flush()?;
+    let (h, data) = read_reply_header(s)?;
+    match (h.option, h.reply) {
+        (Opt::StartTls, Rep::Ack) => Ok(()),
+        (Opt::StartTls, reply) if reply.is_error() => Err(ClientError::TlsRefused {
+            reply,
+            message: message(&data),
+        }),
+        (_, reply) => Err(ClientError::UnexpectedReply {
+            option: Opt::StartTls,
+            reply,
+        }),
+    }
+}
+
+/// `NBD_OPT_GO` for `export`, falling back to `NBD_OPT_EXPORT_NAME`.
+fn choose_export<S: Read + Write>(
+    s: &mut S,
+    export: &str,
+    no_zeroes: bool,
+) -> Result<ExportDetails, ClientError> {
     if let Some(details) = info_exchange(s, Opt::Go, export)? {
         return Ok(details);
     }
@@ -353,16 +420,66 @@ pub fn connect_with<A: ToSocketAddrs>(
     export: &str,
     opts: ConnectOptions,
 ) -> Result<NbdClient, ClientError> {
-    let stream = open_stream(addr, opts.handshake_timeout)?;
+    let limit = opts.handshake_timeout;
+    let stream = open_stream(addr, limit)?;
     let peer = stream.peer_addr()?;
-    let details = negotiate_client(&mut &stream, export)?;
+    let (details, input, output): (ExportDetails, Box<dyn Read + Send>, Box<dyn Write + Send>) =
+        match &opts.tls {
+            None => {
+                let details =
+                    negotiate_client(&mut &stream, export).map_err(|e| timed(e, limit))?;
+                (
+                    details,
+                    Box::new(stream.try_clone()?),
+                    Box::new(stream.try_clone()?),
+                )
+            }
+            Some(tls) => {
+                let no_zeroes = greet(&mut &stream).map_err(|e| timed(e, limit))?;
+                request_tls(&mut &stream).map_err(|e| timed(e, limit))?;
+                let conn = tls.connection().map_err(ClientError::TlsHandshake)?;
+                let mut ts = TlsStream::new(conn, stream.try_clone()?);
+                ts.handshake().map_err(|e| {
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) {
+                        ClientError::Timeout(limit)
+                    } else {
+                        ClientError::TlsHandshake(e)
+                    }
+                })?;
+                let details =
+                    choose_export(&mut ts, export, no_zeroes).map_err(|e| timed(e, limit))?;
+                let (r, w) = ts.split()?;
+                (details, Box::new(r), Box::new(w))
+            }
+        };
     let geo = geometry(&details, &opts).map_err(|reason| ClientError::Unusable {
         export: export.to_owned(),
         reason,
     })?;
     stream.set_read_timeout(None)?;
-    stream.set_write_timeout(None)?;
-    NbdClient::start(stream, peer, export, details, geo)
+    stream.set_write_timeout(opts.io_timeout)?;
+    NbdClient::start(
+        Transport {
+            stream,
+            input,
+            output,
+        },
+        peer,
+        export,
+        details,
+        geo,
+        opts.io_timeout,
+    )
+}
+
+/// The socket and the byte streams over it (the same socket, or a TLS session's halves).
+struct Transport {
+    stream: TcpStream,
+    input: Box<dyn Read + Send>,
+    output: Box<dyn Write + Send>,
 }
 
 /// The device geometry for an export (see the module docs).
@@ -454,7 +571,8 @@ pub struct NbdClient {
     export: String,
     peer: SocketAddr,
     stream: TcpStream,
-    out: BufWriter<TcpStream>,
+    out: BufWriter<Box<dyn Write + Send>>,
+    io_timeout: Option<Duration>,
     queued: Vec<Queued>,
     write_bufs: HashMap<u64, IoBuf>,
     shared: Arc<Mutex<Shared>>,
@@ -468,25 +586,32 @@ pub struct NbdClient {
 
 impl NbdClient {
     fn start(
-        stream: TcpStream,
+        transport: Transport,
         peer: SocketAddr,
         export: &str,
         details: ExportDetails,
         geo: Geometry,
+        io_timeout: Option<Duration>,
     ) -> Result<NbdClient, ClientError> {
+        let Transport {
+            stream,
+            input,
+            output,
+        } = transport;
         let shared = Arc::new(Mutex::new(Shared::default()));
         let (tx, rx) = mpsc::channel();
-        let read_half = stream.try_clone()?;
+        let cut = stream.try_clone()?;
         let reader_shared = Arc::clone(&shared);
         let reader = thread::Builder::new()
             .name("nbd-client-rx".into())
-            .spawn(move || read_replies(read_half, &reader_shared, &tx))?;
+            .spawn(move || read_replies(input, cut, &reader_shared, &tx))?;
         Ok(NbdClient {
             geo,
             details,
             export: export.to_owned(),
             peer,
-            out: BufWriter::with_capacity(IO_BUFFER, stream.try_clone()?),
+            out: BufWriter::with_capacity(IO_BUFFER, output),
+            io_timeout,
             stream,
             queued: Vec::new(),
             write_bufs: HashMap::new(),
@@ -726,6 +851,7 @@ impl BlockDevice for NbdClient {
         let _ = self.ring_doorbell();
         let want = min_complete.min(self.in_flight);
         let mut got = 0;
+        let mut cut = false;
         loop {
             match self.done.try_recv() {
                 Ok(c) => {
@@ -739,10 +865,26 @@ impl BlockDevice for NbdClient {
             if got >= want {
                 break;
             }
-            match self.done.recv() {
+            let next = match self.io_timeout {
+                Some(limit) => self.done.recv_timeout(limit).map_err(|e| match e {
+                    RecvTimeoutError::Timeout => Some(limit),
+                    RecvTimeoutError::Disconnected => None,
+                }),
+                None => self.done.recv().map_err(|_| None),
+            };
+            match next {
                 Ok(c) => {
                     self.finish(c, out);
                     got += 1;
+                }
+                Err(Some(limit)) if !cut => {
+                    // The server is alive on TCP but not answering: give up on the connection,
+                    // which makes the reader complete everything in flight with Offline.
+                    cut = true;
+                    let reason = format!("no reply from the server within {limit:?}");
+                    lock(&self.shared).dead.get_or_insert(reason.clone());
+                    self.broken.get_or_insert(reason);
+                    let _ = self.stream.shutdown(Shutdown::Both);
                 }
                 Err(_) => break,
             }
@@ -781,8 +923,13 @@ impl fmt::Debug for NbdClient {
 /// The reply reader: matches replies to pieces, reads read data into the parent's buffer, and
 /// completes a parent when its last piece is answered. On any failure it fails everything in
 /// flight with `Offline` and marks the connection dead.
-fn read_replies(stream: TcpStream, shared: &Mutex<Shared>, done: &Sender<(u64, Completion)>) {
-    let mut r = BufReader::with_capacity(IO_BUFFER, &stream);
+fn read_replies(
+    input: Box<dyn Read + Send>,
+    stream: TcpStream,
+    shared: &Mutex<Shared>,
+    done: &Sender<(u64, Completion)>,
+) {
+    let mut r = BufReader::with_capacity(IO_BUFFER, input);
     let reason = loop {
         let mut head = [0u8; SIMPLE_REPLY_LEN];
         if let Err(e) = r.read_exact(&mut head) {
@@ -843,7 +990,8 @@ fn read_replies(stream: TcpStream, shared: &Mutex<Shared>, done: &Sender<(u64, C
         }
     };
     let mut st = lock(shared);
-    st.dead = Some(reason.clone());
+    // A timeout in `poll` may have cut the connection; its reason is the better one.
+    let reason = st.dead.get_or_insert(reason).clone();
     st.pieces.clear();
     for (parent, p) in st.parents.drain() {
         let _ = done.send((

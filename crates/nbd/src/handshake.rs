@@ -11,8 +11,14 @@
 //!   export, `NBD_REP_ERR_INVALID` for malformed data;
 //! - `NBD_OPT_LIST`: one `NBD_REP_SERVER` per export, then `NBD_REP_ACK`;
 //! - `NBD_OPT_ABORT`: `NBD_REP_ACK`, then the session ends;
-//! - everything else (`NBD_OPT_STRUCTURED_REPLY`, `NBD_OPT_STARTTLS`, meta contexts, extended
-//!   headers, unknown codes): `NBD_REP_ERR_UNSUP`.
+//! - `NBD_OPT_STARTTLS` when the server has a certificate ([`TlsMode::Required`]): `NBD_REP_ACK`,
+//!   and [`negotiate_until_tls`] hands the stream back for the TLS handshake, after which
+//!   [`negotiate_after_tls`] goes on over the encrypted stream. Until then every option other than
+//!   `STARTTLS` and `ABORT` gets `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` (which cannot be
+//!   refused) ends the session. `STARTTLS` with data, or once TLS is up, gets
+//!   `NBD_REP_ERR_INVALID`; without a certificate it gets `NBD_REP_ERR_UNSUP`;
+//! - everything else (`NBD_OPT_STRUCTURED_REPLY`, meta contexts, extended headers, unknown
+//!   codes): `NBD_REP_ERR_UNSUP`.
 //!
 //! The empty export name selects the first export (the protocol's "default export"). Clients
 //! that do not set `NBD_FLAG_C_FIXED_NEWSTYLE` are refused, as are unknown client flags, option
@@ -70,6 +76,37 @@ pub enum HandshakeError {
     UnknownExport(String),
     #[error("the client sent more than {MAX_OPTIONS} options")]
     TooManyOptions,
+    #[error("the client asked for export {0:?} with NBD_OPT_EXPORT_NAME before starting TLS")]
+    TlsRequired(String),
+    #[error("NBD_OPT_STARTTLS was acknowledged in TLS mode {0:?} (a server bug)")]
+    TlsState(TlsMode),
+}
+
+/// Where the handshake stands on TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TlsMode {
+    /// The server has no certificate: `NBD_OPT_STARTTLS` is unsupported.
+    Unavailable,
+    /// TLS must start before anything else is answered.
+    Required,
+    /// The stream is already encrypted.
+    Active,
+}
+
+/// How [`negotiate_until_tls`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Negotiated {
+    Done(HandshakeEnd),
+    /// `NBD_OPT_STARTTLS` was acknowledged: run the TLS handshake on the stream, then call
+    /// [`negotiate_after_tls`] with this.
+    StartTls(Resume),
+}
+
+/// What the option haggling carries across the switch to TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    no_zeroes: bool,
+    options: usize,
 }
 
 /// Finds an export by name; the empty name is the default export (the first).
@@ -95,11 +132,26 @@ fn error_text(what: &str) -> Vec<u8> {
 }
 
 /// Runs the server's side of the handshake on `stream` until the client picks an export, aborts,
-/// or breaks the protocol. Every reply is flushed before the next option is read.
+/// or breaks the protocol. Every reply is flushed before the next option is read. TLS is not
+/// offered.
 pub fn negotiate<S: Read + Write>(
     stream: &mut S,
     exports: &[ExportInfo],
 ) -> Result<HandshakeEnd, HandshakeError> {
+    match negotiate_until_tls(stream, exports, TlsMode::Unavailable)? {
+        Negotiated::Done(end) => Ok(end),
+        // STARTTLS is only acknowledged when TLS is required.
+        Negotiated::StartTls(_) => Err(HandshakeError::TlsState(TlsMode::Unavailable)),
+    }
+}
+
+/// The greeting and option haggling with TLS `tls` ([`TlsMode::Unavailable`] or
+/// [`TlsMode::Required`]), up to an export, an abort, or an acknowledged `NBD_OPT_STARTTLS`.
+pub fn negotiate_until_tls<S: Read + Write>(
+    stream: &mut S,
+    exports: &[ExportInfo],
+    tls: TlsMode,
+) -> Result<Negotiated, HandshakeError> {
     stream.write_all(&protocol::encode_greeting(SERVER_HANDSHAKE_FLAGS))?;
     stream.flush()?;
     let mut raw = [0u8; CLIENT_FLAGS_LEN];
@@ -108,9 +160,36 @@ pub fn negotiate<S: Read + Write>(
     if flags & protocol::client_flags::FIXED_NEWSTYLE == 0 {
         return Err(HandshakeError::NotFixedNewstyle);
     }
-    let no_zeroes = flags & protocol::client_flags::NO_ZEROES != 0;
+    let mut resume = Resume {
+        no_zeroes: flags & protocol::client_flags::NO_ZEROES != 0,
+        options: 0,
+    };
+    options(stream, exports, tls, &mut resume)
+}
 
-    for _ in 0..MAX_OPTIONS {
+/// The rest of the option haggling over the encrypted stream, after [`Negotiated::StartTls`]
+/// and a completed TLS handshake.
+pub fn negotiate_after_tls<S: Read + Write>(
+    stream: &mut S,
+    exports: &[ExportInfo],
+    mut resume: Resume,
+) -> Result<HandshakeEnd, HandshakeError> {
+    match options(stream, exports, TlsMode::Active, &mut resume)? {
+        Negotiated::Done(end) => Ok(end),
+        // STARTTLS over TLS is refused with NBD_REP_ERR_INVALID.
+        Negotiated::StartTls(_) => Err(HandshakeError::TlsState(TlsMode::Active)),
+    }
+}
+
+fn options<S: Read + Write>(
+    stream: &mut S,
+    exports: &[ExportInfo],
+    tls: TlsMode,
+    resume: &mut Resume,
+) -> Result<Negotiated, HandshakeError> {
+    let no_zeroes = resume.no_zeroes;
+    while resume.options < MAX_OPTIONS {
+        resume.options += 1;
         let mut head = [0u8; OPTION_HEADER_LEN];
         stream.read_exact(&mut head)?;
         let header = protocol::decode_option_header(&head)?;
@@ -118,7 +197,29 @@ pub fn negotiate<S: Read + Write>(
         let mut data = vec![0u8; header.length as usize];
         stream.read_exact(&mut data)?;
         let option = header.option;
+        if tls == TlsMode::Required && !matches!(option, Opt::StartTls | Opt::Abort) {
+            if option == Opt::ExportName {
+                return Err(HandshakeError::TlsRequired(lossy(&data)));
+            }
+            let msg = format!("this server requires TLS: send NBD_OPT_STARTTLS before {option}");
+            reply(stream, option, Rep::ErrTlsReqd, &error_text(&msg))?;
+            stream.flush()?;
+            continue;
+        }
         match option {
+            Opt::StartTls if tls != TlsMode::Unavailable => {
+                if !data.is_empty() {
+                    let msg = "NBD_OPT_STARTTLS takes no data";
+                    reply(stream, option, Rep::ErrInvalid, &error_text(msg))?;
+                } else if tls == TlsMode::Active {
+                    let msg = "TLS is already active";
+                    reply(stream, option, Rep::ErrInvalid, &error_text(msg))?;
+                } else {
+                    reply(stream, option, Rep::Ack, &[])?;
+                    stream.flush()?;
+                    return Ok(Negotiated::StartTls(*resume));
+                }
+            }
             Opt::ExportName => {
                 let name = decode_string(&data, "export name")
                     .map_err(|_| HandshakeError::UnknownExport(lossy(&data)))?;
@@ -130,15 +231,15 @@ pub fn negotiate<S: Read + Write>(
                     e.size, e.flags, no_zeroes,
                 ))?;
                 stream.flush()?;
-                return Ok(HandshakeEnd::Transmission {
+                return Ok(Negotiated::Done(HandshakeEnd::Transmission {
                     export: i,
                     block_size_agreed: false,
-                });
+                }));
             }
             Opt::Abort => {
                 // The client may already have gone; the ACK is best effort.
                 let _ = reply(stream, option, Rep::Ack, &[]).and_then(|()| stream.flush());
-                return Ok(HandshakeEnd::Aborted);
+                return Ok(Negotiated::Done(HandshakeEnd::Aborted));
             }
             Opt::List => {
                 if !data.is_empty() {
@@ -180,10 +281,10 @@ pub fn negotiate<S: Read + Write>(
                 reply(stream, option, Rep::Ack, &[])?;
                 stream.flush()?;
                 if option == Opt::Go {
-                    return Ok(HandshakeEnd::Transmission {
+                    return Ok(Negotiated::Done(HandshakeEnd::Transmission {
                         export: i,
                         block_size_agreed: req.requests.contains(&info_type::BLOCK_SIZE),
-                    });
+                    }));
                 }
             }
             _ => {

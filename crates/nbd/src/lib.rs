@@ -6,14 +6,21 @@
 //! - [`server`]: [`serve`] named [`Export`]s with a stop handle;
 //! - [`client`]: [`connect`] to an export and drive it as a [`kura_engine::BlockDevice`].
 //!
-//! Structured replies, TLS, metadata contexts and extended headers are not negotiated (the server
+//! - [`tls`]: `NBD_OPT_STARTTLS` with rustls (the server requires it when given a certificate;
+//!   the client asks for it when given a CA);
+//! - [`remote`]: the `remote:HOST:PORT/EXPORT` drive — the client with bounded waits, one
+//!   reconnect, and replay of what is safe to replay.
+//!
+//! Structured replies, metadata contexts and extended headers are not negotiated (the server
 //! answers `NBD_REP_ERR_UNSUP`), so every reply is a simple reply.
 
 pub mod client;
 mod driver;
 pub mod handshake;
 pub mod protocol;
+pub mod remote;
 pub mod server;
+pub mod tls;
 
 pub use client::{
     connect, connect_with, export_info, list_exports, ClientError, ConnectOptions, ExportDetails,
@@ -21,5 +28,6 @@ pub use client::{
 };
 pub use protocol::{ErrorCode, ProtocolError};
 pub use server::{
-    bind_loopback, serve, Export, ServeError, ServeOptions, Server, ServerStats, StopHandle,
+    bind_loopback, serve, serve_tls, Export, ServeError, ServeOptions, Server, ServerStats,
+    StopHandle,
 };

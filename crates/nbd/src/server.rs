@@ -15,11 +15,14 @@
 //! ([`bind_loopback`], [`DEFAULT_ADDR`]).
 
 use crate::driver::{self, alloc_buf, Job, JobKind, Outgoing};
-use crate::handshake::{self, ExportInfo, HandshakeEnd, HandshakeError};
+use crate::handshake::{
+    self, ExportInfo, HandshakeEnd, HandshakeError, Negotiated, Resume, TlsMode,
+};
 use crate::protocol::{
     check_request, cmd_flags, tx_flags, BlockSizes, Command, ErrorCode, ExportLimits,
     ProtocolError, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
 };
+use crate::tls::TlsStream;
 use kura_engine::BlockDevice;
 use std::collections::HashMap;
 use std::fmt;
@@ -352,6 +355,26 @@ pub fn serve(
     exports: Vec<Export>,
     opts: ServeOptions,
 ) -> Result<Server, ServeError> {
+    serve_with(listener, exports, opts, None)
+}
+
+/// Like [`serve`], but every client must start TLS with `NBD_OPT_STARTTLS` before anything else
+/// (see [`crate::handshake`]); build `tls` with [`crate::tls::server_config`].
+pub fn serve_tls(
+    listener: TcpListener,
+    exports: Vec<Export>,
+    opts: ServeOptions,
+    tls: Arc<rustls::ServerConfig>,
+) -> Result<Server, ServeError> {
+    serve_with(listener, exports, opts, Some(tls))
+}
+
+fn serve_with(
+    listener: TcpListener,
+    exports: Vec<Export>,
+    opts: ServeOptions,
+    tls: Option<Arc<rustls::ServerConfig>>,
+) -> Result<Server, ServeError> {
     if exports.is_empty() {
         return Err(ServeError::NoExports);
     }
@@ -418,6 +441,7 @@ pub fn serve(
         infos,
         rts,
         opts,
+        tls,
     });
     let accept = thread::Builder::new()
         .name("nbd-accept".into())
@@ -438,6 +462,8 @@ struct Ctx {
     infos: Vec<ExportInfo>,
     rts: Vec<ExportRt>,
     opts: ServeOptions,
+    /// Set when every client must start TLS.
+    tls: Option<Arc<rustls::ServerConfig>>,
 }
 
 type DriverHandle = (String, String, bool, JoinHandle<Box<dyn BlockDevice>>);
@@ -536,19 +562,56 @@ fn connection(stream: TcpStream, id: u64, ctx: &Ctx) {
     let _ = stream.set_nodelay(true);
     let _ = stream.set_read_timeout(Some(ctx.opts.handshake_timeout));
     let _ = stream.set_write_timeout(Some(ctx.opts.write_timeout));
-    let mut s = &stream;
-    match handshake::negotiate(&mut s, &ctx.infos) {
-        Ok(HandshakeEnd::Transmission { export, .. }) => {
+    let mode = if ctx.tls.is_some() {
+        TlsMode::Required
+    } else {
+        TlsMode::Unavailable
+    };
+    let outcome = match handshake::negotiate_until_tls(&mut &stream, &ctx.infos, mode) {
+        Ok(Negotiated::Done(end)) => Ok((end, None)),
+        Ok(Negotiated::StartTls(resume)) => start_tls(&stream, resume, ctx),
+        Err(e) => Err(e),
+    };
+    match outcome {
+        Ok((HandshakeEnd::Transmission { export, .. }, tls)) => {
             if let Some(rt) = ctx.rts.get(export) {
                 let _ = stream.set_read_timeout(None);
-                transmission(&stream, id, rt, ctx);
+                let halves: io::Result<(Box<dyn Read>, Box<dyn Write + Send>)> = match tls {
+                    None => stream
+                        .try_clone()
+                        .map(|w| (Box::new(&stream) as Box<dyn Read>, Box::new(w) as _)),
+                    Some(tls) => tls
+                        .split()
+                        .map(|(r, w)| (Box::new(r) as Box<dyn Read>, Box::new(w) as _)),
+                };
+                if let Ok((reader, writer)) = halves {
+                    transmission(reader, writer, &stream, id, rt, ctx);
+                }
             }
         }
-        Ok(HandshakeEnd::Aborted) => {}
+        Ok((HandshakeEnd::Aborted, _)) => {}
         Err(HandshakeError::Io(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {}
         Err(_) => bump(&ctx.shared.counters.protocol_errors, 1),
     }
     let _ = stream.shutdown(Shutdown::Both);
+}
+
+/// The TLS handshake after an acknowledged `NBD_OPT_STARTTLS`, then the rest of the options over
+/// the encrypted stream (still bounded by the handshake timeouts).
+fn start_tls(
+    stream: &TcpStream,
+    resume: Resume,
+    ctx: &Ctx,
+) -> Result<(HandshakeEnd, Option<TlsStream>), HandshakeError> {
+    let config = ctx
+        .tls
+        .clone()
+        .ok_or(HandshakeError::TlsState(TlsMode::Unavailable))?;
+    let conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
+    let mut tls = TlsStream::new(conn.into(), stream.try_clone()?);
+    tls.handshake()?;
+    let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
+    Ok((end, Some(tls)))
 }
 
 /// Bounds what one connection has in flight.
@@ -601,11 +664,18 @@ fn read_message<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
-/// The transmission phase of one connection: this thread reads requests; a writer thread sends
-/// replies.
-fn transmission(stream: &TcpStream, id: u64, rt: &ExportRt, ctx: &Ctx) {
+/// The transmission phase of one connection: this thread reads requests from `input`; a writer
+/// thread sends replies through `output`. `stream` is the socket under both, to cut it.
+fn transmission(
+    input: Box<dyn Read + '_>,
+    output: Box<dyn Write + Send>,
+    stream: &TcpStream,
+    id: u64,
+    rt: &ExportRt,
+    ctx: &Ctx,
+) {
     let counters = &ctx.shared.counters;
-    let Ok(write_half) = stream.try_clone() else {
+    let Ok(cut) = stream.try_clone() else {
         return;
     };
     let budget = Arc::new(Budget {
@@ -619,7 +689,7 @@ fn transmission(stream: &TcpStream, id: u64, rt: &ExportRt, ctx: &Ctx) {
     let writer_shared = Arc::clone(&ctx.shared);
     let writer = thread::Builder::new()
         .name(format!("nbd-reply-{id}"))
-        .spawn(move || write_replies(write_half, rx, &writer_budget, &writer_shared));
+        .spawn(move || write_replies(output, cut, rx, &writer_budget, &writer_shared));
     let Ok(writer) = writer else {
         return;
     };
@@ -634,7 +704,7 @@ fn transmission(stream: &TcpStream, id: u64, rt: &ExportRt, ctx: &Ctx) {
         });
     };
 
-    let mut reader = BufReader::with_capacity(IO_BUFFER, stream);
+    let mut reader = BufReader::with_capacity(IO_BUFFER, input);
     let jobs = rt.jobs.clone();
     let mut head = [0u8; REQUEST_LEN];
     // Ends on a clean close, a read error, or a client vanishing mid-header.
@@ -750,9 +820,15 @@ fn dispatch(jobs: &Sender<Job>, job: Job) {
 
 /// The writer of one connection: sends replies as they come, flushing when none are waiting.
 /// After a failed write it keeps draining (to release the budget) but sends nothing.
-fn write_replies(stream: TcpStream, rx: Receiver<Outgoing>, budget: &Budget, shared: &Shared) {
+fn write_replies(
+    output: Box<dyn Write + Send>,
+    stream: TcpStream,
+    rx: Receiver<Outgoing>,
+    budget: &Budget,
+    shared: &Shared,
+) {
     let counters = &shared.counters;
-    let mut w = BufWriter::with_capacity(IO_BUFFER, &stream);
+    let mut w = BufWriter::with_capacity(IO_BUFFER, output);
     let mut healthy = true;
     loop {
         let msg = match rx.try_recv() {
