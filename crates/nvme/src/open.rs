@@ -22,7 +22,7 @@ use std::time::Duration;
 /// Kinds this crate opens.
 pub const NVME_KINDS: &[&str] = &["nvme", "nvme-sim", "nvme-pt"];
 
-const CTRL_OPTIONS: &[&str] = &[
+pub(crate) const CTRL_OPTIONS: &[&str] = &[
     "bs",
     "qd",
     "max_transfer",
