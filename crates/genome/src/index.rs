@@ -218,8 +218,8 @@ pub struct Index {
     params: IndexParams,
     max_occ: u32,
     reference: PackedRef,
-    keys: Vec<u64>,
-    starts: Vec<u32>,
+    /// One slot per distinct hash, sorted by hash (see [`Entry`]).
+    entries: Vec<Entry>,
     positions: Vec<u64>,
     lookup_shift: u32,
     lookup: Vec<u32>,
@@ -230,13 +230,37 @@ impl PartialEq for Index {
         self.params == other.params
             && self.max_occ == other.max_occ
             && self.reference == other.reference
-            && self.keys == other.keys
-            && self.starts == other.starts
+            && self.entries == other.entries
             && self.positions == other.positions
     }
 }
 
 type Pair = (u64, u64);
+
+/// Flag in [`Entry::value`] marking a hash with several positions.
+const MULTI: u64 = 1 << 63;
+
+/// A distinct hash and where its positions are. Most minimizers occur once; their single
+/// position is stored inline, so looking them up touches one cache line after the prefix table
+/// instead of three (hash, offset, position arrays).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Entry {
+    hash: u64,
+    /// The position itself (`global << 1 | strand`, below 2^63) when the hash occurs once;
+    /// otherwise `MULTI | start << 31 | count` into the position array.
+    value: u64,
+}
+
+impl Entry {
+    fn span(&self) -> (usize, usize) {
+        if self.value & MULTI == 0 {
+            return (0, 1);
+        }
+        let start = ((self.value & !MULTI) >> 31) as usize;
+        let count = (self.value & ((1 << 31) - 1)) as usize;
+        (start, count)
+    }
+}
 
 impl Index {
     /// Indexes `reference` on `threads` threads (at least one is used).
@@ -337,6 +361,7 @@ impl Index {
             }
         }
         starts.push(positions.len() as u32);
+        check_counts(&starts)?;
         let max_occ = frequency_cutoff(&starts);
         Ok(Self::assemble(
             params, max_occ, reference, keys, starts, positions,
@@ -352,6 +377,20 @@ impl Index {
         positions: Vec<u64>,
     ) -> Self {
         let hash_bits = 2 * u32::from(params.k);
+        let entries: Vec<Entry> = keys
+            .iter()
+            .zip(starts.windows(2))
+            .map(|(&hash, p)| {
+                let count = u64::from(p[1] - p[0]);
+                let value = if count == 1 {
+                    positions[p[0] as usize]
+                } else {
+                    MULTI | (u64::from(p[0]) << 31) | count.min((1 << 31) - 1)
+                };
+                Entry { hash, value }
+            })
+            .collect();
+        drop(starts);
         let table_bits = (usize::BITS - keys.len().leading_zeros())
             .clamp(1, 24)
             .min(hash_bits);
@@ -368,8 +407,7 @@ impl Index {
             params,
             max_occ,
             reference,
-            keys,
-            starts,
+            entries,
             positions,
             lookup_shift,
             lookup,
@@ -394,7 +432,7 @@ impl Index {
 
     /// Number of distinct minimizers.
     pub fn distinct_minimizers(&self) -> usize {
-        self.keys.len()
+        self.entries.len()
     }
 
     /// Number of stored minimizer positions.
@@ -409,14 +447,16 @@ impl Index {
         let (Some(&lo), Some(&hi)) = (self.lookup.get(t), self.lookup.get(t + 1)) else {
             return &[];
         };
-        let range = &self.keys[lo as usize..hi as usize];
-        match range.binary_search(&hash) {
-            Ok(j) => {
-                let j = lo as usize + j;
-                &self.positions[self.starts[j] as usize..self.starts[j + 1] as usize]
-            }
-            Err(_) => &[],
+        let range = &self.entries[lo as usize..hi as usize];
+        let Ok(j) = range.binary_search_by_key(&hash, |e| e.hash) else {
+            return &[];
+        };
+        let e = &range[j];
+        if e.value & MULTI == 0 {
+            return std::slice::from_ref(&e.value);
         }
+        let (start, count) = e.span();
+        &self.positions[start..start + count]
     }
 
     /// Writes the index in the format of `docs/genome-index-format.md`.
@@ -431,7 +471,7 @@ impl Index {
         header[20..24].copy_from_slice(&(SECTIONS.len() as u32).to_le_bytes());
         header[24..32].copy_from_slice(&(r.contigs().len() as u64).to_le_bytes());
         header[32..40].copy_from_slice(&r.total_len().to_le_bytes());
-        header[40..48].copy_from_slice(&(self.keys.len() as u64).to_le_bytes());
+        header[40..48].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
         header[48..56].copy_from_slice(&(self.positions.len() as u64).to_le_bytes());
         header[56..60].copy_from_slice(&(r.ambiguous_runs().len() as u32).to_le_bytes());
         let crc = crc32c(&header[..60]);
@@ -451,10 +491,25 @@ impl Index {
             .iter()
             .flat_map(|&(s, l)| [s, l])
             .collect();
-        write_words(&mut w, 2, &runs)?;
-        write_words(&mut w, 3, &self.keys)?;
-        write_words(&mut w, 4, &self.starts)?;
-        write_words(&mut w, 5, &self.positions)?;
+        write_words(&mut w, 2, runs.len(), runs.iter().copied())?;
+        write_words(
+            &mut w,
+            3,
+            self.entries.len(),
+            self.entries.iter().map(|e| e.hash),
+        )?;
+        let mut next_start = 0u32;
+        let starts = std::iter::once(0).chain(self.entries.iter().map(|e| {
+            next_start += e.span().1 as u32;
+            next_start
+        }));
+        write_words(&mut w, 4, self.entries.len() + 1, starts)?;
+        write_words(
+            &mut w,
+            5,
+            self.positions.len(),
+            self.positions.iter().copied(),
+        )?;
         w.flush().map_err(|e| io_err("flush", e))
     }
 
@@ -548,6 +603,7 @@ impl Index {
                 "offsets not strictly increasing from 0 to the position count".into(),
             ));
         }
+        check_counts(&starts)?;
         let positions = read_words::<u64, _>(&mut r, 5, n_positions)?;
         let k = u64::from(params.k);
         if positions.iter().any(|&v| (v >> 1) + k > total_len) {
@@ -586,6 +642,16 @@ fn pieces(reference: &PackedRef, params: IndexParams) -> Vec<(u64, u64)> {
         }
     }
     out
+}
+
+/// A single hash may hold at most 2^31 − 1 positions (the in-memory slot's count field).
+fn check_counts(starts: &[u32]) -> Result<(), IndexError> {
+    match starts.windows(2).map(|p| p[1] - p[0]).max() {
+        Some(c) if c >= 1 << 31 => Err(IndexError::TooLarge(format!(
+            "one minimizer occurs {c} times"
+        ))),
+        _ => Ok(()),
+    }
 }
 
 fn frequency_cutoff(starts: &[u32]) -> u32 {
@@ -675,23 +741,34 @@ impl Word for u32 {
     }
 }
 
-/// Writes a section of words in bounded chunks, so saving never doubles the index in memory.
-fn write_words<W: Write, T: Word>(w: &mut W, tag: u32, words: &[T]) -> Result<(), IndexError> {
+/// Writes a section of `count` words in bounded chunks, so saving never doubles the index in
+/// memory.
+fn write_words<W: Write, T: Word>(
+    w: &mut W,
+    tag: u32,
+    count: usize,
+    words: impl Iterator<Item = T>,
+) -> Result<(), IndexError> {
     let section = SECTIONS[tag as usize];
     let mut head = [0u8; 12];
     head[0..4].copy_from_slice(&tag.to_le_bytes());
-    head[4..12].copy_from_slice(&((words.len() * T::SIZE) as u64).to_le_bytes());
+    head[4..12].copy_from_slice(&((count * T::SIZE) as u64).to_le_bytes());
     w.write_all(&head).map_err(|e| io_err(section, e))?;
     let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
     let mut buf = Vec::with_capacity(IO_CHUNK);
-    for chunk in words.chunks(IO_CHUNK / T::SIZE) {
-        buf.clear();
-        for &x in chunk {
-            x.put(&mut buf);
+    let mut written = 0usize;
+    for x in words {
+        x.put(&mut buf);
+        written += 1;
+        if buf.len() >= IO_CHUNK {
+            digest.update(&buf);
+            w.write_all(&buf).map_err(|e| io_err(section, e))?;
+            buf.clear();
         }
-        digest.update(&buf);
-        w.write_all(&buf).map_err(|e| io_err(section, e))?;
     }
+    debug_assert_eq!(written, count, "section {section} word count");
+    digest.update(&buf);
+    w.write_all(&buf).map_err(|e| io_err(section, e))?;
     let crc = digest.finalize() as u32;
     w.write_all(&crc.to_le_bytes())
         .map_err(|e| io_err(section, e))
