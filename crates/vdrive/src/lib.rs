@@ -12,6 +12,7 @@
 //! | `priority(CHILD)?weights=8:1&bgdepth=4` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
 //! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
+//! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
 //!
 //! Children are any spec, of this crate or of the engine, so
 //! `mirror(stripe(mem:32M,mem:32M),cache(file:/tmp/x.img?size=64M))` and
@@ -29,6 +30,7 @@ mod fanout;
 pub mod mapped;
 pub mod mirror;
 pub mod priority;
+pub mod snapshot;
 pub mod spill;
 pub mod split;
 pub mod stripe;
@@ -40,6 +42,7 @@ pub use concat::Concat;
 pub use mapped::{Layout, MappedDrive, Piece};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
 pub use priority::{ClassHandle, ClassStats, Priority};
+pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
 pub use split::Split;
 pub use stripe::Stripe;
@@ -50,6 +53,7 @@ use kura_engine::{BlockDevice, OpenError, Spec};
 /// The kinds this crate adds to the engine's.
 pub const VDRIVE_KINDS: &[&str] = &[
     "split", "concat", "stripe", "mirror", "cache", "coalesce", "spill", "priority", "atomic",
+    "snapshot",
 ];
 
 /// Opens a device from its spec string: this crate's kinds and every engine kind, nested freely.
@@ -84,6 +88,7 @@ pub fn open_vdrive_kind(
         "priority" => boxed(priority::open(spec, children)),
         "atomic" => boxed(atomic::open(spec, children)),
         "spill" => boxed(spill::open(spec, children)),
+        "snapshot" => boxed(snapshot::open(spec, children)),
         _ => return None,
     })
 }
