@@ -47,11 +47,16 @@ Virtual drives (kura-vdrive), composable with everything else
   cache(CHILD)?size=32M&mode=wt|wb     LRU block cache, write-through or write-back
   coalesce(CHILD)?max=1M               merges contiguous requests that arrive within half the
                                        child's measured average latency (at most 2 ms)
+  spill(LOCAL,REMOTE)?local=SIZE&chunk=1M  REMOTE's size; first-written chunks live on LOCAL until
+                                       it is full (chunk map in LOCAL's header, crash-safe)
   priority(CHILD)?weights=8:1&bgdepth=4  weighted classes on one child (opens class 0; see docs)
   atomic(CHILD)?log=4M                 all-or-nothing multi-block writes; log takes the child's end
 
 Remote devices
   nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]
+  remote:HOST[:PORT][/EXPORT]?tls=1&ca=PATH&timeout=10&reconnect=1   an NBD export with bounded
+                         waits, one reconnect per drop (unacknowledged commands replayed; a flush
+                         across it fails if acknowledged writes were unflushed) and TLS
 
 Examples
   mem:256M   file:/tmp/kura.img?size=1G   uring:/dev/loop0?sqpoll=1   sync:/tmp/a.img?direct=1
@@ -238,6 +243,9 @@ pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
 /// Every kind the CLI knows, nested to any depth: the virtual drives (`kura-vdrive`), NBD
 /// exports (`nbd:HOST:PORT/EXPORT`), and the engine's backends and wrappers.
 fn open_any(spec: &kura_engine::Spec) -> Result<Box<dyn BlockDevice>, kura_engine::OpenError> {
+    if spec.kind == "remote" {
+        return kura_nbd::remote::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>);
+    }
     if spec.kind == "nbd" {
         let target = spec.target.as_deref().unwrap_or("");
         return open_nbd(target)
@@ -250,7 +258,7 @@ fn open_any(spec: &kura_engine::Spec) -> Result<Box<dyn BlockDevice>, kura_engin
         let known: Vec<&str> = kura_vdrive::VDRIVE_KINDS
             .iter()
             .chain(kura_engine::open::ENGINE_KINDS)
-            .chain(&["nbd"])
+            .chain(&["nbd", "remote"])
             .copied()
             .collect();
         Err(kura_engine::open::unknown_kind(spec, &known))

@@ -1,11 +1,12 @@
 //! `kura serve NAME=SPEC[:ro]...`: exports kura devices over NBD (newstyle fixed handshake)
 //! until Ctrl-C or SIGTERM, then lets in-flight requests finish and flushes every export.
-//! Binds to loopback unless `--listen` says otherwise. TLS is not implemented: the command
-//! refuses a non-loopback address unless `--insecure` acknowledges that.
+//! Binds to loopback unless `--listen` says otherwise. With `--tls-cert` and `--tls-key` every
+//! client must start TLS (`NBD_OPT_STARTTLS`) before anything else; without them a non-loopback
+//! address is refused unless `--insecure` acknowledges that the traffic is plaintext.
 
 use anyhow::{bail, Context};
 use kura_engine::BlockingIo;
-use kura_nbd::{serve, Export, ServeOptions};
+use kura_nbd::{serve, serve_tls, Export, ServeOptions};
 use std::net::{SocketAddr, TcpListener};
 use std::sync::mpsc;
 
@@ -18,19 +19,33 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = kura_nbd::server::DEFAULT_ADDR)]
     listen: SocketAddr,
-    /// Allow a non-loopback address although the traffic is not encrypted.
+    /// Allow a non-loopback address without TLS (the traffic is not encrypted).
     #[arg(long)]
     insecure: bool,
+    /// PEM certificate chain: require TLS (NBD_OPT_STARTTLS) from every client. Clients then
+    /// connect with `remote:HOST:PORT/EXPORT?tls=1&ca=CA.pem`, or libnbd's
+    /// `nbds://HOST:PORT/EXPORT?tls-certificates=DIR` (DIR holding ca-cert.pem).
+    #[arg(long, requires = "tls_key", value_name = "PATH")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "PATH")]
+    tls_key: Option<std::path::PathBuf>,
     /// Connections served at once.
     #[arg(long, default_value_t = 256)]
     max_clients: usize,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    if !args.listen.ip().is_loopback() && !args.insecure {
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            kura_nbd::tls::server_config(cert, key).context("loading the TLS certificate")?,
+        ),
+        _ => None,
+    };
+    if !args.listen.ip().is_loopback() && !args.insecure && tls.is_none() {
         bail!(
-            "{} is not a loopback address and NBD traffic is not encrypted here (no TLS yet): \
-             pass --insecure to serve it anyway",
+            "{} is not a loopback address and NBD traffic would not be encrypted: give \
+             --tls-cert and --tls-key, or pass --insecure to serve it in plaintext anyway",
             args.listen
         );
     }
@@ -52,15 +67,20 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         max_clients: args.max_clients,
         ..ServeOptions::default()
     };
-    let server = serve(listener, exports, opts)?;
+    let encrypted = tls.is_some();
+    let server = match tls {
+        Some(config) => serve_tls(listener, exports, opts, config)?,
+        None => serve(listener, exports, opts)?,
+    };
     let (tx, rx) = mpsc::channel();
     ctrlc::set_handler(move || {
         let _ = tx.send(());
     })
     .context("installing the Ctrl-C handler")?;
     eprintln!(
-        "kura: serving {} export(s) on nbd://{} (Ctrl-C to stop)",
+        "kura: serving {} export(s) on {}://{} (Ctrl-C to stop)",
         args.exports.len(),
+        if encrypted { "nbds" } else { "nbd" },
         server.local_addr()
     );
     let _ = rx.recv();
