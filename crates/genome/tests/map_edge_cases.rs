@@ -1,0 +1,111 @@
+//! Reads the mapper must survive without panicking or misreporting: empty, shorter than k, all N,
+//! lowercase, overhanging a contig end, longer than usual, and reads from identical repeat copies
+//! (MAPQ 0, spread over the copies).
+
+mod mapsim;
+
+use kura_genome::index::{Index, IndexParams};
+use kura_genome::map::{MapOptions, Mapper, Read};
+use kura_genome::pack::PackedRef;
+
+fn read(name: &str, seq: &[u8]) -> Read {
+    Read {
+        name: name.into(),
+        seq: seq.to_vec(),
+        qual: Vec::new(),
+    }
+}
+
+#[test]
+fn degenerate_reads_are_unmapped() {
+    let g = mapsim::genome(71, &[50_000], 0);
+    let idx = mapsim::index(&g);
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            ..MapOptions::default()
+        },
+    );
+    let short = &g.contigs[0].1[1000..1010];
+    for r in [
+        read("empty", b""),
+        read("short", short),
+        read("allN", &[b'N'; 150]),
+        read("junk", &[b'*'; 150]),
+    ] {
+        assert_eq!(mapper.map_read(&r).hit, None, "{}", r.name);
+    }
+}
+
+#[test]
+fn lowercase_long_and_overhanging_reads_map() {
+    let g = mapsim::genome(73, &[60_000, 40_000], 0);
+    let idx = mapsim::index(&g);
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            ..MapOptions::default()
+        },
+    );
+    let c0 = &g.contigs[0].1;
+    let lower: Vec<u8> = c0[5000..5150].iter().map(u8::to_ascii_lowercase).collect();
+    let h = mapper.map_read(&read("lower", &lower)).hit.expect("maps");
+    assert_eq!((h.contig, h.pos, h.nm, h.mapq), (0, 5000, 0, 60));
+
+    let long = &c0[10_000..11_000];
+    let h = mapper.map_read(&read("long", long)).hit.expect("maps");
+    assert_eq!((h.pos, h.cigar.to_string()), (10_000, "1000M".to_string()));
+
+    // The last 100 bases of contig 0 followed by 50 bases that belong nowhere: clipped, placed.
+    let mut over = c0[c0.len() - 100..].to_vec();
+    over.extend_from_slice(&mapsim::BASES.repeat(13)[..50]);
+    let h = mapper.map_read(&read("over", &over)).hit.expect("maps");
+    assert_eq!((h.contig, h.pos), (0, c0.len() as u64 - 100));
+    assert!(
+        h.end() <= c0.len() as u64,
+        "alignment stays inside the contig"
+    );
+    assert!(h.cigar.to_string().ends_with('S'), "{}", h.cigar);
+
+    // Start of contig 1 preceded by bases that are not there.
+    let c1 = &g.contigs[1].1;
+    let mut under = b"TTTTTTTTTTTTTTTTTTTTTTTTTTTTTT".to_vec();
+    under.extend_from_slice(&c1[..120]);
+    let h = mapper.map_read(&read("under", &under)).hit.expect("maps");
+    assert_eq!((h.contig, h.pos), (1, 0));
+}
+
+#[test]
+fn identical_copies_get_mapq_zero_and_are_spread() {
+    let mut rng_seq = mapsim::genome(79, &[40_000, 40_000], 0);
+    let segment = rng_seq.contigs[0].1[10_000..12_000].to_vec();
+    rng_seq.contigs[1].1[20_000..22_000].copy_from_slice(&segment);
+    let mut p = PackedRef::new();
+    for (n, s) in &rng_seq.contigs {
+        p.push_contig(n, s).expect("valid");
+    }
+    let idx = Index::build(p, IndexParams::default(), 1).expect("builds");
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            ..MapOptions::default()
+        },
+    );
+    let mut on_contig = [0usize; 2];
+    for i in 0..40 {
+        let r = read(&format!("rep{i}"), &segment[i * 40..i * 40 + 150]);
+        let h = mapper.map_read(&r).hit.expect("maps");
+        assert_eq!(
+            h.mapq, 0,
+            "a read with two identical placements is ambiguous"
+        );
+        on_contig[h.contig] += 1;
+    }
+    assert!(
+        on_contig[0] > 5 && on_contig[1] > 5,
+        "ties spread over both copies: {on_contig:?}"
+    );
+}
