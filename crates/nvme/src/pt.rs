@@ -5,6 +5,7 @@
 //!
 //! Geometry comes from the matching block device in sysfs (`ngXnY` ↔ `nvmeXnY`). A positive
 //! CQE result is the NVMe status, decoded like the user-space driver's; a negative one an errno.
+//! Discard is Write Zeroes with deallocate, which (unlike DSM) guarantees zeroes on read.
 
 use crate::cmd::{io, Sqe};
 use crate::open::queue_spec;
@@ -43,8 +44,6 @@ struct Slot {
     req: Request,
     remaining: u32,
     status: DeviceResult<()>,
-    /// DSM range descriptors, which must stay put until their commands complete.
-    ranges: Vec<[u8; 16]>,
 }
 
 /// An io_uring passthrough queue on one NVMe namespace.
@@ -106,6 +105,12 @@ impl NvmePt {
         let sectors = sysfs_u64(&format!("/sys/block/{block}/size"))?;
         let max_kb =
             sysfs_u64(&format!("/sys/block/{block}/queue/max_hw_sectors_kb")).unwrap_or(128);
+        // The kernel maps a passthrough buffer page by page into one request, so a transfer may
+        // not span more pages than the queue's segment limit (a 4-byte-aligned buffer can start
+        // mid-page, hence one page less).
+        let max_segments = sysfs_u64(&format!("/sys/block/{block}/queue/max_segments"))
+            .unwrap_or(32)
+            .max(2);
         let q = queue_spec(spec)?;
         let bs = u64::from(q.block_size.unwrap_or(lba_size as u32));
         if bs < lba_size || !bs.is_power_of_two() || lba_size == 0 {
@@ -114,6 +119,7 @@ impl NvmePt {
             )));
         }
         let cmd_bytes = (max_kb * 1024)
+            .min((max_segments - 1) * 4096)
             .min(u64::from(q.max_transfer))
             .min(prp::MAX_PRP_TRANSFER as u64)
             / bs
@@ -168,7 +174,6 @@ impl NvmePt {
                 prp::split(slba, nlbs, MAX_ZERO_LBAS).collect()
             }
         };
-        let mut ranges = Vec::new();
         let mut cmds = Vec::new();
         for (lba, n, first) in pieces {
             let nlb = n as u32;
@@ -187,13 +192,8 @@ impl NvmePt {
                     )
                 }
                 Opcode::WriteZeroes => (Sqe::write_zeroes(self.nsid, lba, nlb, false), 0, 0),
-                Opcode::Discard => {
-                    let mut r = [0u8; 16];
-                    r[4..8].copy_from_slice(&nlb.to_le_bytes());
-                    r[8..16].copy_from_slice(&lba.to_le_bytes());
-                    ranges.push(r);
-                    (Sqe::dsm_deallocate(self.nsid, 1, 0), 0, 16)
-                }
+                // Write Zeroes with DEAC: deallocates and, unlike DSM, guarantees zeroes.
+                Opcode::Discard => (Sqe::write_zeroes(self.nsid, lba, nlb, true), 0, 0),
             };
             cmds.push((sqe, a, len));
         }
@@ -201,7 +201,6 @@ impl NvmePt {
             req,
             remaining: cmds.len() as u32,
             status: Ok(()),
-            ranges,
         };
         let idx = match self.free.pop() {
             Some(i) => {
@@ -213,17 +212,7 @@ impl NvmePt {
                 self.slots.len() - 1
             }
         };
-        let mut range_no = 0;
         for (sqe, a, len) in cmds {
-            let a = if sqe.opcode == io::DSM {
-                let p = self.slots[idx]
-                    .as_ref()
-                    .map_or(0, |s| s.ranges[range_no].as_ptr() as u64);
-                range_no += 1;
-                p
-            } else {
-                a
-            };
             self.backlog.push_back((idx, sqe, a, len));
         }
     }
@@ -238,7 +227,7 @@ impl NvmePt {
                     .cmd(uring_cmd(&sqe, addr, len))
                     .build()
                     .user_data(slot as u64);
-                // SAFETY: the buffer (request buffer or the slot's DSM range) stays owned by the
+                // SAFETY: the buffer  stays owned by the
                 // slot, untouched, until this command's completion is reaped.
                 if unsafe { sq.push(&entry) }.is_err() {
                     break;

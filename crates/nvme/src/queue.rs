@@ -307,8 +307,13 @@ impl NvmeQueue {
                 bounce = Some(b);
             }
         }
+        // Discard must read back as zeroes. Write Zeroes with DEAC guarantees that; a DSM
+        // deallocate only when the namespace promises zeroes, and QEMU reports that promise even
+        // when its drive ignores discards (the guest test caught stale data), so DSM is the
+        // fallback for controllers without Write Zeroes.
         let zero_dealloc = req.op == Opcode::Discard
-            && !(self.sh.info.has_dsm() && self.sh.info.ns.deallocated_reads_zero);
+            && (self.sh.info.has_write_zeroes()
+                || !(self.sh.info.has_dsm() && self.sh.info.ns.deallocated_reads_zero));
         if (req.op == Opcode::WriteZeroes || zero_dealloc) && !self.sh.info.has_write_zeroes() {
             let op = req.op;
             return Err((

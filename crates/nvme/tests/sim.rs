@@ -285,3 +285,26 @@ fn cost_per_command() {
         eprintln!("nvme-sim 4K read QD{depth}: {per:.0} ns per command (driver + simulated controller, host)");
     }
 }
+
+#[test]
+fn discard_uses_dsm_where_write_zeroes_is_missing() {
+    let cfg = kura_nvme::SimConfig {
+        write_zeroes: false,
+        ..Default::default()
+    };
+    let s = Arc::new(SimController::new(cfg));
+    let bus: Arc<dyn kura_nvme::bus::Bus> = s.clone();
+    let mut q = kura_nvme::open::open_queue(bus, Default::default(), None, 16, 1 << 20).unwrap();
+    q.write_blocks(0, &[7u8; 4096]).unwrap();
+    let mut done = Vec::new();
+    q.submit(Request::discard(1, 2, 4)).unwrap();
+    q.poll(&mut done, 1).unwrap();
+    assert!(done[0].status.is_ok());
+    let disk = s.disk();
+    assert!(disk[1024..3072].iter().all(|&b| b == 0) && disk[..1024].iter().all(|&b| b == 7));
+    let r = q.submit(Request::write_zeroes(2, 0, 1)).unwrap_err();
+    assert!(
+        matches!(r.error, DeviceError::Unsupported { .. }),
+        "no Write Zeroes on this controller"
+    );
+}

@@ -1,0 +1,240 @@
+//! The test program the guest harness (`scripts/nvme-vm/`, `tests/vm.rs`) runs inside a QEMU
+//! guest with an emulated NVMe controller:
+//!
+//! - `kura-nvme-guest pt /dev/ng0n1` — the model check through io_uring passthrough, a marker block
+//!   for the host to find, and the cost per 4 KiB read;
+//! - `kura-nvme-guest vfio 0000:00:04.0` — the same through the user-space driver at two block sizes,
+//!   an out-of-range read answered by the controller's status, four queue pairs on four
+//!   threads, a controller reset and re-initialisation, shutdown and a second bring-up, a marker
+//!   block and the cost per read.
+//!
+//! Every line it prints starts with `PASS`, `FAIL`, `COST` or `GUEST-RESULT`.
+
+use kura_engine::{BlockDevice, BlockingIo, DeviceError, IoBuf, Request};
+use kura_nvme::{check, NvmeQueue};
+use std::time::Instant;
+
+/// 4 KiB block the pt run marks, and the one the vfio run marks; the host checks both.
+const PT_MARK: u64 = 3000;
+const VFIO_MARK: u64 = 3001;
+
+fn marker(tag: &str) -> Vec<u8> {
+    let mut b = vec![0u8; 4096];
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = tag.as_bytes()[i % tag.len()];
+    }
+    b
+}
+
+fn model_region(
+    dev: &mut dyn BlockDevice,
+    base: u64,
+    blocks: u64,
+    seeds: std::ops::Range<u64>,
+) -> Result<String, String> {
+    let bs = dev.geometry().block_size as usize;
+    let mut model = vec![0u8; blocks as usize * bs];
+    dev.read_blocks(base, &mut model)
+        .map_err(|e| e.to_string())?;
+    let mut total = check::ModelReport::default();
+    for seed in seeds {
+        let r = check::run(dev, seed, 6, base, &mut model)?;
+        total.requests += r.requests;
+        total.bytes += r.bytes;
+        total.largest_request_blocks = total.largest_request_blocks.max(r.largest_request_blocks);
+    }
+    Ok(format!(
+        "{} requests, {} bytes, largest {} blocks",
+        total.requests, total.bytes, total.largest_request_blocks
+    ))
+}
+
+fn cost(dev: &mut dyn BlockDevice, label: &str, depth: usize, n: u64) -> Result<(), String> {
+    let mut bufs: Vec<IoBuf> = (0..depth).map(|_| IoBuf::zeroed(4096)).collect();
+    let blocks = dev.geometry().num_blocks.min(4096);
+    let per_block = 4096 / u64::from(dev.geometry().block_size);
+    let mut done = Vec::new();
+    let t = Instant::now();
+    let mut sent = 0u64;
+    while sent < n {
+        while let Some(b) = bufs.pop() {
+            let lba = (sent * 7919 % (blocks / per_block)) * per_block;
+            dev.submit(Request::read(sent, lba, per_block, b))
+                .map_err(|r| r.error.to_string())?;
+            sent += 1;
+        }
+        dev.poll(&mut done, 1).map_err(|e| e.to_string())?;
+        for c in done.drain(..) {
+            c.status.map_err(|e| e.to_string())?;
+            bufs.extend(c.buf);
+        }
+    }
+    while dev.in_flight() > 0 {
+        dev.poll(&mut done, 1).map_err(|e| e.to_string())?;
+    }
+    let us = t.elapsed().as_secs_f64() * 1e6 / n as f64;
+    println!("COST {label} 4K read QD{depth}: {us:.1} us per command ({n} commands, emulated controller under TCG)");
+    Ok(())
+}
+
+fn step(failed: &mut bool, name: &str, r: Result<String, String>) {
+    match r {
+        Ok(detail) => println!("PASS {name}: {detail}"),
+        Err(e) => {
+            println!("FAIL {name}: {e}");
+            *failed = true;
+        }
+    }
+}
+
+fn open(spec: &str) -> Result<Box<dyn BlockDevice>, String> {
+    let parsed = kura_engine::Spec::parse(spec).map_err(|e| e.to_string())?;
+    kura_nvme::open_nvme_kind(&parsed)
+        .ok_or_else(|| format!("{spec}: not an nvme kind"))?
+        .map_err(|e| format!("{spec}: {e}"))
+}
+
+fn open_vfio(spec: &str) -> Result<NvmeQueue, String> {
+    let parsed = kura_engine::Spec::parse(spec).map_err(|e| e.to_string())?;
+    kura_nvme::vfio::open(&parsed).map_err(|e| format!("{spec}: {e}"))
+}
+
+fn run_pt(path: &str, failed: &mut bool) {
+    let mut dev = match open(&format!("nvme-pt:{path}?bs=4096&qd=32")) {
+        Ok(d) => d,
+        Err(e) => return step(failed, "pt open", Err(e)),
+    };
+    println!("PASS pt open: {} {:?}", dev.describe(), dev.geometry());
+    step(failed, "pt model", model_region(&mut *dev, 0, 512, 0..4));
+    step(
+        failed,
+        "pt marker",
+        dev.write_blocks(PT_MARK, &marker("KURA-PT-"))
+            .and_then(|()| dev.flush_all())
+            .map(|()| format!("block {PT_MARK}"))
+            .map_err(|e| e.to_string()),
+    );
+    step(
+        failed,
+        "pt cost",
+        cost(&mut *dev, "nvme-pt", 1, 2000)
+            .and_then(|()| cost(&mut *dev, "nvme-pt", 32, 4000))
+            .map(|()| String::new()),
+    );
+}
+
+fn run_vfio(bdf: &str, failed: &mut bool) {
+    // 512-byte blocks: the namespace's own, so unaligned offsets inside pages occur.
+    match open_vfio(&format!("nvme:{bdf}?qd=16&timeout_ms=20000")) {
+        Ok(mut q) => {
+            let info = q.info().clone();
+            println!(
+                "PASS vfio open: {} model '{}' serial '{}' version {:?} mdts {:?} queues {} ns {:?}",
+                q.describe(),
+                info.model,
+                info.serial,
+                info.version,
+                info.max_transfer,
+                info.io_queues,
+                info.ns
+            );
+            step(
+                failed,
+                "vfio model bs=512",
+                model_region(&mut q, 4096, 2048, 0..3),
+            );
+            let end = info.ns.blocks;
+            step(
+                failed,
+                "vfio out-of-range status",
+                match q.raw_read(end - 1, 2, IoBuf::zeroed(1024)) {
+                    Err(e @ DeviceError::OutOfRange { .. }) => Ok(format!("controller said: {e}")),
+                    other => Err(format!("expected OutOfRange, got {other:?}")),
+                },
+            );
+        }
+        Err(e) => return step(failed, "vfio open", Err(e)),
+    }
+    // A second bring-up after the first controller shut down (CC.SHN) on drop.
+    let mut q = match open_vfio(&format!(
+        "nvme:{bdf}?bs=4096&qd=32&queues=4&timeout_ms=20000"
+    )) {
+        Ok(q) => q,
+        Err(e) => return step(failed, "vfio reopen", Err(e)),
+    };
+    println!("PASS vfio reopen after shutdown: {:?}", q.geometry());
+    step(
+        failed,
+        "vfio model bs=4096 (PRP lists, splits)",
+        model_region(&mut q, 1024, 512, 10..14),
+    );
+    let mut threads = Vec::new();
+    for i in 0..3u64 {
+        match q.new_queue() {
+            Ok(mut other) => threads.push(std::thread::spawn(move || {
+                model_region(&mut other, 1536 + i * 256, 256, 20 + i..21 + i)
+            })),
+            Err(e) => step(failed, "vfio new queue", Err(e.to_string())),
+        }
+    }
+    let own = model_region(&mut q, 2304, 256, 30..31);
+    let mut results = vec![own];
+    results.extend(
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or_else(|_| Err("thread panicked".into()))),
+    );
+    step(
+        failed,
+        "vfio 4 queues on 4 threads",
+        results
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()
+            .map(|v| v.join("; ")),
+    );
+    step(
+        failed,
+        "vfio reset",
+        q.reset_controller()
+            .map(|()| "controller reset, queue re-created".into())
+            .map_err(|e| e.to_string()),
+    );
+    step(
+        failed,
+        "vfio model after reset",
+        model_region(&mut q, 2560, 256, 40..42),
+    );
+    step(
+        failed,
+        "vfio marker",
+        q.write_blocks(VFIO_MARK, &marker("KURA-VFIO-"))
+            .and_then(|()| q.flush_all())
+            .map(|()| format!("block {VFIO_MARK}, stats {:?}", q.stats()))
+            .map_err(|e| e.to_string()),
+    );
+    step(
+        failed,
+        "vfio cost",
+        cost(&mut q, "nvme", 1, 2000)
+            .and_then(|()| cost(&mut q, "nvme", 32, 4000))
+            .map(|()| String::new()),
+    );
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mut failed = false;
+    match (args.get(1).map(String::as_str), args.get(2)) {
+        (Some("pt"), Some(path)) => run_pt(path, &mut failed),
+        (Some("vfio"), Some(bdf)) => run_vfio(bdf, &mut failed),
+        _ => {
+            eprintln!("usage: kura-nvme-guest pt /dev/ngXnY | vfio BDF");
+            std::process::exit(2);
+        }
+    }
+    println!(
+        "GUEST-RESULT {} {}",
+        args[1],
+        if failed { "fail" } else { "pass" }
+    );
+}

@@ -1,0 +1,26 @@
+#!/bin/bash
+# Boots the NVMe guest test under QEMU's software emulation (KVM guests hang on these hosts):
+# q35 with an emulated Intel IOMMU (48-bit addresses, so user-space virtual addresses can be
+# I/O addresses) and an emulated NVMe controller on a fresh 64 MiB image.
+#   run.sh OUT_DIR GUEST_BINARY [TIMEOUT_SECONDS]
+# Leaves OUT_DIR/console.log and OUT_DIR/disk.img; exits with QEMU's status (124 on timeout).
+set -uo pipefail
+OUT=$1
+BIN=$2
+LIMIT=${3:-240}
+HERE=$(cd "$(dirname "$0")" && pwd)
+KVER=${KVER:-$(ls /lib/modules | sort -V | tail -1)}
+mkdir -p "$OUT"
+"$HERE/build-initramfs.sh" "$OUT" "$BIN" || exit 3
+rm -f "$OUT/disk.img"
+truncate -s 64M "$OUT/disk.img"
+T0=$(date +%s.%N)
+timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -nographic \
+  -machine q35 -device intel-iommu,aw-bits=48 \
+  -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
+  -append "console=ttyS0 quiet intel_iommu=on panic=-1" \
+  -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" \
+  -device nvme,serial=kura0001,drive=nvm -no-reboot < /dev/null > "$OUT/console.log" 2>&1
+RC=$?
+echo "qemu rc=$RC, $(echo "$(date +%s.%N) - $T0" | bc) s" >> "$OUT/console.log"
+exit $RC
