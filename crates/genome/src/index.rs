@@ -152,8 +152,10 @@ fn mix(x: u64, k: u32, mask: u64) -> u64 {
 
 /// Appends the `(w, k)` minimizers of `codes` (base codes, [`AMBIGUOUS`] allowed) to `out`.
 /// Windows never span an ambiguous base; a minimizer kept by several consecutive windows is
-/// emitted once; ties go to the leftmost k-mer.
+/// emitted once; ties go to the leftmost k-mer. Positions are `u32`, so only the first 2^32 − 1
+/// bases are scanned (the index feeds 1 Mb pieces, the mapper single reads).
 pub fn minimizers(codes: &[u8], params: IndexParams, out: &mut Vec<Minimizer>) {
+    let codes = &codes[..codes.len().min(u32::MAX as usize)];
     let k = u32::from(params.k);
     let w = usize::from(params.w);
     let mask = if k >= 32 {
@@ -843,7 +845,7 @@ fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T
     }
     let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
     let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
-    let mut buf = vec![0u8; IO_CHUNK];
+    let mut buf = vec![0u8; IO_CHUNK.min(len as usize)];
     let mut left = len;
     while left > 0 {
         let n = left.min(IO_CHUNK as u64) as usize;

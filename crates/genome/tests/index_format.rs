@@ -7,8 +7,14 @@ use kura_genome::index::{Index, IndexError, IndexParams, FORMAT_VERSION, HEADER_
 use kura_genome::pack::PackedRef;
 
 fn small_index() -> Index {
-    let g = mapsim::genome(21, &[2000, 900], 0);
+    let g = mapsim::genome(21, &[1200, 600], 0);
     Index::build(mapsim::packed(&g), IndexParams { k: 15, w: 5 }, 2).expect("builds")
+}
+
+/// The small index's bytes, built once for the property tests.
+fn small_bytes() -> &'static [u8] {
+    static BYTES: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    BYTES.get_or_init(|| bytes(&small_index()))
 }
 
 fn bytes(idx: &Index) -> Vec<u8> {
@@ -38,9 +44,9 @@ fn round_trip_is_exact() {
     assert_eq!(back, idx);
     assert_eq!(bytes(&back), b, "rewriting gives identical bytes");
     let mut codes = Vec::new();
-    back.reference().fetch(0, 2900, &mut codes);
+    back.reference().fetch(0, 1800, &mut codes);
     let mut mins = Vec::new();
-    kura_genome::index::minimizers(&codes[..2000], idx.params(), &mut mins);
+    kura_genome::index::minimizers(&codes[..1200], idx.params(), &mut mins);
     assert!(!mins.is_empty());
     for m in &mins {
         assert_eq!(back.get(m.hash), idx.get(m.hash));
@@ -180,4 +186,36 @@ fn failing_writer_and_reader_give_io_errors() {
         Index::read_from(Broken),
         Err(IndexError::Io { .. })
     ));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(64))]
+    /// Several random bytes overwritten, then possibly cut short: always a typed error, never a
+    /// panic or a different index.
+    #[test]
+    fn random_damage_is_refused(
+        edits in proptest::collection::vec((0usize..1_000_000, 0u8..=255), 1..8),
+        cut in proptest::option::of(0usize..1_000_000),
+    ) {
+        let b = small_bytes();
+        let mut c = b.to_vec();
+        for (at, v) in edits {
+            let at = at % c.len();
+            c[at] = v;
+        }
+        if let Some(cut) = cut {
+            c.truncate(cut % c.len());
+        }
+        if let Ok(idx) = Index::read_from(&c[..]) {
+            proptest::prop_assert!(c == b && bytes(&idx) == b);
+        }
+    }
+
+    /// Arbitrary bytes behind a valid magic are refused without panicking.
+    #[test]
+    fn garbage_after_magic_is_refused(tail in proptest::collection::vec(0u8..=255, 0..4096)) {
+        let mut c = kura_genome::index::MAGIC.to_vec();
+        c.extend_from_slice(&tail);
+        proptest::prop_assert!(Index::read_from(&c[..]).is_err());
+    }
 }
