@@ -13,6 +13,8 @@ use crate::pack::{encode_base, reverse_complement_codes};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use thiserror::Error;
 
+/// Most diagonals a seed group's spread may add to the alignment band on each side.
+const MAX_EXTRA_BAND: usize = 64;
 /// Reads per unit of work handed to a thread.
 const CHUNK: usize = 256;
 /// Mismatches an ungapped alignment may have and still skip the banded aligner.
@@ -363,7 +365,9 @@ impl<'a> Mapper<'a> {
     /// Aligns the read over one seed group's diagonals, clipped to the group's contig.
     fn extend(&self, s: &mut Scratch, g: &Group, m: usize) -> Option<Hit> {
         let reference = self.index.reference();
-        let spread = ((g.dmax - g.dmin) / 2) as usize;
+        // A group smeared over many diagonals (a tandem repeat) is aligned around its centre with
+        // a bounded band, so one odd read cannot make the aligner's work quadratic.
+        let spread = (((g.dmax - g.dmin) / 2) as usize).min(MAX_EXTRA_BAND);
         let centre = g.dmin + (g.dmax - g.dmin) / 2;
         let band = self.opts.band + spread;
         let probe = (centre + m as i64 / 2).clamp(0, reference.total_len() as i64 - 1) as u64;

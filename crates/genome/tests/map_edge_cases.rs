@@ -109,3 +109,30 @@ fn identical_copies_get_mapq_zero_and_are_spread() {
         "ties spread over both copies: {on_contig:?}"
     );
 }
+
+#[test]
+fn tandem_repeat_reads_are_ambiguous_not_slow() {
+    let mut g = mapsim::genome(83, &[60_000], 0);
+    let unit = b"ACGGTCA";
+    let tandem: Vec<u8> = unit.iter().cycle().take(3000).copied().collect();
+    g.contigs[0].1[20_000..23_000].copy_from_slice(&tandem);
+    let idx = mapsim::index(&g);
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            ..MapOptions::default()
+        },
+    );
+    let r = read("tandem", &tandem[100..250]);
+    let t = std::time::Instant::now();
+    let m = mapper.map_read(&r);
+    assert!(t.elapsed().as_secs() < 2, "one read took {:?}", t.elapsed());
+    if let Some(h) = m.hit {
+        assert_eq!(
+            h.mapq, 0,
+            "a read inside a tandem repeat has many equal placements"
+        );
+        assert!((20_000..23_000).contains(&h.pos));
+    }
+}
