@@ -105,11 +105,6 @@ impl Cigar {
             .map(|&(_, n)| u64::from(n))
             .sum()
     }
-
-    /// The CIGAR reversed (for a read reported on the other strand).
-    pub fn reversed(&self) -> Cigar {
-        Cigar(self.0.iter().rev().copied().collect())
-    }
 }
 
 impl fmt::Display for Cigar {

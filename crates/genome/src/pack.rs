@@ -236,14 +236,6 @@ impl PackedRef {
         self.fetch(start, len, out);
         reverse_complement_codes(&mut out[base..]);
     }
-
-    /// Whether the global window `start..start+len` lies inside a single contig.
-    pub fn within_one_contig(&self, start: u64, len: u64) -> bool {
-        match self.locate(start) {
-            Some((i, off)) => off + len <= self.contigs[i].len,
-            None => false,
-        }
-    }
 }
 
 #[cfg(test)]
@@ -258,6 +250,8 @@ mod tests {
         let mut out = Vec::new();
         r.fetch(0, 15, &mut out);
         assert_eq!(out, vec![0, 1, 2, 3, 4, 4, 0, 1, 2, 3, 2, 2, 4, 3, 3]);
+        let text: Vec<u8> = out.iter().map(|&c| decode_base(c)).collect();
+        assert_eq!(text, b"ACGTNNACGTGGNTT");
         assert_eq!(r.locate(11), Some((1, 1)));
         assert_eq!(r.locate(15), None);
         out.clear();
