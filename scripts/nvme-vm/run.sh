@@ -14,7 +14,7 @@ mkdir -p "$OUT"
 "$HERE/build-initramfs.sh" "$OUT" "$BIN" || exit 3
 rm -f "$OUT/disk.img"
 truncate -s 64M "$OUT/disk.img"
-T0=$(date +%s.%N)
+T0=$(date +%s%N)
 timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
   -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
@@ -22,5 +22,5 @@ timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -no
   -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" \
   -device nvme,serial=kura0001,drive=nvm -no-reboot < /dev/null > "$OUT/console.log" 2>&1
 RC=$?
-echo "qemu rc=$RC, $(echo "$(date +%s.%N) - $T0" | bc) s" >> "$OUT/console.log"
+echo "qemu rc=$RC, $(( ($(date +%s%N) - T0) / 1000000 )) ms" >> "$OUT/console.log"
 exit $RC

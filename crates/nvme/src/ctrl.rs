@@ -174,6 +174,7 @@ impl Admin {
         sqe.cid = self.next_cid;
         // Completions of abandoned commands may still sit in the queue; drop them.
         while self.qp.pop().is_some() {}
+        self.qp.release(bus);
         if !self.qp.push(&sqe) {
             return Err(NvmeError::Timeout {
                 what: format!("a free admin queue slot for {what}"),

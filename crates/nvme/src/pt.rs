@@ -59,6 +59,7 @@ pub struct NvmePt {
     free: Vec<usize>,
     backlog: VecDeque<(usize, Sqe, u64, u32)>,
     submitted: usize,
+    ring_entries: usize,
     done: Vec<Completion>,
     in_flight: usize,
     poison: FlushPoison,
@@ -155,6 +156,7 @@ impl NvmePt {
             free: Vec::new(),
             backlog: VecDeque::new(),
             submitted: 0,
+            ring_entries: entries as usize,
             done: Vec::new(),
             in_flight: 0,
             poison: FlushPoison::default(),
@@ -223,6 +225,10 @@ impl NvmePt {
         {
             let mut sq = self.ring.submission();
             while let Some(&(slot, sqe, addr, len)) = self.backlog.front() {
+                // Never more in the kernel than the completion ring holds.
+                if self.submitted >= self.ring_entries {
+                    break;
+                }
                 let entry = opcode::UringCmd80::new(fd, NVME_URING_CMD_IO)
                     .cmd(uring_cmd(&sqe, addr, len))
                     .build()

@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 /// Largest Write Zeroes / DSM range per command, in NVMe blocks (NLB is 16 bits).
 const MAX_ZERO_LBAS: u64 = 1 << 16;
 
+/// How often a waiting poll reads CSTS and looks for timed-out commands.
+const HEALTH_INTERVAL: Duration = Duration::from_millis(1);
+
 /// An NVMe command waiting for room in the submission queue.
 #[derive(Debug, Clone, Copy)]
 enum Pending {
@@ -656,6 +659,7 @@ impl BlockDevice for NvmeQueue {
         let want = min_complete.min(self.in_flight);
         let mut got = 0;
         let mut spins = 0u64;
+        let mut last_check = Instant::now();
         loop {
             self.recover();
             self.feed();
@@ -670,7 +674,10 @@ impl BlockDevice for NvmeQueue {
                 return Ok(got);
             }
             spins += 1;
-            if spins.is_multiple_of(1024) {
+            // A register read is a device round trip (a VM exit when emulated), so health and
+            // timeouts are checked by the clock, once a millisecond, not per spin.
+            if spins.is_multiple_of(64) && last_check.elapsed() >= HEALTH_INTERVAL {
+                last_check = Instant::now();
                 self.check_health();
                 self.check_timeouts();
             }

@@ -11,14 +11,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn missing_tools() -> Option<String> {
-    for tool in ["qemu-system-x86_64", "cpio", "gzip", "modprobe", "bc"] {
+    for tool in ["qemu-system-x86_64", "cpio", "gzip", "modprobe"] {
         let found = std::env::var_os("PATH")
             .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).exists()))
             .unwrap_or(false);
         if !found {
-            return Some(format!(
-                "{tool} not found (apt: qemu-system-x86 cpio kmod bc)"
-            ));
+            return Some(format!("{tool} not found (apt: qemu-system-x86 cpio kmod)"));
         }
     }
     if !Path::new("/bin/busybox").exists() {
@@ -107,9 +105,8 @@ fn guest_runs_passthrough_and_vfio_driver() {
         "passthrough marker block 3000 is on the image"
     );
     let vf = block_at(&image, 3001);
-    assert_eq!(
-        &vf[..10],
-        b"KURA-VFIO-",
+    assert!(
+        vf.chunks(10).all(|c| b"KURA-VFIO-".starts_with(c)),
         "user-space driver marker block 3001 is on the image"
     );
     let _ = std::fs::remove_dir_all(&out);
