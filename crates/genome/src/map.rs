@@ -50,16 +50,9 @@ pub enum MapError {
     ThreadFailed,
 }
 
-/// A sequencing read: ASCII bases and Phred+33 qualities (empty when unknown).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Read {
-    /// Read name (the SAM writer keeps it up to the first whitespace).
-    pub name: String,
-    /// Bases as ASCII letters; anything other than ACGT is an ambiguous base.
-    pub seq: Vec<u8>,
-    /// Qualities, one per base, or empty.
-    pub qual: Vec<u8>,
-}
+/// A read to map: the FASTQ parser's record (name, ASCII bases, Phred+33 qualities or empty), so
+/// parsed batches go to the mapper without copying. Bases other than ACGT are ambiguous.
+pub use crate::fastq::FastqRecord as Read;
 
 /// Allowed outer distance (leftmost to rightmost aligned base) of a proper pair.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
