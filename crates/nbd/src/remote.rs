@@ -386,6 +386,11 @@ impl BlockDevice for Remote {
                     self.refuse_flush(e);
                     return Ok(());
                 }
+                // What a flush covers is counted on the new connection.
+                let e = Entry {
+                    acked_before: self.acked,
+                    ..e
+                };
                 self.send(e, req).map_err(|(e, mut r)| {
                     r.request.tag = e.tag;
                     r
