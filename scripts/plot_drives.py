@@ -1,5 +1,5 @@
 """Plot of `kura bench drives`: overhead of each virtual-drive layer against pass-through per
-test, and NBD export read throughput per server. Usage: python3 plot_drives.py REPORT.json OUT.png"""
+test, NBD export read throughput per server, and the priority isolation latency CDF. Usage: python3 plot_drives.py REPORT.json OUT.png"""
 import json
 import sys
 
@@ -16,7 +16,8 @@ for p in report["layers"]:
         layers.append(p["layer"])
     if p["test"] not in tests:
         tests.append(p["test"])
-fig, axes = plt.subplots(1, 2, figsize=(15, 5))
+isolation = report.get("isolation", [])
+fig, axes = plt.subplots(1, 3 if isolation else 2, figsize=(22 if isolation else 15, 5))
 width = 0.8 / max(1, len(tests))
 for i, t in enumerate(tests):
     vals = []
@@ -35,5 +36,16 @@ if report["nbd"]:
     axes[1].bar([p["server"] for p in report["nbd"]], [p["mib_per_s"] for p in report["nbd"]])
     axes[1].set_ylabel("MiB/s")
     axes[1].set_title("NBD export, nbdcopy read of the image")
+if isolation:
+    for case in isolation:
+        xs = [p[0] for p in case["cdf"]]
+        ys = [p[1] for p in case["cdf"]]
+        label = "%s (p99 %.0f us)" % (case["case"], case["p99_us"])
+        axes[2].plot(xs, ys, label=label)
+    axes[2].set_xscale("log")
+    axes[2].set_xlabel("foreground 4K QD1 read latency (us)")
+    axes[2].set_ylabel("fraction of requests")
+    axes[2].set_title("priority isolation: QD32 128K background writes")
+    axes[2].legend(fontsize=8, loc="lower right")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)

@@ -3,6 +3,12 @@
 //! sequential read), and how fast the NBD export serves the image compared with `qemu-nbd` and
 //! `nbdkit`, each measured with `nbdcopy` in the same run.
 //!
+//! Priority isolation (LeapIO Fig. 11a): the latency CDF of a QD1 4 KiB random-read foreground
+//! stream alone, next to a QD32 128 KiB random-write background stream on the same image through
+//! a second queue pair (no `priority`), and with both streams as classes of one `priority` drive
+//! (foreground weight 8, background weight 1, at most `--bg-depth` background commands on the
+//! child, 4 by default). The rounds' samples are pooled per case.
+//!
 //! The layers alternate with pass-through in rounds (best round kept for each), because the
 //! shared disk's speed drifts during a run.
 
@@ -35,10 +41,27 @@ pub struct DrivesArgs {
     /// A short run for smoke tests.
     #[arg(long)]
     pub quick: bool,
+    /// Run one part only.
+    #[arg(long, value_enum)]
+    pub only: Option<Part>,
+    /// Background commands the `priority` drive allows on the child in the isolation part.
+    #[arg(long, default_value_t = kura_vdrive::priority::DEFAULT_BG_DEPTH)]
+    pub bg_depth: usize,
     #[arg(long)]
     pub json: Option<PathBuf>,
     #[arg(long)]
     pub plot: Option<PathBuf>,
+}
+
+/// The parts of the benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Part {
+    /// Each layer against pass-through.
+    Layers,
+    /// Priority isolation: foreground latency CDF with and without background load and priority.
+    Isolation,
+    /// NBD export throughput against qemu-nbd and nbdkit.
+    Nbd,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -64,7 +87,22 @@ pub struct NbdPoint {
 pub struct Report {
     pub layers: Vec<LayerPoint>,
     pub nbd: Vec<NbdPoint>,
+    pub isolation: Vec<IsolationPoint>,
     pub notes: Vec<String>,
+}
+
+/// One case of the priority isolation measurement.
+#[derive(Debug, Clone, Serialize)]
+pub struct IsolationPoint {
+    pub case: String,
+    pub foreground_ops: u64,
+    pub p50_us: f64,
+    pub p99_us: f64,
+    pub p999_us: f64,
+    /// Background throughput in the same run (zero when there is none).
+    pub background_mib_per_s: f64,
+    /// The foreground latency CDF: (latency in µs, fraction of requests at or below it).
+    pub cdf: Vec<(f64, f64)>,
 }
 
 fn tests(seconds: f64) -> Vec<(&'static str, Job, &'static str)> {
@@ -123,10 +161,14 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
         ("mirror", format!("mirror({a},{b})")),
         ("cache (wt)", format!("cache({base})?size=32M&mode=wt")),
         ("coalesce", format!("coalesce({base})")),
+        ("priority", format!("priority({base})?weights=8:1")),
+        ("atomic", format!("atomic({base})")),
     ];
     let tests = tests(seconds);
     let nbd_steps = 3 * rounds;
-    let bar = ProgressBar::new((layers.len() * tests.len() * rounds + nbd_steps) as u64);
+    let bar = ProgressBar::new(
+        (layers.len() * tests.len() * rounds + nbd_steps + rounds * (ISOLATION_CASES + 1)) as u64,
+    );
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
     {
@@ -135,9 +177,11 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
     let mut report = Report {
         layers: Vec::new(),
         nbd: Vec::new(),
+        isolation: Vec::new(),
         notes: Vec::new(),
     };
-    for (name, job, unit) in &tests {
+    let wants = |part: Part| args.only.is_none_or(|only| only == part);
+    for (name, job, unit) in tests.iter().filter(|_| wants(Part::Layers)) {
         for (layer, spec) in &layers {
             bar.set_message(format!("{layer}: {name}"));
             let (mut best, mut best_pass) = (0f64, 0f64);
@@ -157,16 +201,53 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
             });
         }
     }
-    match nbd_comparison(&img, rounds, &bar) {
-        Ok(points) => report.nbd = points,
-        Err(e) => report.notes.push(format!("NBD comparison skipped: {e:#}")),
+    // Multi-block writes are what the atomic drive logs (single blocks pass straight through).
+    let logged = Job {
+        pattern: Pattern::RandWrite,
+        bytes: 64 << 10,
+        depth: 32,
+        duration: Duration::from_secs_f64(seconds),
+        max_ops: u64::MAX,
+        seed: 5,
+    };
+    let atomic = format!("atomic({base})");
+    if wants(Part::Layers) {
+        bar.set_message("atomic: 64K randwrite QD32");
+        let (mut best, mut best_pass) = (0f64, 0f64);
+        for _ in 0..rounds {
+            best_pass = best_pass.max(measure(&base, &logged)?);
+            best = best.max(measure(&atomic, &logged)?);
+            bar.inc(1);
+        }
+        report.layers.push(LayerPoint {
+            layer: "atomic".into(),
+            spec: atomic,
+            test: "64K randwrite QD32".into(),
+            value: best,
+            unit: "IOPS".into(),
+            passthrough: best_pass,
+            overhead: 1.0 - best / best_pass.max(1e-9),
+        });
+    }
+    if wants(Part::Isolation) {
+        anyhow::ensure!(args.bg_depth > 0, "--bg-depth must be at least 1");
+        report.isolation = isolation(&base, seconds, rounds, args.bg_depth, &bar)?;
+    }
+    if wants(Part::Nbd) {
+        match nbd_comparison(&img, rounds, &bar) {
+            Ok(points) => report.nbd = points,
+            Err(e) => report.notes.push(format!("NBD comparison skipped: {e:#}")),
+        }
     }
     bar.finish_and_clear();
     report.notes.push(format!(
         "layers over {base}; each point is the best of {rounds} rounds alternating with pass-through"
     ));
     report.notes.push(
-        "the cache drive runs its child at queue depth 1 in this version; priority and snapshot layers are not measured yet".into(),
+        "the cache drive runs its child at queue depth 1 in this version; the snapshot layer is not measured yet".into(),
+    );
+    report.notes.push(
+        "atomic: 4K writes pass straight through (one block is the child's unit of atomicity); its 64K row pays the log write and three flushes per group".into(),
     );
     print_report(&report);
     if let Some(json) = &args.json {
@@ -182,6 +263,113 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
         Err(e) => println!("plot skipped: {e}"),
     }
     Ok(())
+}
+
+/// Cases of the isolation measurement: alone, loaded without and with `priority`.
+const ISOLATION_CASES: usize = 3;
+/// Points kept of each latency CDF for the JSON and the plot.
+const CDF_POINTS: usize = 400;
+
+fn foreground_job(seconds: f64) -> Job {
+    Job {
+        pattern: Pattern::RandRead,
+        bytes: 4096,
+        depth: 1,
+        duration: Duration::from_secs_f64(seconds),
+        max_ops: u64::MAX,
+        seed: 11,
+    }
+}
+
+fn background_job(seconds: f64) -> Job {
+    Job {
+        pattern: Pattern::RandWrite,
+        bytes: 128 << 10,
+        depth: 32,
+        duration: Duration::from_secs_f64(seconds),
+        max_ops: u64::MAX,
+        seed: 12,
+    }
+}
+
+/// Runs the foreground job on `fg` while the background job runs on `bg` in another thread
+/// (started first and outlasting the foreground); returns the foreground latencies and the
+/// background MiB/s.
+fn loaded(
+    mut fg: Box<dyn kura_engine::BlockDevice>,
+    mut bg: Box<dyn kura_engine::BlockDevice>,
+    seconds: f64,
+) -> anyhow::Result<(workload::Outcome, f64)> {
+    let background =
+        std::thread::spawn(move || workload::run(&mut *bg, &background_job(seconds + 0.3)));
+    std::thread::sleep(Duration::from_millis(100));
+    let front = workload::run(&mut *fg, &foreground_job(seconds));
+    let back = background
+        .join()
+        .map_err(|_| anyhow::anyhow!("background stream panicked"))??;
+    Ok((front?, back.mib_per_s()))
+}
+
+fn isolation(
+    base: &str,
+    seconds: f64,
+    rounds: usize,
+    bg_depth: usize,
+    bar: &ProgressBar,
+) -> anyhow::Result<Vec<IsolationPoint>> {
+    let names = [
+        "foreground alone".to_string(),
+        "with background, no priority".to_string(),
+        format!("with background, priority 8:1, bgdepth {bg_depth}"),
+    ];
+    let mut lat: [Vec<f64>; ISOLATION_CASES] = Default::default();
+    let mut bg = [0f64; ISOLATION_CASES];
+    let open = |spec: &str| kura_vdrive::open(spec).with_context(|| format!("opening {spec}"));
+    for _ in 0..rounds {
+        bar.set_message("isolation: foreground alone");
+        let mut dev = open(base)?;
+        lat[0].extend(workload::run(&mut *dev, &foreground_job(seconds))?.latencies_us);
+        drop(dev);
+        bar.inc(1);
+        bar.set_message("isolation: with background, no priority");
+        let (front, mib) = loaded(open(base)?, open(base)?, seconds)?;
+        lat[1].extend(front.latencies_us);
+        bg[1] += mib / rounds as f64;
+        bar.inc(1);
+        bar.set_message("isolation: with background, priority");
+        let mut classes = kura_vdrive::Priority::classes(open(base)?, &[8, 1], bg_depth)?;
+        let back = classes.pop().context("priority gave no background class")?;
+        let front = classes.pop().context("priority gave no foreground class")?;
+        let (front, mib) = loaded(Box::new(front), Box::new(back), seconds)?;
+        lat[2].extend(front.latencies_us);
+        bg[2] += mib / rounds as f64;
+        bar.inc(1);
+    }
+    Ok(names
+        .iter()
+        .zip(lat)
+        .zip(bg)
+        .map(|((name, mut l), mib)| {
+            l.sort_by(f64::total_cmp);
+            let step = (l.len() / CDF_POINTS).max(1);
+            let mut cdf: Vec<(f64, f64)> = (step - 1..l.len())
+                .step_by(step)
+                .map(|i| (l[i], (i + 1) as f64 / l.len() as f64))
+                .collect();
+            if let Some(&last) = l.last() {
+                cdf.push((last, 1.0));
+            }
+            IsolationPoint {
+                case: name.clone(),
+                foreground_ops: l.len() as u64,
+                p50_us: workload::percentile(&l, 50.0),
+                p99_us: workload::percentile(&l, 99.0),
+                p999_us: workload::percentile(&l, 99.9),
+                background_mib_per_s: mib,
+                cdf,
+            }
+        })
+        .collect())
 }
 
 /// A free loopback port (bound and released; good enough for a benchmark).
@@ -316,6 +504,25 @@ fn print_report(r: &Report) {
             p.passthrough,
             p.overhead * 100.0
         );
+    }
+    if !r.isolation.is_empty() {
+        println!();
+        println!(
+            "{:<32} {:>9} {:>9} {:>9} {:>9} {:>12}",
+            "priority isolation (fg 4K QD1)", "ops", "p50 µs", "p99 µs", "p99.9 µs", "bg MiB/s"
+        );
+        for p in &r.isolation {
+            println!(
+                "{:<32} {:>9} {:>9.1} {:>9.1} {:>9.1} {:>12.0}",
+                p.case, p.foreground_ops, p.p50_us, p.p99_us, p.p999_us, p.background_mib_per_s
+            );
+        }
+        if let (Some(alone), Some(prio)) = (r.isolation.first(), r.isolation.get(2)) {
+            println!(
+                "  p99 with priority / alone = {:.2} (target <= 1.20)",
+                prio.p99_us / alone.p99_us.max(1e-9)
+            );
+        }
     }
     if !r.nbd.is_empty() {
         println!();

@@ -3,13 +3,18 @@
 //! stream that still makes progress.
 //!
 //! [`Priority::classes`] returns one [`ClassHandle`] per weight. Each handle is a [`BlockDevice`] of
-//! its own (its own queue depth, tags and completions) and may live on its own thread: the
-//! handles share one scheduler behind an `Arc<Mutex<_>>`. A mutex rather than a dispatcher thread
-//! because the child's queue pair is driven only while some caller polls anyway, so no extra
-//! thread spins or sleeps on the child when nobody waits; the lock is held only for non-blocking
-//! steps (queueing, dispatching, reaping), never while waiting for the child, so one class never
-//! sits behind another class's wait. While only one handle is alive, waits block inside the
-//! child instead of spinning.
+//! its own (its own tags and completions, and a queue of [`CLASS_QUEUE_DEPTH`] requests or the
+//! child's depth if deeper, since the scheduler holds what the child has no room for) and may
+//! live on its own thread: the handles share one scheduler behind an `Arc<Mutex<_>>`. A mutex
+//! rather than a dispatcher thread, because the child's queue pair then runs on the callers'
+//! threads with no hand-off between threads on the foreground path and no thread of its own to
+//! spin or sleep. Who waits how is what keeps the foreground fast: a foreground caller waiting
+//! for its completions blocks inside the child (holding the lock, and woken by the child's next
+//! completion, its own or a background one), so nothing stands between it and the device; a
+//! background caller never blocks inside the child while a foreground handle is alive (the
+//! foreground thread would then wait for the lock), but sleeps on a condition variable that any
+//! caller reaping a completion signals, and looks again every [`BACKGROUND_NAP`]. Several
+//! foreground threads therefore take turns at the child.
 //!
 //! Scheduling, at every doorbell and poll of any handle:
 //! - **Foreground and background.** The classes with the largest weight are foreground; every
@@ -41,7 +46,8 @@ use kura_engine::{
     Spec,
 };
 use std::collections::{HashMap, VecDeque};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Duration;
 
 /// Options of `priority(...)`.
 pub const PRIORITY_OPTIONS: &[&str] = &["weights", "bgdepth"];
@@ -55,6 +61,8 @@ pub const QUANTUM_BYTES: u64 = 64 << 10;
 pub const MAX_CLASSES: usize = 16;
 /// Largest weight.
 pub const MAX_WEIGHT: u32 = 1000;
+/// The longest a waiting background caller sleeps before it reaps the child itself.
+pub const BACKGROUND_NAP: Duration = Duration::from_micros(50);
 /// Requests one class accepts at once (or the child's queue depth, if deeper): the scheduler
 /// holds what the child has no room for, so a class can stay backlogged behind a shallow child.
 pub const CLASS_QUEUE_DEPTH: u32 = 128;
@@ -82,7 +90,13 @@ struct Class {
     stats: ClassStats,
 }
 
-/// The scheduler every handle of one drive shares.
+/// What every handle of one drive shares: the scheduler, and the signal of new completions.
+struct Shared {
+    sched: Mutex<Sched>,
+    reaped: Condvar,
+}
+
+/// The scheduler.
 struct Sched {
     child: Box<dyn BlockDevice>,
     geo: Geometry,
@@ -96,6 +110,8 @@ struct Sched {
     cursor: usize,
     granted: bool,
     poison: FlushPoison,
+    /// Completions were routed to a class since the last signal.
+    routed: bool,
 }
 
 impl Sched {
@@ -194,6 +210,7 @@ impl Sched {
         let class = &mut self.classes[c];
         if class.alive {
             class.ready.push(done);
+            self.routed = true;
         }
     }
 
@@ -275,7 +292,7 @@ impl Priority {
                 stats: ClassStats::default(),
             })
             .collect();
-        let shared = Arc::new(Mutex::new(Sched {
+        let sched = Mutex::new(Sched {
             child,
             geo,
             classes,
@@ -286,7 +303,12 @@ impl Priority {
             cursor: 0,
             granted: false,
             poison: FlushPoison::default(),
-        }));
+            routed: false,
+        });
+        let shared = Arc::new(Shared {
+            sched,
+            reaped: Condvar::new(),
+        });
         let list = weights
             .iter()
             .map(|w| w.to_string())
@@ -305,7 +327,7 @@ impl Priority {
 
 /// One class's view of a priority drive: a [`BlockDevice`] that may live on its own thread.
 pub struct ClassHandle {
-    shared: Arc<Mutex<Sched>>,
+    shared: Arc<Shared>,
     class: usize,
     geo: Geometry,
     describe: String,
@@ -314,7 +336,7 @@ pub struct ClassHandle {
 impl ClassHandle {
     fn lock(&self) -> MutexGuard<'_, Sched> {
         // A panic elsewhere leaves the queues consistent between steps, so keep serving.
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+        self.shared.sched.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This handle's class index (its position in the weights).
@@ -380,11 +402,13 @@ impl BlockDevice for ClassHandle {
         loop {
             let mut s = self.lock();
             let target = min_complete.min(s.classes[self.class].accepted + n);
-            let alone = s.classes.iter().filter(|c| c.alive).count() == 1;
             let mine = &s.classes[self.class];
+            let may_block = mine.foreground || !s.classes.iter().any(|c| c.alive && c.foreground);
             let waiting_here = mine.ready.is_empty() && n < target;
-            // Blocking inside the child is only safe when no other handle could need the lock.
-            s.turn(waiting_here && alone)?;
+            s.turn(waiting_here && may_block)?;
+            if std::mem::take(&mut s.routed) {
+                self.shared.reaped.notify_all();
+            }
             let class = &mut s.classes[self.class];
             let got = class.ready.len();
             class.accepted -= got;
@@ -400,8 +424,10 @@ impl BlockDevice for ClassHandle {
                     reason: "priority drive lost track of a request in flight".into(),
                 });
             }
-            drop(s);
-            std::thread::yield_now();
+            if !may_block {
+                let nap = self.shared.reaped.wait_timeout(s, BACKGROUND_NAP);
+                drop(nap.unwrap_or_else(|p| p.into_inner()));
+            }
         }
     }
 
