@@ -37,9 +37,9 @@ pub struct ServeArgs {
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(
-            kura_nbd::tls::server_config(cert, key).context("loading the TLS certificate")?,
-        ),
+        (Some(cert), Some(key)) => {
+            Some(kura_nbd::tls::server_config(cert, key).context("loading the TLS certificate")?)
+        }
         _ => None,
     };
     if !args.listen.ip().is_loopback() && !args.insecure && tls.is_none() {
