@@ -14,6 +14,7 @@ pub mod cmd;
 pub mod ctrl;
 pub mod error;
 pub mod open;
+pub mod pci;
 pub mod prp;
 pub mod pt;
 mod qpair;

@@ -91,6 +91,9 @@ fn guest_runs_passthrough_and_vfio_driver() {
         "vfio 4 queues on 4 threads",
         "vfio reset",
         "vfio model after reset",
+        "rebind to vfio-pci",
+        "rebind to kernel driver",
+        "verify after rebind to kernel",
         "pt model",
     ] {
         assert!(

@@ -253,14 +253,52 @@ fn run_vfio(bdf: &str, failed: &mut bool) {
     );
 }
 
+/// Moves the controller between drivers with the library's sysfs logic.
+fn run_rebind(bdf: &str, driver: Option<&str>, failed: &mut bool) {
+    let sys = kura_nvme::pci::Sysfs::default();
+    println!("PASS list: {:?}", sys.list());
+    step(
+        failed,
+        &format!("rebind to {}", driver.unwrap_or("kernel driver")),
+        sys.rebind(bdf, driver, std::time::Duration::from_secs(10))
+            .map(|d| format!("{bdf} now on {d}"))
+            .map_err(|e| e.to_string()),
+    );
+}
+
+/// Back on the kernel's driver: both marker blocks read through passthrough, so what the
+/// user-space driver wrote is what the kernel sees.
+fn run_verify(path: &str, failed: &mut bool) {
+    let r = open(&format!("nvme-pt:{path}?bs=4096")).and_then(|mut dev| {
+        let mut b = vec![0u8; 4096];
+        dev.read_blocks(PT_MARK, &mut b)
+            .map_err(|e| e.to_string())?;
+        if b != marker("KURA-PT-") {
+            return Err(format!("block {PT_MARK} lost the passthrough marker"));
+        }
+        dev.read_blocks(VFIO_MARK, &mut b)
+            .map_err(|e| e.to_string())?;
+        if b != marker("KURA-VFIO-") {
+            return Err(format!(
+                "block {VFIO_MARK} lacks the user-space driver's marker"
+            ));
+        }
+        Ok("both markers read back through the kernel driver".to_string())
+    });
+    step(failed, "verify after rebind to kernel", r);
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mut failed = false;
     match (args.get(1).map(String::as_str), args.get(2)) {
         (Some("pt"), Some(path)) => run_pt(path, &mut failed),
         (Some("vfio"), Some(bdf)) => run_vfio(bdf, &mut failed),
+        (Some("bind"), Some(bdf)) => run_rebind(bdf, Some("vfio-pci"), &mut failed),
+        (Some("unbind"), Some(bdf)) => run_rebind(bdf, None, &mut failed),
+        (Some("verify"), Some(path)) => run_verify(path, &mut failed),
         _ => {
-            eprintln!("usage: kura-nvme-guest pt /dev/ngXnY | vfio BDF");
+            eprintln!("usage: kura-nvme-guest pt /dev/ngXnY | vfio BDF | bind BDF | unbind BDF | verify /dev/ngXnY");
             std::process::exit(2);
         }
     }
