@@ -264,6 +264,13 @@ impl Read for TlsReader {
                     self.pending.start += before - data.len();
                     c.process_new_packets()
                         .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+                    if taken == 0 && !self.pending.is_empty() {
+                        // No plaintext is waiting, so a session refusing input is stuck for good.
+                        return Err(io::Error::new(
+                            io::ErrorKind::InvalidData,
+                            "the TLS session accepts no more input",
+                        ));
+                    }
                     if taken == 0 && self.eof && self.pending.is_empty() {
                         return match c.reader().read(out) {
                             Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
