@@ -314,22 +314,30 @@ impl Index {
                 .map(|h| h.join().map_err(|_| thread_failed()))
                 .collect()
         });
-        let per_thread = &per_thread?;
-        let next = AtomicUsize::new(0);
+        // Hand each bucket's per-thread parts to one sorting thread by move, round-robin (the
+        // hash spreads minimizers evenly over buckets), so every part is freed as soon as it is
+        // merged and the build never holds two copies of all minimizers.
+        let mut work: Vec<Vec<(usize, Vec<Vec<Pair>>)>> =
+            (0..threads).map(|_| Vec::new()).collect();
+        for b in 0..buckets {
+            work[b % threads].push((b, Vec::with_capacity(threads)));
+        }
+        for mine in per_thread? {
+            for (b, part) in mine.into_iter().enumerate() {
+                work[b % threads][b / threads].1.push(part);
+            }
+        }
         let mut sorted: Vec<(usize, Vec<Pair>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    s.spawn(|| {
-                        let mut done = Vec::new();
-                        loop {
-                            let b = next.fetch_add(1, Ordering::Relaxed);
-                            if b >= buckets {
-                                break;
-                            }
+            let handles: Vec<_> = work
+                .into_iter()
+                .map(|assigned| {
+                    s.spawn(move || {
+                        let mut done = Vec::with_capacity(assigned.len());
+                        for (b, parts) in assigned {
                             let mut all: Vec<Pair> =
-                                Vec::with_capacity(per_thread.iter().map(|t| t[b].len()).sum());
-                            for t in per_thread {
-                                all.extend_from_slice(&t[b]);
+                                Vec::with_capacity(parts.iter().map(Vec::len).sum());
+                            for part in parts {
+                                all.extend_from_slice(&part);
                             }
                             all.sort_unstable();
                             all.dedup();
