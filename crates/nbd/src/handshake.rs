@@ -345,3 +345,148 @@ pub fn check_exports(exports: &[ExportInfo]) -> Result<(), ProtocolError> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{client_flags, encode_option, tx_flags};
+    use rand::rngs::SmallRng;
+    use rand::{Rng, SeedableRng};
+    use std::io::Cursor;
+
+    /// A client's bytes in, the server's bytes out.
+    struct Pipe {
+        input: Cursor<Vec<u8>>,
+        output: Vec<u8>,
+    }
+
+    impl Read for Pipe {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.input.read(buf)
+        }
+    }
+
+    impl Write for Pipe {
+        fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+            self.output.write(buf)
+        }
+
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn exports() -> Vec<ExportInfo> {
+        vec![ExportInfo {
+            name: "disk".into(),
+            description: String::new(),
+            size: 1 << 20,
+            flags: tx_flags::HAS_FLAGS,
+            block_sizes: BlockSizes {
+                min: 1,
+                preferred: 4096,
+                max_payload: 1 << 20,
+            },
+        }]
+    }
+
+    fn option(opt: Opt, data: &[u8]) -> Vec<u8> {
+        encode_option(opt, data).expect("encodable option")
+    }
+
+    #[test]
+    fn tls_required_refuses_everything_but_starttls_and_abort() {
+        let mut bytes = (client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES)
+            .to_be_bytes()
+            .to_vec();
+        bytes.extend(option(Opt::List, &[]));
+        bytes.extend(option(Opt::StartTls, b"x"));
+        bytes.extend(option(Opt::StartTls, &[]));
+        let mut pipe = Pipe {
+            input: Cursor::new(bytes),
+            output: Vec::new(),
+        };
+        let end = negotiate_until_tls(&mut pipe, &exports(), TlsMode::Required).unwrap();
+        assert!(matches!(end, Negotiated::StartTls(_)), "{end:?}");
+        let replies = &pipe.output[protocol::GREETING_LEN..];
+        let first = protocol::decode_option_reply_header(&replies[..20]).unwrap();
+        assert_eq!((first.option, first.reply), (Opt::List, Rep::ErrTlsReqd));
+    }
+
+    /// Before TLS, a server that requires it says nothing about its exports: every reply is a
+    /// refusal or the ACK of STARTTLS or ABORT.
+    fn assert_nothing_leaks_before_tls(output: &[u8]) {
+        let mut rest = output.get(protocol::GREETING_LEN..).unwrap_or(&[]);
+        while rest.len() >= protocol::OPTION_REPLY_HEADER_LEN {
+            let h =
+                protocol::decode_option_reply_header(&rest[..protocol::OPTION_REPLY_HEADER_LEN])
+                    .expect("the server's replies decode");
+            let allowed = match h.reply {
+                Rep::ErrTlsReqd | Rep::ErrInvalid => true,
+                Rep::Ack => matches!(h.option, Opt::StartTls | Opt::Abort),
+                _ => false,
+            };
+            assert!(allowed, "{} to {} before TLS", h.reply, h.option);
+            let len = protocol::OPTION_REPLY_HEADER_LEN + h.length as usize;
+            rest = rest.get(len..).unwrap_or(&[]);
+        }
+        assert!(rest.is_empty(), "a partial reply");
+    }
+
+    /// Seeded random mutations of plausible option streams, in every TLS mode: the state
+    /// machine answers or refuses, and never panics or runs past its option limit.
+    #[test]
+    fn mangled_option_streams_never_panic() {
+        let mut rng = SmallRng::seed_from_u64(6);
+        let opts = [
+            Opt::StartTls,
+            Opt::Go,
+            Opt::Info,
+            Opt::List,
+            Opt::Abort,
+            Opt::ExportName,
+            Opt::StructuredReply,
+        ];
+        for _ in 0..3000 {
+            let mut bytes = (client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES)
+                .to_be_bytes()
+                .to_vec();
+            for _ in 0..rng.gen_range(1..8) {
+                let opt = opts[rng.gen_range(0..opts.len())];
+                let data: Vec<u8> = match opt {
+                    Opt::Go | Opt::Info => InfoRequest {
+                        name: "disk".into(),
+                        requests: vec![info_type::BLOCK_SIZE],
+                    }
+                    .encode(),
+                    Opt::ExportName => b"disk".to_vec(),
+                    _ if rng.gen_bool(0.2) => vec![rng.gen(); rng.gen_range(1..9)],
+                    _ => Vec::new(),
+                };
+                bytes.extend(option(opt, &data));
+            }
+            for _ in 0..rng.gen_range(0..4) {
+                let i = rng.gen_range(0..bytes.len());
+                bytes[i] = rng.gen();
+            }
+            if rng.gen_bool(0.3) {
+                bytes.truncate(rng.gen_range(0..bytes.len()));
+            }
+            for mode in [TlsMode::Unavailable, TlsMode::Required] {
+                let mut pipe = Pipe {
+                    input: Cursor::new(bytes.clone()),
+                    output: Vec::new(),
+                };
+                let end = negotiate_until_tls(&mut pipe, &exports(), mode);
+                if mode == TlsMode::Required {
+                    assert_nothing_leaks_before_tls(&pipe.output);
+                }
+                if let Ok(Negotiated::StartTls(resume)) = end {
+                    assert_eq!(mode, TlsMode::Required, "STARTTLS acknowledged without TLS");
+                    // Go on as if TLS were up, over the rest of the same bytes.
+                    let _ = negotiate_after_tls(&mut pipe, &exports(), resume);
+                }
+            }
+        }
+    }
+}
