@@ -47,6 +47,10 @@ pub struct DrivesArgs {
     /// Background commands the `priority` drive allows on the child in the isolation part.
     #[arg(long, default_value_t = kura_vdrive::priority::DEFAULT_BG_DEPTH)]
     pub bg_depth: usize,
+    /// Background requests the `priority` drive cuts into commands of this size in the isolation
+    /// part (0: sent whole).
+    #[arg(long, default_value = "0")]
+    pub bg_chunk: String,
     #[arg(long)]
     pub json: Option<PathBuf>,
     #[arg(long)]
@@ -231,7 +235,9 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
     }
     if wants(Part::Isolation) {
         anyhow::ensure!(args.bg_depth > 0, "--bg-depth must be at least 1");
-        report.isolation = isolation(&base, seconds, rounds, args.bg_depth, &bar)?;
+        let chunk = kura_engine::spec::parse_size(&args.bg_chunk).map_err(anyhow::Error::msg)?;
+        let chunk = Some(chunk).filter(|&c| c > 0);
+        report.isolation = isolation(&base, seconds, rounds, args.bg_depth, chunk, &bar)?;
     }
     if wants(Part::Nbd) {
         match nbd_comparison(&img, rounds, &bar) {
@@ -315,12 +321,16 @@ fn isolation(
     seconds: f64,
     rounds: usize,
     bg_depth: usize,
+    bg_chunk: Option<u64>,
     bar: &ProgressBar,
 ) -> anyhow::Result<Vec<IsolationPoint>> {
     let names = [
         "foreground alone".to_string(),
         "with background, no priority".to_string(),
-        format!("with background, priority 8:1, bgdepth {bg_depth}"),
+        match bg_chunk {
+            Some(c) => format!("with background, priority 8:1, bgdepth {bg_depth}, bgchunk {c}"),
+            None => format!("with background, priority 8:1, bgdepth {bg_depth}"),
+        },
     ];
     let mut lat: [Vec<f64>; ISOLATION_CASES] = Default::default();
     let mut bg = [0f64; ISOLATION_CASES];
@@ -337,7 +347,8 @@ fn isolation(
         bg[1] += mib / rounds as f64;
         bar.inc(1);
         bar.set_message("isolation: with background, priority");
-        let mut classes = kura_vdrive::Priority::classes(open(base)?, &[8, 1], bg_depth)?;
+        let opts = kura_vdrive::PriorityOptions { bg_depth, bg_chunk };
+        let mut classes = kura_vdrive::Priority::classes(open(base)?, &[8, 1], opts)?;
         let back = classes.pop().context("priority gave no background class")?;
         let front = classes.pop().context("priority gave no foreground class")?;
         let (front, mib) = loaded(Box::new(front), Box::new(back), seconds)?;

@@ -9,7 +9,7 @@
 //! | `mirror(A,B,...)` | [`mirror`] | RAID-1 with degraded legs and rebuild |
 //! | `cache(CHILD)?size=SIZE&mode=wt\|wb` | [`cache`] | LRU block cache, 32 MiB, write-through or write-back |
 //! | `coalesce(CHILD)?max=SIZE` | [`coalesce`] | merges contiguous requests within half the child's average latency |
-//! | `priority(CHILD)?weights=8:1&bgdepth=4` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
+//! | `priority(CHILD)?weights=8:1&bgdepth=4&bgchunk=SIZE` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
 //! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
 //! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
@@ -41,7 +41,7 @@ pub use coalesce::{Coalesce, CoalesceStats};
 pub use concat::Concat;
 pub use mapped::{Layout, MappedDrive, Piece};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
-pub use priority::{ClassHandle, ClassStats, Priority};
+pub use priority::{ClassHandle, ClassStats, Priority, PriorityOptions};
 pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
 pub use split::Split;

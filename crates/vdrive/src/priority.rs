@@ -1,6 +1,6 @@
-//! `priority(CHILD)?weights=W0:W1[:...]&bgdepth=N` — LeapIO's priority drive: several classes of
-//! requests share one child, so a latency-sensitive stream keeps its latency next to a background
-//! stream that still makes progress.
+//! `priority(CHILD)?weights=W0:W1[:...]&bgdepth=N&bgchunk=SIZE` — LeapIO's priority drive:
+//! several classes of requests share one child, so a latency-sensitive stream keeps its latency
+//! next to a background stream that still makes progress.
 //!
 //! [`Priority::classes`] returns one [`ClassHandle`] per weight. Each handle is a [`BlockDevice`] of
 //! its own (its own tags and completions, and a queue of [`CLASS_QUEUE_DEPTH`] requests or the
@@ -27,6 +27,10 @@
 //!   and requests without data cost one block). When every class is backlogged, the bytes each
 //!   class gets to the child are proportional to its weight, and a background class with waiting
 //!   requests is visited every round, so it is never starved.
+//! - **Background chunks** (`bgchunk=SIZE`, off by default): background requests longer than
+//!   that are cut into commands of that size (copied through scratch buffers) and complete when
+//!   every piece has, so a foreground command waits behind at most `bgdepth` chunks rather than
+//!   `bgdepth` whole requests.
 //!
 //! A flush of one class goes to the child as soon as the scheduler reaches it: every write that
 //! class had acknowledged before it has completed on the child, and the child's flush makes every
@@ -39,18 +43,19 @@
 //! of the child with the scheduler's cost. Weights are separated by `:` because `,` separates
 //! devices in a spec.
 
+use crate::fanout::scratch;
 use kura_engine::open::ChildOpener;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
-    BlockDevice, Completion, DeviceError, DeviceResult, Geometry, OpenError, Rejected, Request,
-    Spec,
+    BlockDevice, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError, Rejected,
+    Request, Spec,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Duration;
 
 /// Options of `priority(...)`.
-pub const PRIORITY_OPTIONS: &[&str] = &["weights", "bgdepth"];
+pub const PRIORITY_OPTIONS: &[&str] = &["weights", "bgdepth", "bgchunk"];
 /// Weights when none are given: a foreground class 8 times a background one.
 pub const DEFAULT_WEIGHTS: &[u32] = &[8, 1];
 /// Background commands allowed on the child at once when none is given.
@@ -78,10 +83,41 @@ pub struct ClassStats {
     pub dispatched_bytes: u64,
 }
 
+/// Where a child command's completion goes.
+#[derive(Clone, Copy)]
+enum Target {
+    /// Straight back to the caller, with its tag.
+    Caller(u64),
+    /// Into a split background request: `len` bytes at `offset` of its buffer.
+    Piece {
+        parent: u64,
+        offset: usize,
+        len: usize,
+    },
+}
+
+/// A background request cut into pieces, while they are on the child.
+struct Parent {
+    class: usize,
+    req: Request,
+    remaining: usize,
+    status: DeviceResult<()>,
+}
+
+/// A piece of a split request waiting for dispatch.
+struct Piece {
+    parent: u64,
+    offset: usize,
+    len: usize,
+    req: Request,
+}
+
 struct Class {
     weight: u32,
     foreground: bool,
     queue: VecDeque<Request>,
+    /// Pieces of this class's split request, sent before anything else of the class.
+    pieces: VecDeque<Piece>,
     deficit: u64,
     ready: Vec<Completion>,
     /// Accepted and not yet returned by `poll`.
@@ -102,10 +138,14 @@ struct Sched {
     geo: Geometry,
     classes: Vec<Class>,
     bg_depth: usize,
+    /// Background requests longer than this many blocks are cut into pieces of this length.
+    bg_chunk_blocks: Option<u64>,
     bg_on_child: usize,
-    /// Child tag → (class, caller's tag).
-    sent: HashMap<u64, (usize, u64)>,
+    /// Child tag → (class, where the completion goes).
+    sent: HashMap<u64, (usize, Target)>,
     next_tag: u64,
+    parents: HashMap<u64, Parent>,
+    next_parent: u64,
     /// The class the round robin stands at, and whether it has had its quantum for this visit.
     cursor: usize,
     granted: bool,
@@ -126,7 +166,72 @@ impl Sched {
 
     fn may_dispatch(&self, c: usize) -> bool {
         let class = &self.classes[c];
-        !class.queue.is_empty() && (class.foreground || self.bg_on_child < self.bg_depth)
+        (!class.queue.is_empty() || !class.pieces.is_empty())
+            && (class.foreground || self.bg_on_child < self.bg_depth)
+    }
+
+    /// Cuts the background class `c`'s head request into pieces when it is longer than the
+    /// background chunk, so a foreground command waits behind at most one chunk per slot.
+    fn split_head(&mut self, c: usize) {
+        let Some(chunk) = self.bg_chunk_blocks else {
+            return;
+        };
+        let class = &self.classes[c];
+        let cut = !class.foreground
+            && class.pieces.is_empty()
+            && class
+                .queue
+                .front()
+                .is_some_and(|r| r.op != Opcode::Flush && r.blocks > chunk);
+        if !cut {
+            return;
+        }
+        let Some(req) = self.classes[c].queue.pop_front() else {
+            return;
+        };
+        let bs = self.geo.block_size as usize;
+        let parent = self.next_parent;
+        self.next_parent = self.next_parent.wrapping_add(1);
+        let mut count = 0;
+        let mut at = 0;
+        while at < req.blocks {
+            let blocks = chunk.min(req.blocks - at);
+            let offset = at as usize * bs;
+            let len = blocks as usize * bs;
+            let buf = match (req.op, &req.buf) {
+                (Opcode::Write, Some(src)) => {
+                    let mut buf = scratch(len);
+                    buf[..len].copy_from_slice(&src[offset..offset + len]);
+                    Some(buf)
+                }
+                (Opcode::Read, _) => Some(scratch(len)),
+                _ => None,
+            };
+            let piece = Request {
+                tag: 0,
+                op: req.op,
+                lba: req.lba + at,
+                blocks,
+                buf,
+            };
+            self.classes[c].pieces.push_back(Piece {
+                parent,
+                offset,
+                len,
+                req: piece,
+            });
+            count += 1;
+            at += blocks;
+        }
+        self.parents.insert(
+            parent,
+            Parent {
+                class: c,
+                req,
+                remaining: count,
+                status: Ok(()),
+            },
+        );
     }
 
     fn advance(&mut self) {
@@ -154,7 +259,9 @@ impl Sched {
                 class.deficit += u64::from(class.weight) * QUANTUM_BYTES;
                 self.granted = true;
             }
-            let Some(head) = self.classes[c].queue.front() else {
+            self.split_head(c);
+            let class = &self.classes[c];
+            let Some(head) = class.pieces.front().map(|p| &p.req).or(class.queue.front()) else {
                 continue;
             };
             let cost = self.cost(head);
@@ -162,10 +269,20 @@ impl Sched {
                 self.advance();
                 continue;
             }
-            let Some(req) = self.classes[c].queue.pop_front() else {
+            let sent = if let Some(p) = self.classes[c].pieces.pop_front() {
+                let target = Target::Piece {
+                    parent: p.parent,
+                    offset: p.offset,
+                    len: p.len,
+                };
+                self.send(c, p.req, target)
+            } else if let Some(req) = self.classes[c].queue.pop_front() {
+                let target = Target::Caller(req.tag);
+                self.send(c, req, target)
+            } else {
                 continue;
             };
-            if !self.send(c, req) {
+            if !sent {
                 return;
             }
             self.classes[c].deficit -= cost;
@@ -173,7 +290,7 @@ impl Sched {
     }
 
     /// Sends one request of class `c`; false when the child refused it for now (it is put back).
-    fn send(&mut self, c: usize, mut req: Request) -> bool {
+    fn send(&mut self, c: usize, mut req: Request, target: Target) -> bool {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
         let caller = req.tag;
@@ -181,7 +298,7 @@ impl Sched {
         let bytes = req.data_bytes(&self.geo);
         match self.child.submit(req) {
             Ok(()) => {
-                self.sent.insert(tag, (c, caller));
+                self.sent.insert(tag, (c, target));
                 let class = &mut self.classes[c];
                 class.stats.dispatched += 1;
                 class.stats.dispatched_bytes += bytes;
@@ -190,17 +307,28 @@ impl Sched {
                 }
                 true
             }
-            Err(r) if matches!(r.error, DeviceError::QueueFull { .. }) => {
-                let mut req = r.request;
-                req.tag = caller;
-                self.classes[c].queue.push_front(req);
-                false
-            }
             Err(r) => {
                 let mut req = r.request;
                 req.tag = caller;
-                self.complete(c, Completion::of(req, Err(r.error)));
-                true
+                let full = matches!(r.error, DeviceError::QueueFull { .. });
+                match (target, full) {
+                    (Target::Caller(_), true) => self.classes[c].queue.push_front(req),
+                    (
+                        Target::Piece {
+                            parent,
+                            offset,
+                            len,
+                        },
+                        true,
+                    ) => self.classes[c].pieces.push_front(Piece {
+                        parent,
+                        offset,
+                        len,
+                        req,
+                    }),
+                    (target, false) => self.route(c, target, Completion::of(req, Err(r.error))),
+                }
+                !full
             }
         }
     }
@@ -214,16 +342,52 @@ impl Sched {
         }
     }
 
+    /// Hands a finished child command to its caller or to its split request.
+    fn route(&mut self, c: usize, target: Target, mut done: Completion) {
+        let (parent, offset, len) = match target {
+            Target::Caller(tag) => {
+                done.tag = tag;
+                return self.complete(c, done);
+            }
+            Target::Piece {
+                parent,
+                offset,
+                len,
+            } => (parent, offset, len),
+        };
+        let Some(p) = self.parents.get_mut(&parent) else {
+            return;
+        };
+        match &done.status {
+            Ok(()) if done.op == Opcode::Read => {
+                if let (Some(src), Some(dst)) = (&done.buf, p.req.buf.as_mut()) {
+                    dst[offset..offset + len].copy_from_slice(&src[..len]);
+                }
+            }
+            Ok(()) => {}
+            Err(e) => {
+                if p.status.is_ok() {
+                    p.status = Err(e.clone());
+                }
+            }
+        }
+        p.remaining -= 1;
+        if p.remaining == 0 {
+            if let Some(p) = self.parents.remove(&parent) {
+                self.complete(p.class, Completion::of(p.req, p.status));
+            }
+        }
+    }
+
     fn retire(&mut self, got: Vec<Completion>) {
-        for mut done in got {
-            let Some((c, caller)) = self.sent.remove(&done.tag) else {
+        for done in got {
+            let Some((c, target)) = self.sent.remove(&done.tag) else {
                 continue;
             };
             if !self.classes[c].foreground {
                 self.bg_on_child -= 1;
             }
-            done.tag = caller;
-            self.complete(c, done);
+            self.route(c, target, done);
         }
     }
 
@@ -245,18 +409,38 @@ impl Sched {
     }
 }
 
+/// How background classes are held back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PriorityOptions {
+    /// Background commands allowed on the child at once, all background classes together.
+    pub bg_depth: usize,
+    /// Background reads, writes, write-zeroes and discards longer than this many bytes are cut
+    /// into commands of this size; `None` sends them whole.
+    pub bg_chunk: Option<u64>,
+}
+
+impl Default for PriorityOptions {
+    fn default() -> Self {
+        PriorityOptions {
+            bg_depth: DEFAULT_BG_DEPTH,
+            bg_chunk: None,
+        }
+    }
+}
+
 /// Constructor of the priority drive; see the module docs.
 pub struct Priority;
 
 impl Priority {
     /// One handle per weight, all in front of `child`; classes with the largest weight are
-    /// foreground, and background commands on the child never exceed `bg_depth`.
+    /// foreground, and background commands on the child never exceed `opts.bg_depth`.
     pub fn classes(
         child: Box<dyn BlockDevice>,
         weights: &[u32],
-        bg_depth: usize,
+        opts: PriorityOptions,
     ) -> Result<Vec<ClassHandle>, OpenError> {
         let name = child.describe();
+        let bg_depth = opts.bg_depth;
         if weights.len() < 2 || weights.len() > MAX_CLASSES {
             return Err(OpenError::Invalid(format!(
                 "priority({name}): needs 2 to {MAX_CLASSES} class weights, got {}",
@@ -274,6 +458,14 @@ impl Priority {
             )));
         }
         let geo = child.geometry();
+        let bs = u64::from(geo.block_size);
+        let bg_chunk_blocks = match opts.bg_chunk {
+            Some(c) if c < bs || !c.is_multiple_of(bs) => return Err(OpenError::Invalid(format!(
+                "priority({name}): bgchunk {c} is not a non-zero multiple of the block size ({bs})"
+            ))),
+            Some(c) => Some(c / bs),
+            None => None,
+        };
         let class_geo = Geometry {
             queue_depth: geo.queue_depth.max(CLASS_QUEUE_DEPTH),
             ..geo
@@ -285,6 +477,7 @@ impl Priority {
                 weight,
                 foreground: weight == top,
                 queue: VecDeque::new(),
+                pieces: VecDeque::new(),
                 deficit: 0,
                 ready: Vec::new(),
                 accepted: 0,
@@ -297,9 +490,12 @@ impl Priority {
             geo,
             classes,
             bg_depth,
+            bg_chunk_blocks,
             bg_on_child: 0,
             sent: HashMap::new(),
             next_tag: 1,
+            parents: HashMap::new(),
+            next_parent: 1,
             cursor: 0,
             granted: false,
             poison: FlushPoison::default(),
@@ -319,7 +515,12 @@ impl Priority {
                 shared: Arc::clone(&shared),
                 class,
                 geo: class_geo,
-                describe: format!("priority({name})?weights={list}&bgdepth={bg_depth}"),
+                describe: match opts.bg_chunk {
+                    Some(c) => {
+                        format!("priority({name})?weights={list}&bgdepth={bg_depth}&bgchunk={c}")
+                    }
+                    None => format!("priority({name})?weights={list}&bgdepth={bg_depth}"),
+                },
             })
             .collect())
     }
@@ -361,8 +562,11 @@ impl Drop for ClassHandle {
         let class = &mut s.classes[self.class];
         class.alive = false;
         class.queue.clear();
+        class.pieces.clear();
         class.ready.clear();
         class.accepted = 0;
+        let gone = self.class;
+        s.parents.retain(|_, p| p.class != gone);
     }
 }
 
@@ -419,7 +623,11 @@ impl BlockDevice for ClassHandle {
             }
             let class = &s.classes[self.class];
             let mine_on_child = s.sent.values().any(|&(c, _)| c == self.class);
-            if class.queue.is_empty() && !mine_on_child && class.ready.is_empty() {
+            if class.queue.is_empty()
+                && class.pieces.is_empty()
+                && !mine_on_child
+                && class.ready.is_empty()
+            {
                 return Err(DeviceError::Offline {
                     reason: "priority drive lost track of a request in flight".into(),
                 });
@@ -458,11 +666,14 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<ClassHandle, OpenE
         }
         None => DEFAULT_WEIGHTS.to_vec(),
     };
-    let bg_depth = spec
-        .num_option::<usize>("bgdepth")?
-        .unwrap_or(DEFAULT_BG_DEPTH);
+    let opts = PriorityOptions {
+        bg_depth: spec
+            .num_option::<usize>("bgdepth")?
+            .unwrap_or(DEFAULT_BG_DEPTH),
+        bg_chunk: spec.size_option("bgchunk")?,
+    };
     let mut kids = crate::open_children(spec, children, 1, Some(1))?;
-    let mut handles = Priority::classes(kids.remove(0), &weights, bg_depth)
-        .map_err(|e| crate::in_spec(spec, e))?;
+    let mut handles =
+        Priority::classes(kids.remove(0), &weights, opts).map_err(|e| crate::in_spec(spec, e))?;
     Ok(handles.swap_remove(0))
 }

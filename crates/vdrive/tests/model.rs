@@ -66,7 +66,7 @@ fn coalesce_matches_the_model() {
 fn priority_class_zero_matches_the_model() {
     check("priority(mem:1M?shuffle=1)", 31);
     check(
-        "priority(mem:1M?qd=4&shuffle=2)?weights=1:4:2&bgdepth=1",
+        "priority(mem:1M?qd=4&shuffle=2)?weights=1:4:2&bgdepth=1&bgchunk=8K",
         32,
     );
 }

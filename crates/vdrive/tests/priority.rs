@@ -10,7 +10,7 @@ use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Rejected,
     Request,
 };
-use kura_vdrive::{ClassHandle, Priority};
+use kura_vdrive::{ClassHandle, Priority, PriorityOptions};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::HashMap;
@@ -21,6 +21,10 @@ const BLOCKS: u64 = 1024;
 /// Foreground requests use LBAs below this, background ones above, so the probe tells them apart.
 const HALF: u64 = BLOCKS / 2;
 
+fn opts(bg_depth: usize, bg_chunk: Option<u64>) -> PriorityOptions {
+    PriorityOptions { bg_depth, bg_chunk }
+}
+
 #[derive(Default)]
 struct Seen {
     on_child: HashMap<u64, bool>,
@@ -28,6 +32,8 @@ struct Seen {
     /// Most background commands on the child when a foreground one arrived.
     bg_ahead_of_fg: usize,
     bg_max: usize,
+    /// Longest background command, in blocks.
+    bg_longest: u64,
     bytes: [u64; 2],
 }
 
@@ -52,6 +58,7 @@ impl BlockDevice for Probe {
         s.on_child.insert(tag, bg);
         s.bytes[usize::from(bg)] += bytes;
         if bg {
+            s.bg_longest = s.bg_longest.max(bytes / BS as u64);
             s.bg_now += 1;
             s.bg_max = s.bg_max.max(s.bg_now);
         } else {
@@ -78,18 +85,23 @@ impl BlockDevice for Probe {
     }
 }
 
-fn probed(qd: u32, weights: &[u32], bg_depth: usize) -> (Vec<ClassHandle>, Arc<Mutex<Seen>>) {
-    let opts = QueueOptions {
+fn probed(
+    qd: u32,
+    weights: &[u32],
+    bg_depth: usize,
+    bg_chunk: Option<u64>,
+) -> (Vec<ClassHandle>, Arc<Mutex<Seen>>) {
+    let queue = QueueOptions {
         queue_depth: qd,
         ..QueueOptions::default()
     };
     let seen = Arc::new(Mutex::new(Seen::default()));
     let probe = Probe {
-        inner: MemDevice::new(BLOCKS * BS as u64, opts).shuffled(7),
+        inner: MemDevice::new(BLOCKS * BS as u64, queue).shuffled(7),
         seen: Arc::clone(&seen),
     };
-    let handles =
-        Priority::classes(Box::new(probe), weights, bg_depth).expect("valid priority drive");
+    let handles = Priority::classes(Box::new(probe), weights, opts(bg_depth, bg_chunk))
+        .expect("valid priority drive");
     (handles, seen)
 }
 
@@ -109,9 +121,14 @@ fn submit(dev: &mut ClassHandle, mut req: Request, done: &mut Vec<Completion>) {
 
 #[test]
 fn foreground_waits_behind_at_most_bgdepth_and_background_progresses() {
-    let (mut handles, seen) = probed(64, &[8, 1], 2);
-    let mut bg = handles.pop().unwrap();
-    let mut fg = handles.pop().unwrap();
+    behind_at_most_bgdepth(None);
+    behind_at_most_bgdepth(Some(8 << 10));
+}
+
+fn behind_at_most_bgdepth(chunk: Option<u64>) {
+    let (mut handles, seen) = probed(64, &[8, 1], 2, chunk);
+    let mut bg = handles.pop().expect("a class");
+    let mut fg = handles.pop().expect("a class");
     assert!(fg.is_foreground() && !bg.is_foreground());
     let mut rng = SmallRng::seed_from_u64(1);
     let (mut bg_done, mut fg_done) = (Vec::new(), Vec::new());
@@ -127,7 +144,7 @@ fn foreground_waits_behind_at_most_bgdepth_and_background_progresses() {
                 &mut bg_done,
             );
         }
-        bg.ring_doorbell().unwrap();
+        bg.ring_doorbell().expect("doorbell");
         // One foreground read at QD1.
         tag += 1;
         let lba = rng.gen_range(0..HALF);
@@ -138,16 +155,21 @@ fn foreground_waits_behind_at_most_bgdepth_and_background_progresses() {
         );
         let before = fg_done.len();
         while fg_done.len() == before {
-            fg.poll(&mut fg_done, 1).unwrap();
+            fg.poll(&mut fg_done, 1).expect("poll");
         }
-        bg.poll(&mut bg_done, 0).unwrap();
+        bg.poll(&mut bg_done, 0).expect("poll");
     }
     while bg.in_flight() > 0 {
-        bg.poll(&mut bg_done, 1).unwrap();
+        bg.poll(&mut bg_done, 1).expect("poll");
     }
     assert_eq!(fg_done.len(), 300);
     assert!(fg_done.iter().chain(&bg_done).all(|c| c.status.is_ok()));
-    let s = seen.lock().unwrap();
+    let s = seen.lock().expect("probe log");
+    assert_eq!(
+        s.bg_longest,
+        chunk.map_or(8, |c| c / BS as u64),
+        "background commands are cut to bgchunk, and only then"
+    );
     assert!(
         s.bg_ahead_of_fg <= 2,
         "a foreground command reached the child behind {} background ones (bgdepth 2)",
@@ -171,7 +193,8 @@ fn dispatched_bytes(weights: &[u32], bg_depth: usize, total: u64) -> Vec<u64> {
             ..QueueOptions::default()
         },
     );
-    let mut handles = Priority::classes(Box::new(mem), weights, bg_depth).expect("valid weights");
+    let mut handles =
+        Priority::classes(Box::new(mem), weights, opts(bg_depth, None)).expect("valid weights");
     let mut done = Vec::new();
     let mut tag = 0;
     let mut sum = 0;
@@ -227,7 +250,7 @@ fn background_is_not_starved_by_a_saturating_foreground() {
 fn handles_on_separate_threads_match_their_models() {
     let mem = MemDevice::new(BLOCKS * BS as u64, QueueOptions::default()).shuffled(3);
     let storage = mem.storage();
-    let handles = Priority::classes(Box::new(mem), &[8, 1], 4).unwrap();
+    let handles = Priority::classes(Box::new(mem), &[8, 1], opts(4, Some(16 << 10))).unwrap();
     let threads: Vec<_> = handles
         .into_iter()
         .enumerate()
@@ -273,7 +296,7 @@ fn a_class_flush_makes_its_acknowledged_writes_durable() {
         },
     );
     let control = fault.control();
-    let mut handles = Priority::classes(Box::new(fault), &[8, 1], 2).unwrap();
+    let mut handles = Priority::classes(Box::new(fault), &[8, 1], opts(2, Some(8 << 10))).unwrap();
     let data: Vec<u8> = (0..8 * BS).map(|i| (i / BS) as u8 + 1).collect();
     handles[1].write_blocks(HALF, &data).unwrap();
     handles[1].flush_all().unwrap();
@@ -308,6 +331,7 @@ fn the_spec_opens_class_zero_and_bad_options_are_refused() {
         ("priority(mem:1M)?bgdepth=-1", "bgdepth"),
         ("priority(mem:1M,mem:1M)", "exactly 1 device"),
         ("priority(mem:1M)?weight=8:1", "no option `weight`"),
+        ("priority(mem:1M)?bgchunk=5000", "bgchunk 5000 is not a non-zero multiple"),
     ] {
         let err = kura_vdrive::open(spec)
             .err()
