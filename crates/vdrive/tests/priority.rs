@@ -331,7 +331,10 @@ fn the_spec_opens_class_zero_and_bad_options_are_refused() {
         ("priority(mem:1M)?bgdepth=-1", "bgdepth"),
         ("priority(mem:1M,mem:1M)", "exactly 1 device"),
         ("priority(mem:1M)?weight=8:1", "no option `weight`"),
-        ("priority(mem:1M)?bgchunk=5000", "bgchunk 5000 is not a non-zero multiple"),
+        (
+            "priority(mem:1M)?bgchunk=5000",
+            "bgchunk 5000 is not a non-zero multiple",
+        ),
     ] {
         let err = kura_vdrive::open(spec)
             .err()
