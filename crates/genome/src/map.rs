@@ -13,6 +13,10 @@ use crate::pack::{encode_base, reverse_complement_codes};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use thiserror::Error;
 
+/// A mate is searched for near its partner only when the partner is placed at least this surely.
+pub const RESCUE_MIN_MAPQ: u8 = 20;
+/// Longest stretch of reference searched for a missing mate (bounds the full-width alignment).
+const MAX_RESCUE_SPAN: u64 = 4000;
 /// Most diagonals a seed group's spread may add to the alignment band on each side.
 const MAX_EXTRA_BAND: usize = 64;
 /// Reads per unit of work handed to a thread.
@@ -233,10 +237,101 @@ impl<'a> Mapper<'a> {
         let window = self.opts.insert.unwrap_or_else(|| {
             estimate_window(cands.iter().map(|(a, b)| (a.hits.first(), b.hits.first())))
         });
-        Ok(cands
-            .into_iter()
-            .map(|(a, b)| pair_up(a, b, window))
-            .collect())
+        par_map(&idx, self.opts.threads, |s, &i| {
+            let (a, b) = &cands[i];
+            let pair = pair_up(a, b, window);
+            if pair.proper {
+                pair
+            } else {
+                self.rescue(s, pair, &first[i], &second[i], window)
+            }
+        })
+    }
+
+    /// For a pair that did not pair up, looks for each mate inside the insert window of the other
+    /// (when that one is placed with MAPQ ≥ [`RESCUE_MIN_MAPQ`]) with a full-width alignment, which
+    /// finds mates too divergent to have kept an exact seed. A rescued mate is reported with MAPQ
+    /// 0: its placement rests on its mate's, not on its own sequence.
+    fn rescue(
+        &self,
+        s: &mut Scratch,
+        pair: PairMapping,
+        first: &Read,
+        second: &Read,
+        window: InsertWindow,
+    ) -> PairMapping {
+        let keep_or_take = |own: &Option<Hit>, found: Option<Hit>| match (own, found) {
+            (Some(o), Some(f)) if f.score + PAIR_PENALTY < o.score => None,
+            (_, found) => found,
+        };
+        if let Some(a) = pair.first.as_ref().filter(|h| h.mapq >= RESCUE_MIN_MAPQ) {
+            let found = self.rescue_mate(s, a, second, window);
+            if let Some(h) = keep_or_take(&pair.second, found) {
+                return PairMapping {
+                    first: pair.first.clone(),
+                    second: Some(h),
+                    proper: true,
+                };
+            }
+        }
+        if let Some(b) = pair.second.as_ref().filter(|h| h.mapq >= RESCUE_MIN_MAPQ) {
+            let found = self.rescue_mate(s, b, first, window);
+            if let Some(h) = keep_or_take(&pair.first, found) {
+                return PairMapping {
+                    first: Some(h),
+                    second: pair.second.clone(),
+                    proper: true,
+                };
+            }
+        }
+        pair
+    }
+
+    /// Aligns `mate` across the stretch of reference where a proper partner of `anchor` must lie.
+    fn rescue_mate(
+        &self,
+        s: &mut Scratch,
+        anchor: &Hit,
+        mate: &Read,
+        window: InsertWindow,
+    ) -> Option<Hit> {
+        let reference = self.index.reference();
+        let contig = reference.contigs().get(anchor.contig)?;
+        let m = mate.seq.len() as u64;
+        let (lo, hi, reverse) = if anchor.reverse {
+            (anchor.end().saturating_sub(window.max), anchor.end(), false)
+        } else {
+            (anchor.pos, anchor.pos.saturating_add(window.max), true)
+        };
+        let hi = hi.min(contig.len);
+        if m == 0 || hi <= lo || hi - lo < m || hi - lo > MAX_RESCUE_SPAN {
+            return None;
+        }
+        s.window.clear();
+        reference.fetch(contig.offset + lo, hi - lo, &mut s.window);
+        s.fwd.clear();
+        s.fwd.extend(mate.seq.iter().map(|&b| encode_base(b)));
+        if reverse {
+            reverse_complement_codes(&mut s.fwd);
+        }
+        let slack = ((hi - lo - m) / 2) as usize;
+        let aln = s.aligner.align(
+            &s.fwd,
+            &s.window,
+            slack as isize,
+            slack + 1,
+            &self.opts.scoring,
+        )?;
+        let hit = Hit {
+            contig: anchor.contig,
+            pos: lo + aln.ref_start as u64,
+            reverse,
+            nm: aln.nm(),
+            score: aln.score,
+            cigar: aln.cigar,
+            mapq: 0,
+        };
+        (hit.score >= self.opts.min_score && is_proper(anchor, &hit, window)).then_some(hit)
     }
 
     /// Estimates the insert window from pairs whose mates both map uniquely (MAPQ ≥ 30) to one
@@ -452,7 +547,7 @@ fn rank(c: &mut Candidates, m: usize, sc: &Scoring, tie_hash: u64) {
 
 /// Chooses the placements of two mates: the best-scoring proper pair when it costs at most
 /// [`PAIR_PENALTY`] against the mates' separate bests, otherwise each mate's own best.
-fn pair_up(a: Candidates, b: Candidates, window: InsertWindow) -> PairMapping {
+fn pair_up(a: &Candidates, b: &Candidates, window: InsertWindow) -> PairMapping {
     let best_a = a.hits.first().map_or(0, |h| h.score);
     let best_b = b.hits.first().map_or(0, |h| h.score);
     let mut chosen: Option<(i32, usize, usize)> = None;
@@ -485,14 +580,14 @@ fn pair_up(a: Candidates, b: Candidates, window: InsertWindow) -> PairMapping {
                 h
             };
             PairMapping {
-                first: Some(pick(&a, i)),
-                second: Some(pick(&b, j)),
+                first: Some(pick(a, i)),
+                second: Some(pick(b, j)),
                 proper: true,
             }
         }
         _ => PairMapping {
-            first: a.hits.into_iter().next(),
-            second: b.hits.into_iter().next(),
+            first: a.hits.first().cloned(),
+            second: b.hits.first().cloned(),
             proper: false,
         },
     }

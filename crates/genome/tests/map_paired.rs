@@ -128,3 +128,71 @@ fn same_strand_or_distant_mates_are_not_proper() {
         })
     );
 }
+
+#[test]
+fn mate_without_seeds_is_rescued_near_its_partner() {
+    let g = mapsim::genome(37, &[200_000], 0);
+    let idx = mapsim::index(&g);
+    let c = &g.contigs[0].1;
+    let mapper = Mapper::new(
+        &idx,
+        MapOptions {
+            threads: 1,
+            insert: Some(InsertWindow { min: 100, max: 800 }),
+            ..MapOptions::default()
+        },
+    );
+    let (mut first, mut second) = (Vec::new(), Vec::new());
+    for i in 0..20 {
+        let start = 5_000 + i * 9_000;
+        let a = c[start..start + 150].to_vec();
+        // The second mate: a mismatch every 12 bases leaves no exact 19-mer, so it cannot seed.
+        let mut b: Vec<u8> = c[start + 350..start + 500].to_vec();
+        for j in (5..150).step_by(12) {
+            b[j] = match b[j] {
+                b'A' => b'C',
+                b'C' => b'G',
+                b'G' => b'T',
+                _ => b'A',
+            };
+        }
+        let b: Vec<u8> = b
+            .iter()
+            .rev()
+            .map(|&x| match x {
+                b'A' => b'T',
+                b'C' => b'G',
+                b'G' => b'C',
+                b'T' => b'A',
+                _ => b'N',
+            })
+            .collect();
+        let name = format!("resc{i}");
+        first.push(Read {
+            name: name.clone(),
+            seq: a,
+            qual: Vec::new(),
+        });
+        second.push(Read {
+            name,
+            seq: b,
+            qual: Vec::new(),
+        });
+    }
+    for r in &second {
+        assert_eq!(
+            mapper.map_read(r).hit,
+            None,
+            "the divergent mate does not map alone"
+        );
+    }
+    let out = mapper.map_pairs(&first, &second).expect("maps");
+    for (i, p) in out.iter().enumerate() {
+        let h = p.second.as_ref().expect("rescued");
+        assert!(p.proper);
+        assert!(h.reverse);
+        assert_eq!(h.pos, (5_000 + i * 9_000 + 350) as u64, "pair {i}: {h:?}");
+        assert_eq!(h.mapq, 0, "a rescued mate's placement rests on its partner");
+        assert_eq!(h.nm, 13);
+    }
+}
