@@ -51,6 +51,9 @@ Virtual drives (kura-vdrive), composable with everything else
                                        it is full (chunk map in LOCAL's header, crash-safe)
   priority(CHILD)?weights=8:1&bgdepth=4  weighted classes on one child (opens class 0; see docs)
   atomic(CHILD)?log=4M                 all-or-nothing multi-block writes; log takes the child's end
+  snapshot(CHILD)?at=NAME|branch=NAME  copy-on-write snapshots and clones (the head; ?at= a read-only
+                                       snapshot view; ?branch= a clone; ?format=1&chunk=64K creates;
+                                       manage with `kura drive`)
 
 Remote devices
   nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]

@@ -2,6 +2,7 @@
 
 mod demo;
 mod dev;
+mod drive;
 mod fs;
 mod fsops;
 mod mount;
@@ -42,6 +43,9 @@ enum Command {
     Mount(mount::MountArgs),
     /// Export devices over NBD (nbdinfo, nbdcopy, qemu-img and nbdfuse are clients).
     Serve(serve::ServeArgs),
+    /// Snapshot drives: format, snapshot, list, rollback, clone, delete.
+    #[command(subcommand, long_about = drive::ABOUT)]
+    Drive(drive::DriveCommand),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -71,6 +75,7 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Dev(cmd) => dev::run(cmd),
+        Command::Drive(cmd) => drive::run(cmd),
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
