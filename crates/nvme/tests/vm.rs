@@ -2,7 +2,8 @@
 //! Debian's kernel and an initramfs holding busybox and `kura-nvme-guest`, which runs the
 //! passthrough tests on `/dev/ng0n1`, then rebinds the controller to vfio-pci and runs the
 //! user-space driver's tests (see `src/bin/kura-nvme-guest.rs` and `scripts/nvme-vm/`).
-//! Afterwards the host reads the marker blocks both backends wrote from the disk image.
+//! Afterwards the host reads the marker blocks both backends wrote from the disk image, and finds
+//! the AccelFS files' data on the second namespace's image.
 //!
 //! Skips visibly where QEMU, a kernel with modules, busybox-static or cpio are missing. The
 //! guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 240).
@@ -94,6 +95,9 @@ fn guest_runs_passthrough_and_vfio_driver() {
         "rebind to vfio-pci",
         "rebind to kernel driver",
         "verify after rebind to kernel",
+        "fs mkfs and write a tree",
+        "fs fsck",
+        "fs read back",
         "pt model",
     ] {
         assert!(
@@ -111,6 +115,12 @@ fn guest_runs_passthrough_and_vfio_driver() {
     assert!(
         vf.chunks(10).all(|c| b"KURA-VFIO-".starts_with(c)),
         "user-space driver marker block 3001 is on the image"
+    );
+    let fs = std::fs::read(out.join("fs.img")).expect("fs image readable");
+    let tag = b"KURA-FS-FILE-3-";
+    assert!(
+        fs.windows(tag.len()).any(|w| w == tag),
+        "AccelFS file data is on the namespace-2 image"
     );
     let _ = std::fs::remove_dir_all(&out);
 }

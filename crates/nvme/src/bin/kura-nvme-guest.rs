@@ -6,7 +6,11 @@
 //! - `kura-nvme-guest vfio 0000:00:04.0` — the same through the user-space driver at two block sizes,
 //!   an out-of-range read answered by the controller's status, four queue pairs on four
 //!   threads, a controller reset and re-initialisation, shutdown and a second bring-up, a marker
-//!   block and the cost per read.
+//!   block and the cost per read;
+//! - `kura-nvme-guest fs 0000:00:04.0` — AccelFS on namespace 2 through the user-space driver:
+//!   mkfs, write a tree, fsck, remount and read it back;
+//! - `bind`/`unbind BDF` move the controller between vfio-pci and the kernel driver, and
+//!   `verify /dev/ngXnY` reads the marker blocks back through the kernel afterwards.
 //!
 //! Every line it prints starts with `PASS`, `FAIL`, `COST` or `GUEST-RESULT`.
 
@@ -253,6 +257,76 @@ fn run_vfio(bdf: &str, failed: &mut bool) {
     );
 }
 
+/// Content of test file `i` of `len` bytes: recognisable on the image from the host.
+fn fs_file(i: usize, len: usize) -> Vec<u8> {
+    let tag = format!("KURA-FS-FILE-{i}-");
+    (0..len).map(|j| tag.as_bytes()[j % tag.len()]).collect()
+}
+
+const FS_FILES: &[(&str, usize)] = &[
+    ("/a/one-byte", 1),
+    ("/a/b/small", 5000),
+    ("/a/b/medium", 300 << 10),
+    ("/big", 2 << 20),
+];
+
+/// AccelFS on namespace 2 through the user-space driver: mkfs, a tree written and unmounted,
+/// fsck clean, then mounted again and read back. Every step reopens the controller.
+fn run_fs(bdf: &str, failed: &mut bool) {
+    use kura_accelfs::{fsck, mkfs, FileSystem, MkfsOptions, MountOptions};
+    use std::io::{Read, Write};
+    let spec = format!("nvme:{bdf}?nsid=2&bs=4096&qd=32&timeout_ms=20000");
+    let dev = || -> Result<Box<dyn BlockDevice>, String> { Ok(Box::new(open_vfio(&spec)?)) };
+    let write_tree = || -> Result<String, String> {
+        let opts = MkfsOptions::default();
+        let mut io = kura_accelfs::blockio::BlockIo::new(dev()?, opts.block_size as usize)
+            .map_err(|e| e.to_string())?;
+        mkfs(&mut io, opts).map_err(|e| format!("mkfs: {e}"))?;
+        let fs = FileSystem::mount(io.into_device(), MountOptions::default())
+            .map_err(|e| format!("mount: {e}"))?;
+        fs.create_dir_all("/a/b").map_err(|e| e.to_string())?;
+        for (i, (path, len)) in FS_FILES.iter().enumerate() {
+            let mut f = fs.create(path).map_err(|e| format!("{path}: {e}"))?;
+            f.write_all(&fs_file(i, *len))
+                .map_err(|e| format!("{path}: {e}"))?;
+            f.sync_all().map_err(|e| format!("{path}: {e}"))?;
+        }
+        fs.unmount().map_err(|e| format!("unmount: {e}"))?;
+        Ok(format!("{} files", FS_FILES.len()))
+    };
+    step(failed, "fs mkfs and write a tree", write_tree());
+    let check = || -> Result<String, String> {
+        let r = fsck(dev()?).map_err(|e| e.to_string())?;
+        if !r.is_clean() {
+            return Err(format!("fsck problems: {:?}", r.problems));
+        }
+        Ok(format!(
+            "clean: {} files, {} directories, {} of {} blocks used",
+            r.files, r.directories, r.used_blocks, r.total_blocks
+        ))
+    };
+    step(failed, "fs fsck", check());
+    let read_back = || -> Result<String, String> {
+        let fs = FileSystem::mount(dev()?, MountOptions::default())
+            .map_err(|e| format!("mount: {e}"))?;
+        for (i, (path, len)) in FS_FILES.iter().enumerate() {
+            let mut f = fs.open(path).map_err(|e| format!("{path}: {e}"))?;
+            let mut got = Vec::new();
+            f.read_to_end(&mut got)
+                .map_err(|e| format!("{path}: {e}"))?;
+            if got != fs_file(i, *len) {
+                return Err(format!(
+                    "{path}: content differs ({} bytes read)",
+                    got.len()
+                ));
+            }
+        }
+        fs.unmount().map_err(|e| format!("unmount: {e}"))?;
+        Ok("every file read back after a remount".into())
+    };
+    step(failed, "fs read back", read_back());
+}
+
 /// Moves the controller between drivers with the library's sysfs logic.
 fn run_rebind(bdf: &str, driver: Option<&str>, failed: &mut bool) {
     let sys = kura_nvme::pci::Sysfs::default();
@@ -294,11 +368,12 @@ fn main() {
     match (args.get(1).map(String::as_str), args.get(2)) {
         (Some("pt"), Some(path)) => run_pt(path, &mut failed),
         (Some("vfio"), Some(bdf)) => run_vfio(bdf, &mut failed),
+        (Some("fs"), Some(bdf)) => run_fs(bdf, &mut failed),
         (Some("bind"), Some(bdf)) => run_rebind(bdf, Some("vfio-pci"), &mut failed),
         (Some("unbind"), Some(bdf)) => run_rebind(bdf, None, &mut failed),
         (Some("verify"), Some(path)) => run_verify(path, &mut failed),
         _ => {
-            eprintln!("usage: kura-nvme-guest pt /dev/ngXnY | vfio BDF | bind BDF | unbind BDF | verify /dev/ngXnY");
+            eprintln!("usage: kura-nvme-guest pt /dev/ngXnY | vfio BDF | fs BDF | bind BDF | unbind BDF | verify /dev/ngXnY");
             std::process::exit(2);
         }
     }
