@@ -47,7 +47,7 @@ pub enum ParseErrorKind {
     /// A line over the parser's limit (binary data or a file without newlines).
     #[error("line longer than {0} bytes (not a text sequence file?)")]
     LineTooLong(usize),
-    /// Header or name bytes that are not UTF-8.
+    /// FASTA header bytes that are not UTF-8.
     #[error("header is not valid UTF-8")]
     NotUtf8,
     /// FASTA: sequence lines before the first `>` header.
@@ -73,6 +73,14 @@ pub enum ParseErrorKind {
     /// FASTQ: the name after `@` is empty.
     #[error("'@' header with an empty read name")]
     EmptyReadName,
+    /// FASTQ: a read name byte outside printable ASCII, which SAM's QNAME cannot hold.
+    #[error("read name has {} at column {col}; names must be printable ASCII", show_byte(*byte))]
+    BadReadName {
+        /// The offending byte.
+        byte: u8,
+        /// Its 1-based column in the header line.
+        col: usize,
+    },
     /// FASTQ: the third line of a record does not start with `+`.
     #[error("expected the '+' separator line, found {} (multi-line FASTQ is not supported)", show_start(.0))]
     MissingPlus(Vec<u8>),

@@ -4,7 +4,7 @@
 //! Accepted input: 4-line records (`@name [comment]`, sequence, `+[anything, usually nothing or
 //! the name again]`, quality); LF or CRLF; blank lines between records; gzip through
 //! [`crate::source::ByteSource`]. The read name is the header up to the first space or tab
-//! (the comment is dropped, as SAM's QNAME has no room for it). Sequences may hold `ACGTN` in
+//! (the comment is dropped, as SAM's QNAME has no room for it) and must be printable ASCII. Sequences may hold `ACGTN` in
 //! either case and are uppercased; qualities must be `!`..=`~` and as long as the sequence.
 //!
 //! Multi-line FASTQ (sequence wrapped over several lines) is not supported: the second sequence
@@ -162,11 +162,17 @@ impl<R: BufRead> FastqReader<R> {
         if name.is_empty() {
             return Err(self.err(line, ParseErrorKind::EmptyReadName));
         }
-        let Ok(name) = std::str::from_utf8(name) else {
-            return Err(self.err(line, ParseErrorKind::NotUtf8));
-        };
+        if let Some(i) = name.iter().position(|b| !b.is_ascii_graphic()) {
+            return Err(self.err(
+                line,
+                ParseErrorKind::BadReadName {
+                    byte: name[i],
+                    col: i + 2,
+                },
+            ));
+        }
         rec.name.clear();
-        rec.name.push_str(name);
+        rec.name.extend(name.iter().map(|&b| char::from(b)));
 
         self.record_part(&mut rec.seq, "sequence")?;
         for (i, b) in rec.seq.iter_mut().enumerate() {

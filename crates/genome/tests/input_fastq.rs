@@ -120,7 +120,18 @@ fn bad_inputs_name_file_line_and_problem() {
             "invalid quality character byte 0x20 (column 3; must be '!'..'~')",
         ),
         (b"@ x\nAC\n+\nII\n", 1, |k| matches!(k, ParseErrorKind::EmptyReadName), "'@' header with an empty read name"),
-        (b"@a\xfe\nAC\n+\nII\n", 1, |k| matches!(k, ParseErrorKind::NotUtf8), "header is not valid UTF-8"),
+        (
+            b"@a\xfe\nAC\n+\nII\n",
+            1,
+            |k| matches!(k, ParseErrorKind::BadReadName { byte: 0xfe, col: 3 }),
+            "read name has byte 0xfe at column 3; names must be printable ASCII",
+        ),
+        (
+            b"@\x00r\nAC\n+\nII\n",
+            1,
+            |k| matches!(k, ParseErrorKind::BadReadName { byte: 0, col: 2 }),
+            "read name has byte 0x00 at column 2; names must be printable ASCII",
+        ),
         (
             b"chr1\t100\t200\n",
             1,
