@@ -2,7 +2,8 @@
 //! diagonal, the strongest groups are extended over the whole read with [`crate::align`], and the
 //! gap between the best and second-best alignment gives the mapping quality. Paired-end reads are
 //! mapped mate by mate and then paired within an insert-size window (given, or estimated from the
-//! batch), which sets the proper-pair flag.
+//! batch), which sets the proper-pair flag; a mate left without a proper partner is searched for
+//! across its partner's insert window (mate rescue).
 //!
 //! Batches are split into chunks that `threads` scoped threads take from a shared counter; results
 //! are put back in input order, so the output does not depend on the thread count.
