@@ -99,6 +99,11 @@ pub struct NvmeQueue {
     poison: FlushPoison,
     broken: Option<String>,
     stats: QueueStats,
+    /// A command outstanding this long is aborted (then the controller reset).
+    io_timeout: Duration,
+    /// When health and timeouts were last checked; kept across polls so a stuck command is
+    /// noticed even while others keep completing and each poll returns quickly.
+    last_check: Instant,
 }
 
 fn bounce_buffer(len: usize) -> Result<IoBuf, DeviceError> {
@@ -166,6 +171,8 @@ impl NvmeQueue {
             poison: FlushPoison::default(),
             broken: None,
             stats: QueueStats::default(),
+            io_timeout: sh.opts.io_timeout,
+            last_check: Instant::now(),
             qp,
             sh,
         })
@@ -192,6 +199,11 @@ impl NvmeQueue {
     /// What Identify reported.
     pub fn info(&self) -> &crate::ctrl::ControllerInfo {
         &self.sh.info
+    }
+
+    /// Changes this queue pair's I/O timeout (the spec's `timeout_ms` sets the initial value).
+    pub fn set_io_timeout(&mut self, timeout: Duration) {
+        self.io_timeout = timeout;
     }
 
     pub fn stats(&self) -> QueueStats {
@@ -549,7 +561,7 @@ impl NvmeQueue {
 
     /// Checks the oldest command against the I/O timeout: abort, then reset if that fails.
     fn check_timeouts(&mut self) {
-        let timeout = self.sh.opts.io_timeout;
+        let timeout = self.io_timeout;
         let oldest = self
             .cmds
             .iter()
@@ -659,8 +671,15 @@ impl BlockDevice for NvmeQueue {
         let want = min_complete.min(self.in_flight);
         let mut got = 0;
         let mut spins = 0u64;
-        let mut last_check = Instant::now();
         loop {
+            // A register read is a device round trip (a VM exit when emulated), so health and
+            // timeouts are checked by the clock, once a millisecond, not per spin; the first
+            // pass of every poll looks too, so quick polls cannot starve the check.
+            if spins.is_multiple_of(64) && self.last_check.elapsed() >= HEALTH_INTERVAL {
+                self.last_check = Instant::now();
+                self.check_health();
+                self.check_timeouts();
+            }
             self.recover();
             self.feed();
             if self.reap() > 0 {
@@ -674,13 +693,6 @@ impl BlockDevice for NvmeQueue {
                 return Ok(got);
             }
             spins += 1;
-            // A register read is a device round trip (a VM exit when emulated), so health and
-            // timeouts are checked by the clock, once a millisecond, not per spin.
-            if spins.is_multiple_of(64) && last_check.elapsed() >= HEALTH_INTERVAL {
-                last_check = Instant::now();
-                self.check_health();
-                self.check_timeouts();
-            }
             if spins < 512 {
                 std::hint::spin_loop();
             } else {

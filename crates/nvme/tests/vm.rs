@@ -91,6 +91,7 @@ fn guest_runs_passthrough_and_vfio_driver() {
         "vfio out-of-range status",
         "vfio 4 queues on 4 threads",
         "vfio reset",
+        "vfio timeout, abort, reset",
         "vfio model after reset",
         "rebind to vfio-pci",
         "rebind to kernel driver",
