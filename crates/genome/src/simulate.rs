@@ -501,7 +501,7 @@ pub enum OutputFile {
     /// Plain text.
     Plain(BufWriter<File>),
     /// Gzip-compressed.
-    Gzip(GzEncoder<BufWriter<File>>),
+    Gzip(Box<GzEncoder<BufWriter<File>>>),
 }
 
 impl OutputFile {
@@ -512,7 +512,7 @@ impl OutputFile {
     pub fn create(path: &Path, gzip: bool) -> io::Result<Self> {
         let f = BufWriter::with_capacity(1 << 20, File::create(path)?);
         Ok(if gzip {
-            OutputFile::Gzip(GzEncoder::new(f, Compression::fast()))
+            OutputFile::Gzip(Box::new(GzEncoder::new(f, Compression::fast())))
         } else {
             OutputFile::Plain(f)
         })

@@ -134,24 +134,13 @@ fn decoded(reader: BoxRead, stats: &SourceStats) -> io::Result<BoxRead> {
     }
 }
 
-/// Reads until `buf` is full or the reader is at its end, so each chunk is as large as asked.
+/// Reads until `buf` holds `chunk` bytes or the reader is at its end, so each chunk is as large
+/// as asked. `read_to_end` fills the vector's spare capacity without zeroing it first, and on an
+/// error keeps the bytes that arrived before it.
 fn fill(reader: &mut dyn Read, buf: &mut Vec<u8>, chunk: usize) -> io::Result<()> {
     buf.clear();
-    buf.resize(chunk, 0);
-    let mut got = 0;
-    while got < chunk {
-        match reader.read(&mut buf[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                buf.truncate(got);
-                return Err(e);
-            }
-        }
-    }
-    buf.truncate(got);
-    Ok(())
+    buf.reserve(chunk);
+    reader.take(chunk as u64).read_to_end(buf).map(|_| ())
 }
 
 type ChunkMsg = io::Result<Vec<u8>>;
