@@ -36,6 +36,9 @@ if report["nbd"]:
     axes[1].bar([p["server"] for p in report["nbd"]], [p["mib_per_s"] for p in report["nbd"]])
     axes[1].set_ylabel("MiB/s")
     axes[1].set_title("NBD export, nbdcopy read of the image")
+else:
+    axes[1].set_axis_off()
+    axes[1].text(0.5, 0.5, "NBD comparison not run (see notes)", ha="center", va="center")
 if isolation:
     for case in isolation:
         xs = [p[0] for p in case["cdf"]]
