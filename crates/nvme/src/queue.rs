@@ -674,8 +674,13 @@ impl BlockDevice for NvmeQueue {
         loop {
             // A register read is a device round trip (a VM exit when emulated), so health and
             // timeouts are checked by the clock, once a millisecond, not per spin; the first
-            // pass of every poll looks too, so quick polls cannot starve the check.
-            if spins.is_multiple_of(64) && self.last_check.elapsed() >= HEALTH_INTERVAL {
+            // pass of every poll looks too, so quick polls cannot starve the check, and the
+            // clock restarts only when there was something on the device to check.
+            let outstanding = self.cids.available() < self.cmds.len();
+            if outstanding
+                && spins.is_multiple_of(64)
+                && self.last_check.elapsed() >= HEALTH_INTERVAL
+            {
                 self.last_check = Instant::now();
                 self.check_health();
                 self.check_timeouts();

@@ -109,8 +109,9 @@ fn timeout_recovery(q: &mut NvmeQueue) -> Result<String, String> {
     let per = 128u64;
     let mut done = Vec::new();
     let mut rounds = 0;
+    let (mut completions, mut ok, mut timed_out, mut cancelled) = (0, 0, 0, 0);
     // Checks run once a millisecond; keep 32 large reads in flight until one catches them.
-    while rounds < 50 && q.stats().aborts == before.aborts {
+    while rounds < 200 && q.stats().aborts == before.aborts {
         rounds += 1;
         for i in 0..32u64 {
             let buf = IoBuf::zeroed((per * 4096) as usize);
@@ -120,24 +121,23 @@ fn timeout_recovery(q: &mut NvmeQueue) -> Result<String, String> {
         while q.in_flight() > 0 {
             q.poll(&mut done, 1).map_err(|e| e.to_string())?;
         }
-    }
-    q.set_io_timeout(std::time::Duration::from_secs(20));
-    let (mut ok, mut timed_out, mut cancelled) = (0, 0, 0);
-    for c in &done {
-        match &c.status {
-            Ok(()) => ok += 1,
-            Err(DeviceError::Io { errno, .. }) if errno.0 == libc::ETIMEDOUT => timed_out += 1,
-            Err(DeviceError::Io { errno, .. }) if errno.0 == libc::ECANCELED => cancelled += 1,
-            Err(e) => return Err(format!("unexpected error: {e}")),
+        // Count and let the buffers go back to the pool before the next round.
+        for c in done.drain(..) {
+            completions += 1;
+            match c.status {
+                Ok(()) => ok += 1,
+                Err(DeviceError::Io { errno, .. }) if errno.0 == libc::ETIMEDOUT => timed_out += 1,
+                Err(DeviceError::Io { errno, .. }) if errno.0 == libc::ECANCELED => cancelled += 1,
+                Err(e) => return Err(format!("unexpected error: {e}")),
+            }
         }
     }
+    q.set_io_timeout(std::time::Duration::from_secs(20));
     let after = q.stats();
-    if done.len() != 32 * rounds || after.aborts == before.aborts || timed_out == 0 {
+    if completions != 32 * rounds || after.aborts == before.aborts || timed_out == 0 {
         return Err(format!(
-            "{} completions in {rounds} rounds, {timed_out} timed out, aborts {} -> {}",
-            done.len(),
-            before.aborts,
-            after.aborts
+            "{completions} completions in {rounds} rounds, {timed_out} timed out, aborts {} -> {}",
+            before.aborts, after.aborts
         ));
     }
     let mut b = vec![0u8; 4096];
