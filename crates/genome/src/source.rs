@@ -166,6 +166,7 @@ pub struct ByteSource {
     cur: Vec<u8>,
     pos: usize,
     done: bool,
+    failed: bool,
     stats: Arc<SourceStats>,
 }
 
@@ -187,6 +188,7 @@ impl ByteSource {
             cur: Vec::new(),
             pos: 0,
             done: false,
+            failed: false,
             stats,
         }
     }
@@ -225,6 +227,7 @@ impl ByteSource {
             cur: Vec::new(),
             pos: 0,
             done: false,
+            failed: false,
             stats,
         })
     }
@@ -243,7 +246,17 @@ impl ByteSource {
     }
 
     /// Replaces the exhausted current chunk with the next; `Ok(false)` at the end of input.
+    /// After an error every later call fails too, so a failed read never looks like a clean end.
     fn next_chunk(&mut self) -> io::Result<bool> {
+        if self.failed {
+            return Err(io::Error::other("an earlier read from this source failed"));
+        }
+        let res = self.next_chunk_inner();
+        self.failed = res.is_err();
+        res
+    }
+
+    fn next_chunk_inner(&mut self) -> io::Result<bool> {
         if self.done {
             return Ok(false);
         }

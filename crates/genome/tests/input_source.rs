@@ -78,6 +78,8 @@ fn read_errors_arrive_after_the_data_before_them() {
         };
         assert_eq!(got, 40);
         assert_eq!(err.to_string(), "device gone");
+        let again = src.read(&mut buf).expect_err("errors are sticky");
+        assert_eq!(again.to_string(), "an earlier read from this source failed");
     }
 }
 
