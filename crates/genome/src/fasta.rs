@@ -13,7 +13,7 @@
 //! - spaces and tabs inside sequence lines are skipped;
 //! - anything else (digits, `-`, `*`, `.`, control bytes) is an error naming the line.
 //!
-//! Errors: an empty input (no record), sequence before the first header, a header with an empty
+//! Errors: an empty input (no record), a FASTQ file, sequence before the first header, a header with an empty
 //! name, a header that is not UTF-8 and a line longer than [`MAX_FASTA_LINE`] are reported with
 //! the file and 1-based line number.
 
@@ -53,6 +53,9 @@ pub enum ParseErrorKind {
     /// FASTA: sequence lines before the first `>` header.
     #[error("sequence before the first '>' header (not a FASTA file?)")]
     SequenceBeforeHeader,
+    /// FASTA: the input is FASTQ, not FASTA.
+    #[error("this is a FASTQ file ('@' header), not FASTA: the reference must be FASTA")]
+    FastqNotFasta,
     /// FASTA: a `>` header whose name is empty.
     #[error("'>' header with an empty name")]
     EmptyName,
@@ -258,6 +261,9 @@ impl<R: BufRead> FastaReader<R> {
                 self.header = line;
                 self.header_line = self.lines.line();
                 return Ok(true);
+            }
+            if line.first() == Some(&b'@') {
+                return Err(self.err(self.lines.line(), ParseErrorKind::FastqNotFasta));
             }
             if line.iter().any(|b| !b.is_ascii_whitespace()) {
                 return Err(self.err(self.lines.line(), ParseErrorKind::SequenceBeforeHeader));

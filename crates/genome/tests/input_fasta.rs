@@ -76,6 +76,16 @@ fn sequence_before_header() {
 }
 
 #[test]
+fn fastq_given_as_reference() {
+    let e = err_of(b"\n@read1\nACGT\n+\nIIII\n");
+    assert!(matches!(e.kind, ParseErrorKind::FastqNotFasta), "{e}");
+    assert_eq!(
+        e.to_string(),
+        "t.fa:2: this is a FASTQ file ('@' header), not FASTA: the reference must be FASTA"
+    );
+}
+
+#[test]
 fn empty_name() {
     for (text, line) in [
         (&b">\nAC\n"[..], 1),
