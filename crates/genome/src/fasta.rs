@@ -47,7 +47,7 @@ pub enum ParseErrorKind {
     /// A line over the parser's limit (binary data or a file without newlines).
     #[error("line longer than {0} bytes (not a text sequence file?)")]
     LineTooLong(usize),
-    /// FASTA header bytes that are not UTF-8.
+    /// Header bytes that are not UTF-8.
     #[error("header is not valid UTF-8")]
     NotUtf8,
     /// FASTA: sequence lines before the first `>` header.
