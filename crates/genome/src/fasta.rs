@@ -13,9 +13,9 @@
 //! - spaces and tabs inside sequence lines are skipped;
 //! - anything else (digits, `-`, `*`, `.`, control bytes) is an error naming the line.
 //!
-//! Errors: an empty input (no record), a FASTQ file, sequence before the first header, a header with an empty
-//! name, a header that is not UTF-8 and a line longer than [`MAX_FASTA_LINE`] are reported with
-//! the file and 1-based line number.
+//! Errors: an empty input (no record), a FASTQ file, sequence before the first header, a header
+//! with an empty name, a header that is not UTF-8 and a line longer than [`MAX_FASTA_LINE`] are
+//! reported with the file and 1-based line number.
 
 use crate::source::{LineError, Lines};
 use std::fmt;
