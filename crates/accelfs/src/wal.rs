@@ -84,6 +84,17 @@ impl Journal {
         self.pending.get(&block).map(Vec::as_slice)
     }
 
+    /// Whether any of the `count` blocks from `start` has committed contents newer than its home
+    /// copy (so reading it from home would return stale data).
+    pub fn has_image_in(&self, start: u64, count: u64) -> bool {
+        count > 0
+            && self
+                .pending
+                .range(start..start.saturating_add(count))
+                .next()
+                .is_some()
+    }
+
     /// Blocks the largest transaction may hold.
     pub fn max_transaction_blocks(&self) -> usize {
         let mut n = (self.area.slots() / 2) as usize;

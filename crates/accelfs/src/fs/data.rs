@@ -153,6 +153,8 @@ impl Inner {
                 _ => runs.push((b, p, 1)),
             }
         }
+        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, u64::from(n))).collect();
+        self.before_device_reads(&device)?;
         let ops = runs
             .iter()
             .map(|&(_, p, len)| BatchOp {
@@ -248,6 +250,14 @@ impl Inner {
                 }
             }
         }
+        let device: Vec<(u64, u64)> = pieces
+            .iter()
+            .filter_map(|p| match *p {
+                Piece::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
+                Piece::Zero { .. } => None,
+            })
+            .collect();
+        self.before_device_reads(&device)?;
         let mut skip = (offset - u64::from(first) * bs) as usize;
         let mut left = n as usize;
         self.io
@@ -281,6 +291,8 @@ impl Inner {
                 _ => runs.push((b, p, 1)),
             }
         }
+        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, n as u64)).collect();
+        self.before_device_reads(&device)?;
         let ops = runs
             .iter()
             .map(|&(_, p, len)| BatchOp {

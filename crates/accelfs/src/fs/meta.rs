@@ -632,6 +632,21 @@ impl Inner {
         Ok(())
     }
 
+    /// The read-side twin of [`Inner::before_direct_writes`]: a file block whose newest committed
+    /// contents sit in the journal (small fsync'd data is journaled, and its cached copy may have
+    /// been evicted since) has a stale home copy, so reading it from the device would return old
+    /// data. Such reads first checkpoint the journal. `runs` are (first device block, blocks).
+    pub(crate) fn before_device_reads(&mut self, runs: &[(u64, u64)]) -> Result<(), FsError> {
+        if runs
+            .iter()
+            .any(|&(start, count)| self.journal.has_image_in(start, count))
+        {
+            let Inner { journal, io, .. } = self;
+            journal.checkpoint(io)?;
+        }
+        Ok(())
+    }
+
     /// Writes dirty blocks evicted from the cache.
     pub(crate) fn write_victims(&mut self, victims: Vec<(u64, u32, IoBuf)>) -> Result<(), FsError> {
         if victims.is_empty() {
