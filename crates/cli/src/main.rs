@@ -5,6 +5,7 @@ mod dev;
 mod drive;
 mod fs;
 mod fsops;
+mod genome;
 mod mount;
 mod pattern;
 mod serve;
@@ -43,6 +44,10 @@ enum Command {
     Mount(mount::MountArgs),
     /// Export devices over NBD (nbdinfo, nbdcopy, qemu-img and nbdfuse are clients).
     Serve(serve::ServeArgs),
+    /// Genome sequence matching, the paper's application: index, map, simulate, and the whole
+    /// pipeline per I/O path.
+    #[command(subcommand)]
+    Genome(genome::GenomeCommand),
     /// Snapshot drives: format, snapshot, list, rollback, clone, delete.
     #[command(subcommand, long_about = drive::ABOUT)]
     Drive(drive::DriveCommand),
@@ -87,6 +92,7 @@ fn main() -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(&args),
         Command::Fs(cmd) => fsops::run(cmd),
         Command::Serve(args) => serve::run(&args),
+        Command::Genome(cmd) => genome::run(cmd),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);
             Ok(())

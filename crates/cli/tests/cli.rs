@@ -185,11 +185,40 @@ fn every_subcommand_explains_itself() {
 
 #[test]
 fn demo_runs_end_to_end_on_a_small_image() {
-    let o = kura(&["demo", "--size", "8M", "--reads", "200"]);
+    let o = kura(&[
+        "demo",
+        "--size",
+        "8M",
+        "--reads",
+        "200",
+        "--genome-reads",
+        "2000",
+        "--genome-paths",
+        "accelfs,redirect",
+    ]);
     assert!(o.status.success(), "{}", text(&o));
     let t = text(&o);
     assert!(t.contains("all hold pattern 42"), "{t}");
     assert!(t.contains("system calls"), "{t}");
+    // The genome pipeline ran on both paths, printed every stage and scored its placements.
+    for needle in [
+        "path accelfs",
+        "path redirect",
+        "load index",
+        "match",
+        "reduction",
+    ] {
+        assert!(t.contains(needle), "missing `{needle}`: {t}");
+    }
+    let line = t
+        .lines()
+        .find(|l| l.contains("placed correctly"))
+        .unwrap_or_else(|| panic!("no accuracy line: {t}"));
+    let correct: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert!(
+        correct >= 1900,
+        "2000 simulated reads, {correct} placed correctly: {line}"
+    );
 }
 
 #[test]

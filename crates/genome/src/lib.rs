@@ -12,6 +12,9 @@
 //! | [`align`] | banded alignment for seed extension (mismatches and small indels) |
 //! | [`map`] | seeding, chaining, extension, MAPQ, single- and paired-end mapping |
 //! | [`sam`] | SAM and PAF output |
+//! | [`store`] | where files live: host files or a mounted AccelFS, streamed at device bandwidth |
+//! | [`paths`] | the I/O paths compared (direct AccelFS, host files, redirect) and their workspace |
+//! | [`pipeline`] | the whole application (the paper's Table 2), stage by stage, with accuracy |
 
 pub mod align;
 pub mod fasta;
@@ -19,7 +22,10 @@ pub mod fastq;
 pub mod index;
 pub mod map;
 pub mod pack;
+pub mod paths;
+pub mod pipeline;
 pub mod sam;
 pub mod simulate;
 pub mod source;
+pub mod store;
 pub mod truth;

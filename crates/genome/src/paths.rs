@@ -1,0 +1,222 @@
+//! The I/O paths the application is compared on (the paper's Fig. 8), and the workspace that
+//! holds the same input files for each: host files read with plain system calls, and an image
+//! file holding an AccelFS with the same files, mounted either on the direct engine (`uring`,
+//! falling back to `file:` where io_uring is unavailable) or on `redirect` (a host process serves
+//! every I/O, the paper's mediated path). The page cache is dropped for the image and the host
+//! files before every run, so each path starts cold.
+
+use crate::pipeline::PipelineError;
+use crate::store::{Store, StoreError};
+use kura_accelfs::fs::{FileSystem, MountOptions};
+use kura_accelfs::MkfsOptions;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Bytes copied per write when filling the image.
+const COPY_CHUNK: usize = 4 << 20;
+
+/// One way for the application to reach its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoPath {
+    /// AccelFS on the direct engine (io_uring from the application's own threads).
+    Direct,
+    /// Host files through plain system calls (`read`, `write`, `fsync`).
+    Host,
+    /// AccelFS on `redirect`: each I/O served by a host process, as when the host mediates.
+    Redirect,
+}
+
+impl IoPath {
+    pub const ALL: [IoPath; 3] = [IoPath::Direct, IoPath::Host, IoPath::Redirect];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IoPath::Direct => "accelfs",
+            IoPath::Host => "host",
+            IoPath::Redirect => "redirect",
+        }
+    }
+
+    pub fn describe(self) -> &'static str {
+        match self {
+            IoPath::Direct => "AccelFS on the direct engine (io_uring)",
+            IoPath::Host => "host files, plain system calls",
+            IoPath::Redirect => "AccelFS on redirect (host process serves each I/O)",
+        }
+    }
+
+    /// Parses `accelfs`, `host` or `redirect`.
+    pub fn parse(name: &str) -> Option<IoPath> {
+        IoPath::ALL.into_iter().find(|p| p.name() == name)
+    }
+}
+
+/// A directory holding the input files as host files and inside an AccelFS image.
+#[derive(Debug)]
+pub struct Workspace {
+    dir: PathBuf,
+    image: PathBuf,
+    files: Vec<String>,
+}
+
+/// A store opened on one path; keeps the file system mounted while it lives.
+pub struct Opened {
+    pub store: Store,
+    fs: Option<FileSystem>,
+}
+
+impl Opened {
+    /// Unmounts (committing anything written) and reports a failure to do so.
+    pub fn close(self) -> Result<(), PipelineError> {
+        match self.fs {
+            Some(fs) => fs.unmount().map_err(|source| {
+                PipelineError::Store(StoreError::Fs {
+                    path: "(unmount)".into(),
+                    source,
+                })
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+fn host_err(path: &Path, e: std::io::Error) -> PipelineError {
+    PipelineError::Store(StoreError::Host {
+        path: path.display().to_string(),
+        source: e,
+    })
+}
+
+fn fs_err(path: &str, source: kura_accelfs::FsError) -> PipelineError {
+    PipelineError::Store(StoreError::Fs {
+        path: path.to_string(),
+        source,
+    })
+}
+
+/// Opens a device spec, naming the spec in the error.
+fn open_device(spec: &str) -> Result<Box<dyn kura_engine::BlockDevice>, PipelineError> {
+    kura_engine::open(spec).map_err(|source| PipelineError::Device {
+        spec: spec.to_string(),
+        source,
+    })
+}
+
+/// Evicts a host file from the page cache so the next read comes from the disk.
+pub fn drop_page_cache(path: &Path) -> Result<(), PipelineError> {
+    use std::os::unix::io::AsRawFd;
+    let file = std::fs::File::open(path).map_err(|e| host_err(path, e))?;
+    file.sync_all().map_err(|e| host_err(path, e))?;
+    // SAFETY: posix_fadvise takes the fd (open for the call) and integers only.
+    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    if rc != 0 {
+        return Err(host_err(path, std::io::Error::from_raw_os_error(rc)));
+    }
+    Ok(())
+}
+
+impl Workspace {
+    /// Copies `inputs` (name in the workspace, host source) into `dir` and into a new AccelFS
+    /// image there; `progress(done, total)` follows the bytes copied into the image.
+    pub fn prepare(
+        dir: &Path,
+        inputs: &[(&str, &Path)],
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<Workspace, PipelineError> {
+        std::fs::create_dir_all(dir).map_err(|e| host_err(dir, e))?;
+        let mut total = 0u64;
+        for (name, src) in inputs {
+            let dst = dir.join(name);
+            if dst != *src {
+                std::fs::copy(src, &dst).map_err(|e| host_err(src, e))?;
+            }
+            total += std::fs::metadata(&dst)
+                .map_err(|e| host_err(&dst, e))?
+                .len();
+        }
+        let image = dir.join("kura-genome.img");
+        // Room for the inputs, the index, SAM output and metadata.
+        let size = (total * 3 + (512 << 20)).next_multiple_of(1 << 20);
+        let spec = format!("file:{}?size={size}", image.display());
+        let fs = FileSystem::format(
+            open_device(&spec)?,
+            MkfsOptions::default(),
+            MountOptions::default(),
+        )
+        .map_err(|e| fs_err(&image.display().to_string(), e))?;
+        let mut done = 0u64;
+        let mut buf = vec![0u8; COPY_CHUNK];
+        for (name, _) in inputs {
+            let host = dir.join(name);
+            let target = format!("/{name}");
+            let mut src = std::fs::File::open(&host).map_err(|e| host_err(&host, e))?;
+            let file = fs.create(&target).map_err(|e| fs_err(&target, e))?;
+            let mut at = 0u64;
+            loop {
+                let n = src.read(&mut buf).map_err(|e| host_err(&host, e))?;
+                if n == 0 {
+                    break;
+                }
+                file.write_at(at, &buf[..n])
+                    .map_err(|e| fs_err(&target, e))?;
+                at += n as u64;
+                done += n as u64;
+                progress(done, total);
+            }
+            file.sync_all().map_err(|e| fs_err(&target, e))?;
+        }
+        fs.unmount()
+            .map_err(|e| fs_err(&image.display().to_string(), e))?;
+        Ok(Workspace {
+            dir: dir.to_path_buf(),
+            image,
+            files: inputs.iter().map(|(n, _)| n.to_string()).collect(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    pub fn image(&self) -> &Path {
+        &self.image
+    }
+
+    /// The device spec the image is mounted with on `path` (`None` for host files).
+    pub fn spec(&self, path: IoPath) -> Option<String> {
+        let img = self.image.display();
+        match path {
+            IoPath::Direct => Some(format!("uring:{img}")),
+            IoPath::Redirect => Some(format!("redirect:{img}")),
+            IoPath::Host => None,
+        }
+    }
+
+    /// Drops the page cache for every file and opens the store of `path`.
+    pub fn open(&self, path: IoPath) -> Result<Opened, PipelineError> {
+        drop_page_cache(&self.image)?;
+        for name in &self.files {
+            drop_page_cache(&self.dir.join(name))?;
+        }
+        let Some(spec) = self.spec(path) else {
+            return Ok(Opened {
+                store: Store::host(&self.dir),
+                fs: None,
+            });
+        };
+        let dev = match open_device(&spec) {
+            // Where io_uring is refused (old kernels, seccomp), the direct path is the engine's
+            // synchronous file backend: still no host process in the data path.
+            Err(_) if path == IoPath::Direct => {
+                open_device(&format!("file:{}", self.image.display()))?
+            }
+            other => other?,
+        };
+        let fs = FileSystem::mount(dev, MountOptions::default())
+            .map_err(|e| fs_err(&self.image.display().to_string(), e))?;
+        Ok(Opened {
+            store: Store::AccelFs(fs.clone()),
+            fs: Some(fs),
+        })
+    }
+}
