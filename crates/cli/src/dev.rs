@@ -28,6 +28,12 @@ Backends
                       Options: size=, link=none|aurora, call_us=F, copy_gbps=F (a modeled link;
                       results that use it are labelled \"modeled\")
 
+User-space NVMe (kura-nvme; root, a controller bound to vfio-pci)
+  nvme:BDF            polled NVMe driver over VFIO, e.g. nvme:0000:00:04.0 (own queues and
+                      doorbells, DMA straight from the buffer pool)
+  nvme-pt:/dev/ngXnY  raw NVMe commands through io_uring passthrough to the kernel's char device
+  nvme-sim:SIZE       an in-process simulated controller (testing the driver without hardware)
+
 Wrappers
   fault(SPEC)         injects faults: read_eio=N, write_eio=N, flush_eio=N (the Nth command fails with
                       EIO), cut_after=N (power cut at the Nth write: unflushed blocks survive with
@@ -257,10 +263,14 @@ fn open_any(spec: &kura_engine::Spec) -> Result<Box<dyn BlockDevice>, kura_engin
     if let Some(opened) = kura_vdrive::open_vdrive_kind(spec, &open_any) {
         return opened;
     }
+    if let Some(opened) = kura_nvme::open_nvme_kind(spec) {
+        return opened;
+    }
     kura_engine::open::open_engine_kind(spec, &open_any).unwrap_or_else(|| {
         let known: Vec<&str> = kura_vdrive::VDRIVE_KINDS
             .iter()
             .chain(kura_engine::open::ENGINE_KINDS)
+            .chain(kura_nvme::NVME_KINDS)
             .chain(&["nbd", "remote"])
             .copied()
             .collect();

@@ -260,3 +260,14 @@ fn mkfs_then_fsck_is_clean_and_damage_fails_fsck() {
         text(&o)
     );
 }
+
+#[test]
+fn nvme_kinds_open_through_the_cli() {
+    let o = kura(&["dev", "info", "nvme-sim:16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("nvme:sim"), "{}", text(&o));
+    let o = kura(&["dev", "info", "nvme:0000:ff:1f.7"]);
+    assert!(!o.status.success(), "no such controller must fail: {}", text(&o));
+    let o = kura(&["specs"]);
+    assert!(text(&o).contains("nvme-pt:/dev/ngXnY"), "{}", text(&o));
+}
