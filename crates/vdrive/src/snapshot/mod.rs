@@ -15,6 +15,14 @@
 //! [`SnapshotVolume::rollback`], [`SnapshotVolume::clone_version`],
 //! [`SnapshotVolume::delete`], [`SnapshotVolume::list`].
 //!
+//! Open a drive once per process and take every handle from that [`SnapshotVolume`]
+//! ([`SnapshotDrive::volume`] gives it back from a handle): the head, any number of views
+//! ([`SnapshotVolume::reader`]) and one writer per clone then share one child, one allocator and
+//! one set of maps, and a snapshot with an open view cannot be deleted. Two spec strings opened
+//! separately on the same child are two volumes that know nothing of each other: a view opened
+//! that way is not protected from a delete through the other, and two writers would corrupt
+//! the drive.
+//!
 //! # Design
 //! The child holds two superblock slots (blocks 0 and 1), two metadata halves, and a data area
 //! cut into chunks (64 KiB by default). Each version (the head, snapshots, clones) is a map from

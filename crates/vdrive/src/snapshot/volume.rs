@@ -12,7 +12,7 @@ use kura_engine::poison::FlushPoison;
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Opcode, Request,
 };
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 
 /// A physical chunk no version maps.
 pub(crate) const UNMAPPED: u32 = u32::MAX;
@@ -116,8 +116,10 @@ pub(crate) struct Core {
     /// No chunk below this is free: allocation is first-fit, so freed chunks are reused soon
     /// (which keeps the data area compact, and makes the crash tests exercise reuse).
     cursor: usize,
-    /// Chunks whose initialising write is in flight: commands touching them wait for it.
-    initialising: Vec<u32>,
+    /// Chunks whose initialising write is in flight (by the write's child tag): commands
+    /// touching them wait for it.
+    initialising: HashSet<u32>,
+    init_tags: HashMap<u64, u32>,
     next_tag: u64,
     routes: HashMap<u64, Route>,
     pub stash: HashMap<u64, Vec<(Route, Completion)>>,
@@ -125,6 +127,8 @@ pub(crate) struct Core {
     next_handle: u64,
     /// Child commands sent so far, so a handle can count the pieces of one request.
     sent: u64,
+    /// Commands were sent since the child's doorbell last rang.
+    unrung: bool,
     pub poison: FlushPoison,
 }
 
@@ -170,7 +174,7 @@ impl Core {
             Some(v) => v / u64::from(bs),
             None => data_chunks * chunk_blocks,
         };
-        let mut sb = Superblock {
+        let sb = Superblock {
             block_size: bs,
             chunk_bytes: opts.chunk_bytes,
             generation: 0,
@@ -184,7 +188,6 @@ impl Core {
         let zero = vec![0u8; bs as usize * SB_SLOTS as usize];
         child.write_blocks(0, &zero)?;
         child.flush_all()?;
-        sb.generation = 0;
         let mut core = Core::assemble(
             child,
             sb,
@@ -287,13 +290,15 @@ impl Core {
             quarantine: Vec::new(),
             free,
             cursor: 0,
-            initialising: Vec::new(),
+            initialising: HashSet::new(),
+            init_tags: HashMap::new(),
             next_tag: 1,
             routes: HashMap::new(),
             stash: HashMap::new(),
             backlog: VecDeque::new(),
             next_handle: 1,
             sent: 0,
+            unrung: false,
             poison: FlushPoison::default(),
         }
     }
@@ -327,11 +332,13 @@ impl Core {
     }
 
     /// Sends one child command for `route`; a refusal other than back-pressure completes it.
-    pub fn send(&mut self, route: Route, mut req: Request) {
+    /// Returns the child tag.
+    pub fn send(&mut self, route: Route, mut req: Request) -> u64 {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
         req.tag = tag;
         self.sent += 1;
+        self.unrung = true;
         self.routes.insert(tag, route);
         if self.backlog.is_empty() {
             if let Err(r) = self.child.submit(req) {
@@ -344,6 +351,7 @@ impl Core {
         } else {
             self.backlog.push_back(req);
         }
+        tag
     }
 
     fn pump(&mut self) {
@@ -359,6 +367,9 @@ impl Core {
     }
 
     fn deliver(&mut self, done: Completion) {
+        if let Some(pc) = self.init_tags.remove(&done.tag) {
+            self.initialising.remove(&pc);
+        }
         if let Some(route) = self.routes.remove(&done.tag) {
             if let Some(stash) = self.stash.get_mut(&route.handle) {
                 stash.push((route, done));
@@ -374,6 +385,7 @@ impl Core {
     /// Sends what waits, rings the child and collects at least `min` completions if any are due.
     pub fn progress(&mut self, min: usize) -> DeviceResult<()> {
         self.pump();
+        self.unrung = false;
         if self.child.in_flight() > 0 {
             let mut got = Vec::new();
             self.child.poll(&mut got, min)?;
@@ -386,11 +398,14 @@ impl Core {
         Ok(())
     }
 
+    /// Rings the child if commands were sent since it last was (a doorbell is a system call on
+    /// the io_uring backends, so an idle ring is worth skipping).
     pub fn ring(&mut self) -> DeviceResult<()> {
         self.pump();
-        if self.child.in_flight() > 0 {
+        if self.unrung && self.child.in_flight() > 0 {
             self.child.ring_doorbell()?;
         }
+        self.unrung = false;
         Ok(())
     }
 
@@ -399,7 +414,6 @@ impl Core {
         while self.busy() {
             self.progress(1)?;
         }
-        self.initialising.clear();
         Ok(())
     }
 
@@ -485,15 +499,21 @@ impl Core {
         }
         fill(&mut buf[..chunk_bytes]);
         self.versions[vi].map[vc] = new;
-        self.initialising.push(new);
+        self.initialising.insert(new);
         let req = Request::write(0, self.child_lba(new, 0), self.chunk_blocks(), buf);
-        self.send(
+        let tag = self.send(
             Route {
                 piece: Piece::Nothing,
                 ..route
             },
             req,
         );
+        // A refused send has completed already; its chunk is not in flight.
+        if self.routes.contains_key(&tag) {
+            self.init_tags.insert(tag, new);
+        } else {
+            self.initialising.remove(&new);
+        }
         Ok(None)
     }
 
