@@ -5,5 +5,6 @@
 pub mod crc;
 pub mod drives;
 pub mod fs;
+pub mod genome;
 pub mod io;
 pub mod kv;

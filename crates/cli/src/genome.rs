@@ -217,7 +217,13 @@ fn byte_bar(msg: &str, quiet: bool) -> ProgressBar {
     bar
 }
 
+/// I/O buffers the genome tools keep in flight at most: a few 8 MiB read chunks, 1 MiB output
+/// writes and the index's sections; the pool default (128 MiB, pinned by io_uring) would only
+/// inflate the resident set. Larger transient needs fall back to heap buffers.
+const GENOME_POOL_BYTES: usize = 32 << 20;
+
 pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
+    kura_engine::BufferPool::request_global_bytes(GENOME_POOL_BYTES);
     match cmd {
         GenomeCommand::Index {
             reference,

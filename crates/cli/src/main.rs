@@ -74,6 +74,9 @@ enum BenchCommand {
     /// Virtual drives: each layer's overhead against pass-through on the same image, and the NBD
     /// export against qemu-nbd and nbdkit with nbdcopy.
     Drives(kura_bench::drives::DrivesArgs),
+    /// Genome pipeline: kura on each I/O path against minimap2 -ax sr (time, peak RSS,
+    /// accuracy), and read loading against the device's sequential bandwidth.
+    Genome(kura_bench::genome::GenomeBenchArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -86,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
+        Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => fs::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),

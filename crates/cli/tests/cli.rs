@@ -267,7 +267,11 @@ fn nvme_kinds_open_through_the_cli() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(text(&o).contains("nvme:sim"), "{}", text(&o));
     let o = kura(&["dev", "info", "nvme:0000:ff:1f.7"]);
-    assert!(!o.status.success(), "no such controller must fail: {}", text(&o));
+    assert!(
+        !o.status.success(),
+        "no such controller must fail: {}",
+        text(&o)
+    );
     let o = kura(&["specs"]);
     assert!(text(&o).contains("nvme-pt:/dev/ngXnY"), "{}", text(&o));
 }

@@ -135,12 +135,28 @@ fn decoded(reader: BoxRead, stats: &SourceStats) -> io::Result<BoxRead> {
 }
 
 /// Reads until `buf` holds `chunk` bytes or the reader is at its end, so each chunk is as large
-/// as asked. `read_to_end` fills the vector's spare capacity without zeroing it first, and on an
-/// error keeps the bytes that arrived before it.
+/// as asked. Every read asks for all the room left: `read_to_end` would start each chunk with
+/// small reads and grow them, which on AccelFS turns one big bypass read into many cached small
+/// ones. A recycled buffer keeps its length, so only a fresh one is zeroed. On an error the bytes
+/// that arrived before it are kept.
 fn fill(reader: &mut dyn Read, buf: &mut Vec<u8>, chunk: usize) -> io::Result<()> {
-    buf.clear();
-    buf.reserve(chunk);
-    reader.take(chunk as u64).read_to_end(buf).map(|_| ())
+    if buf.len() != chunk {
+        buf.resize(chunk, 0);
+    }
+    let mut filled = 0;
+    while filled < chunk {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                buf.truncate(filled);
+                return Err(e);
+            }
+        }
+    }
+    buf.truncate(filled);
+    Ok(())
 }
 
 type ChunkMsg = io::Result<Vec<u8>>;
@@ -218,6 +234,54 @@ impl ByteSource {
         let thread = std::thread::Builder::new()
             .name("kura-genome-read".into())
             .spawn(move || reader_thread(counted, &thread_stats, chunk, &tx, &spare))?;
+        Ok(Self {
+            mode: Mode::Threaded {
+                rx,
+                recycle,
+                thread: Some(thread),
+            },
+            cur: Vec::new(),
+            pos: 0,
+            done: false,
+            failed: false,
+            stats,
+        })
+    }
+
+    /// A source whose chunks come from `producer`, run on a thread of its own, for inputs that
+    /// can hand over whole chunks without going through `Read` (so without a second copy), such
+    /// as an AccelFS stream. `producer` gets `emit` (returns false once the consumer is gone) and
+    /// `spare` (a recycled buffer, or a new one); an error it returns reaches the consumer after
+    /// the chunks before it. The chunks must be plain data: no gzip detection happens here.
+    ///
+    /// # Errors
+    /// Fails only if the thread cannot be spawned.
+    pub fn produced<P>(producer: P, depth: usize) -> io::Result<Self>
+    where
+        P: FnOnce(&mut dyn FnMut(Vec<u8>) -> bool, &mut dyn FnMut() -> Vec<u8>) -> io::Result<()>
+            + Send
+            + 'static,
+    {
+        let stats = Arc::new(SourceStats::default());
+        stats.gzip.store(1, Ordering::Relaxed);
+        let depth = depth.max(1);
+        let (tx, rx) = mpsc::sync_channel::<ChunkMsg>(depth);
+        let (recycle, spare) = mpsc::sync_channel::<Vec<u8>>(depth + 2);
+        let thread_stats = Arc::clone(&stats);
+        let thread = std::thread::Builder::new()
+            .name("kura-genome-produce".into())
+            .spawn(move || {
+                let mut emit = |chunk: Vec<u8>| {
+                    thread_stats
+                        .raw
+                        .fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    tx.send(Ok(chunk)).is_ok()
+                };
+                let mut take_spare = || spare.try_recv().unwrap_or_default();
+                if let Err(e) = producer(&mut emit, &mut take_spare) {
+                    let _ = tx.send(Err(e));
+                }
+            })?;
         Ok(Self {
             mode: Mode::Threaded {
                 rx,

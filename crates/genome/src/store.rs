@@ -2,22 +2,25 @@
 //! calls, or files on a mounted AccelFS (on the direct engine, or on `redirect` for the paper's
 //! host-mediated path).
 //!
-//! Reads of big files on AccelFS use `File::read_stream`, which keeps the device busy with many
-//! large commands; a thread streams one segment at a time and hands the bytes over through a
-//! bounded channel, so parsing overlaps the I/O. The stream never holds the file system while it
-//! waits for the consumer: a segment is collected under the file system's lock and sent after it
-//! is released, so a consumer that writes to the same file system (SAM output) cannot deadlock it.
+//! Files are streamed by a reader thread ([`ByteSource::read_ahead`]) so parsing overlaps the I/O.
+//! AccelFS files are read with `File::read_stream`, which keeps many 1 MiB commands in flight and
+//! copies each engine buffer into the segment as it completes: a thread of its own streams one
+//! 8 MiB segment at a time and hands it to the parser as its next chunk (no second copy; gzip
+//! files go through the decoder instead). The file system's lock is held for one
+//! segment and never while waiting for the consumer (a segment is sent after `read_stream`
+//! returns), so a consumer that writes to the same file system (SAM output) cannot deadlock it.
 
 use crate::source::{ByteSource, SourceOptions};
 use kura_accelfs::fs::{File as FsFile, FileSystem};
-use std::io::{self, BufWriter, Read, Write};
+use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
-use std::sync::mpsc;
 
-/// Bytes collected per `read_stream` call: large enough to keep 32 commands busy.
-const SEGMENT: u64 = 32 << 20;
-/// Segments the streaming thread may have ready ahead of the parser.
-const SEGMENTS_AHEAD: usize = 2;
+/// Bytes per `read_stream` call: 8 commands of 1 MiB in flight
+/// sequential bandwidth, while the segments in the channel stay small in memory.
+const SEGMENT: u64 = 8 << 20;
+/// Segments ready ahead of the parser.
+const SEGMENTS_AHEAD: usize = 1;
+const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// A failure to reach a file, with its path.
 #[derive(Debug, thiserror::Error)]
@@ -162,9 +165,42 @@ impl Store {
                     path: p.clone(),
                     source,
                 })?;
-                let reader = AccelStream::start(file, p.clone())
-                    .map_err(|e| StoreError::Host { path: p, source: e })?;
-                Ok(ByteSource::inline(reader, SourceOptions::default()))
+                let mut magic = [0u8; 2];
+                let head = file
+                    .read_at(0, &mut magic)
+                    .map_err(|source| StoreError::Fs {
+                        path: p.clone(),
+                        source,
+                    })?;
+                if head == 2 && magic == GZIP_MAGIC {
+                    // Compressed: the decoder needs a `Read`; a plain read-ahead does it.
+                    return ByteSource::read_ahead(file, SourceOptions::default())
+                        .map_err(|e| StoreError::Host { path: p, source: e });
+                }
+                let name = p.clone();
+                ByteSource::produced(
+                    move |emit, spare| {
+                        let mut offset = 0u64;
+                        loop {
+                            let mut chunk = spare();
+                            chunk.clear();
+                            chunk.reserve(SEGMENT as usize);
+                            let got = file.read_stream(offset, SEGMENT, |piece| {
+                                chunk.extend_from_slice(piece);
+                            });
+                            match got {
+                                Ok(0) => return Ok(()),
+                                Ok(n) => offset += n,
+                                Err(e) => return Err(io::Error::other(format!("{name}: {e}"))),
+                            }
+                            if !emit(chunk) {
+                                return Ok(());
+                            }
+                        }
+                    },
+                    SEGMENTS_AHEAD,
+                )
+                .map_err(|e| StoreError::Host { path: p, source: e })
             }
         }
     }
@@ -203,78 +239,5 @@ impl Store {
                 })
             }
         }
-    }
-}
-
-/// A `Read` over an AccelFS file fed by a thread that streams it a segment at a time.
-struct AccelStream {
-    rx: mpsc::Receiver<io::Result<Vec<u8>>>,
-    current: Vec<u8>,
-    pos: usize,
-    done: bool,
-}
-
-impl AccelStream {
-    fn start(file: FsFile, path: String) -> io::Result<Self> {
-        let (tx, rx) = mpsc::sync_channel(SEGMENTS_AHEAD);
-        std::thread::Builder::new()
-            .name("kura-genome-stream".into())
-            .spawn(move || {
-                let mut offset = 0u64;
-                loop {
-                    let mut segment = Vec::with_capacity(SEGMENT as usize);
-                    let got = file.read_stream(offset, SEGMENT, |piece| {
-                        segment.extend_from_slice(piece);
-                    });
-                    match got {
-                        Ok(0) => return,
-                        Ok(n) => {
-                            offset += n;
-                            if tx.send(Ok(segment)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) => {
-                            let err = io::Error::other(format!("{path}: {e}"));
-                            let _ = tx.send(Err(err));
-                            return;
-                        }
-                    }
-                }
-            })?;
-        Ok(AccelStream {
-            rx,
-            current: Vec::new(),
-            pos: 0,
-            done: false,
-        })
-    }
-}
-
-impl Read for AccelStream {
-    fn read(&mut self, out: &mut [u8]) -> io::Result<usize> {
-        while self.pos == self.current.len() {
-            if self.done {
-                return Ok(0);
-            }
-            match self.rx.recv() {
-                Ok(Ok(segment)) => {
-                    self.current = segment;
-                    self.pos = 0;
-                }
-                Ok(Err(e)) => {
-                    self.done = true;
-                    return Err(e);
-                }
-                Err(_) => {
-                    self.done = true;
-                    return Ok(0);
-                }
-            }
-        }
-        let n = out.len().min(self.current.len() - self.pos);
-        out[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
     }
 }

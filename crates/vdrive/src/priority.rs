@@ -460,9 +460,11 @@ impl Priority {
         let geo = child.geometry();
         let bs = u64::from(geo.block_size);
         let bg_chunk_blocks = match opts.bg_chunk {
-            Some(c) if c < bs || !c.is_multiple_of(bs) => return Err(OpenError::Invalid(format!(
+            Some(c) if c < bs || !c.is_multiple_of(bs) => {
+                return Err(OpenError::Invalid(format!(
                 "priority({name}): bgchunk {c} is not a non-zero multiple of the block size ({bs})"
-            ))),
+            )))
+            }
             Some(c) => Some(c / bs),
             None => None,
         };

@@ -24,6 +24,10 @@ pub const POOL_ALIGN: usize = 4096;
 /// Size of the process-wide pool unless `KURA_POOL_MIB` says otherwise.
 pub const DEFAULT_POOL_BYTES: usize = 128 << 20;
 
+static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
+static REQUESTED_GLOBAL_BYTES: std::sync::atomic::AtomicUsize =
+    std::sync::atomic::AtomicUsize::new(0);
+
 /// Why the pool could not provide a buffer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -87,14 +91,28 @@ impl BufferPool {
         })
     }
 
-    /// The process-wide pool, created on first use with `KURA_POOL_MIB` MiB (default 128).
+    /// Asks for a process-wide pool of `bytes` instead of the default, for programs that know
+    /// how much I/O they keep in flight (io_uring pins the whole arena, so it counts in the
+    /// resident set). `KURA_POOL_MIB` still wins. Returns false when the pool already exists.
+    pub fn request_global_bytes(bytes: usize) -> bool {
+        REQUESTED_GLOBAL_BYTES.store(bytes, std::sync::atomic::Ordering::Relaxed);
+        GLOBAL.get().is_none()
+    }
+
+    /// The process-wide pool, created on first use with `KURA_POOL_MIB` MiB, else the size
+    /// asked for with [`BufferPool::request_global_bytes`], else 128 MiB.
     pub fn global() -> &'static BufferPool {
-        static GLOBAL: OnceLock<BufferPool> = OnceLock::new();
         GLOBAL.get_or_init(|| {
+            let requested = REQUESTED_GLOBAL_BYTES.load(std::sync::atomic::Ordering::Relaxed);
+            let fallback = if requested > 0 {
+                requested
+            } else {
+                DEFAULT_POOL_BYTES
+            };
             let bytes = std::env::var("KURA_POOL_MIB")
                 .ok()
                 .and_then(|v| v.parse::<usize>().ok())
-                .map_or(DEFAULT_POOL_BYTES, |mib| mib << 20);
+                .map_or(fallback, |mib| mib << 20);
             match BufferPool::new(bytes) {
                 Ok(pool) => pool,
                 // Without any arena nothing in kura can do I/O; this is the one place where the
