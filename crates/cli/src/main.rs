@@ -7,6 +7,7 @@ mod fs;
 mod fsops;
 mod genome;
 mod mount;
+mod nvme;
 mod pattern;
 mod serve;
 mod stream;
@@ -44,6 +45,9 @@ enum Command {
     Mount(mount::MountArgs),
     /// Export devices over NBD (nbdinfo, nbdcopy, qemu-img and nbdfuse are clients).
     Serve(serve::ServeArgs),
+    /// NVMe controllers for the user-space driver: list, identify, bind to vfio-pci, unbind.
+    #[command(subcommand)]
+    Nvme(nvme::NvmeCommand),
     /// Genome sequence matching, the paper's application: index, map, simulate, and the whole
     /// pipeline per I/O path.
     #[command(subcommand)]
@@ -96,6 +100,7 @@ fn main() -> anyhow::Result<()> {
         Command::Mount(args) => mount::run(&args),
         Command::Fs(cmd) => fsops::run(cmd),
         Command::Serve(args) => serve::run(&args),
+        Command::Nvme(cmd) => nvme::run(cmd),
         Command::Genome(cmd) => genome::run(cmd),
         Command::Specs => {
             print!("{}", dev::SPECS_HELP);

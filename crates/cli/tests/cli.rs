@@ -275,3 +275,41 @@ fn nvme_kinds_open_through_the_cli() {
     let o = kura(&["specs"]);
     assert!(text(&o).contains("nvme-pt:/dev/ngXnY"), "{}", text(&o));
 }
+
+#[test]
+fn nvme_tools_list_identify_and_refuse_a_mounted_controller() {
+    let tmp = tempfile::tempdir().unwrap();
+    let sys = tmp.path().join("sys");
+    let dev = sys.join("bus/pci/devices/0000:00:04.0");
+    std::fs::create_dir_all(dev.join("nvme/nvme0/nvme0n1")).unwrap();
+    std::fs::create_dir_all(sys.join("bus/pci/drivers/nvme")).unwrap();
+    std::fs::write(dev.join("class"), "0x010802\n").unwrap();
+    std::fs::write(dev.join("vendor"), "0x1b36\n").unwrap();
+    std::fs::write(dev.join("device"), "0x0010\n").unwrap();
+    std::os::unix::fs::symlink(sys.join("bus/pci/drivers/nvme"), dev.join("driver")).unwrap();
+    let mounts = tmp.path().join("mounts");
+    std::fs::write(&mounts, "/dev/nvme0n1p1 /data ext4 rw 0 0\n").unwrap();
+    let (s, m) = (sys.to_str().unwrap(), mounts.to_str().unwrap());
+    let o = kura(&["nvme", "list", "--sysfs", s, "--mounts", m]);
+    assert!(o.status.success(), "{}", text(&o));
+    let t = text(&o);
+    assert!(
+        t.contains("0000:00:04.0") && t.contains("0x1b36:0x0010") && t.contains("nvme0n1"),
+        "{t}"
+    );
+    let o = kura(&["nvme", "bind", "0000:00:04.0", "--sysfs", s, "--mounts", m]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("mounted"), "{}", text(&o));
+    let o = kura(&["nvme", "bind", "0000:00:09.0", "--sysfs", s, "--mounts", m]);
+    assert!(!o.status.success());
+    assert!(text(&o).contains("no NVMe controller"), "{}", text(&o));
+    let o = kura(&["nvme", "identify", "nvme-sim:16M"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("32768 blocks of 512 bytes"),
+        "{}",
+        text(&o)
+    );
+    let o = kura(&["nvme", "identify", "mem:1M"]);
+    assert!(!o.status.success());
+}
