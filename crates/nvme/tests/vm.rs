@@ -99,6 +99,7 @@ fn guest_runs_passthrough_and_vfio_driver() {
         "fs mkfs and write a tree",
         "fs fsck",
         "fs read back",
+        "fs genome pipeline",
         "pt model",
     ] {
         assert!(
