@@ -9,7 +9,7 @@ use crate::io::plot::render_with;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_engine::{BlockDevice, BufferPool, Completion, Request};
-use kura_genome::paths::{drop_page_cache, IoPath, Workspace};
+use kura_genome::paths::{drop_page_cache, IoPath, Workspace, MG1655};
 use kura_genome::pipeline;
 use kura_genome::truth::{score_sam, ScoreOptions};
 use serde::Serialize;
@@ -18,8 +18,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 const PLOT: &str = include_str!("../../../scripts/plot_genome.py");
-/// The real genome the issue names (Debian's ragout-examples).
-pub const MG1655: &str = "/usr/share/doc/ragout/examples/E.Coli/references/MG1655-K12.fasta.gz";
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct GenomeBenchArgs {
@@ -100,15 +98,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data)?;
     let (reference, reference_name) = reference(args, &data)?;
     let (reads_fq, simulator) = simulate(&kura, &reference, &data, reads)?;
-    let mut paths = Vec::new();
-    for name in args
-        .paths
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        paths.push(IoPath::parse(name).with_context(|| format!("--paths: unknown `{name}`"))?);
-    }
+    let paths = IoPath::parse_list(&args.paths).map_err(|e| anyhow::anyhow!("--paths: {e}"))?;
     let bar = ProgressBar::new((rounds * (paths.len() + 1)) as u64);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")

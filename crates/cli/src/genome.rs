@@ -9,15 +9,12 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_genome::index::IndexParams;
-use kura_genome::paths::{IoPath, Workspace};
+use kura_genome::paths::{IoPath, Workspace, MG1655};
 use kura_genome::pipeline::{self, Event, MapJob, OutputFormat, RunOptions, RunReport};
 use kura_genome::simulate::{self, GenomeOptions, ReadOptions};
 use kura_genome::store::Store;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
-
-/// The real genome the issue names, when Debian's `ragout-examples` is installed.
-pub const MG1655: &str = "/usr/share/doc/ragout/examples/E.Coli/references/MG1655-K12.fasta.gz";
 
 #[derive(Debug, clap::Subcommand)]
 pub enum GenomeCommand {
@@ -407,21 +404,7 @@ pub struct PathRun {
 /// Prepares the dataset and runs the pipeline on each path; prints Table 2 for each and the
 /// side-by-side comparison.
 pub fn run_paths(args: &RunArgs) -> anyhow::Result<Vec<PathRun>> {
-    let mut paths = Vec::new();
-    for name in args
-        .paths
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-    {
-        let Some(p) = IoPath::parse(name) else {
-            bail!("--paths: `{name}` is not a path (use accelfs, host, redirect)");
-        };
-        paths.push(p);
-    }
-    if paths.is_empty() {
-        bail!("--paths names no path");
-    }
+    let paths = IoPath::parse_list(&args.paths).map_err(|e| anyhow::anyhow!("--paths: {e}"))?;
     let temp = match &args.dir {
         Some(_) => None,
         None => Some(

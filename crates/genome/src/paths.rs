@@ -12,6 +12,9 @@ use kura_accelfs::MkfsOptions;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+/// The real genome the issue names, where Debian's `ragout-examples` is installed.
+pub const MG1655: &str = "/usr/share/doc/ragout/examples/E.Coli/references/MG1655-K12.fasta.gz";
+
 /// Bytes copied per write when filling the image.
 const COPY_CHUNK: usize = 4 << 20;
 
@@ -48,6 +51,26 @@ impl IoPath {
     /// Parses `accelfs`, `host` or `redirect`.
     pub fn parse(name: &str) -> Option<IoPath> {
         IoPath::ALL.into_iter().find(|p| p.name() == name)
+    }
+
+    /// Parses a comma-separated list such as `accelfs,host,redirect`; the error names the
+    /// word that is not a path, or says the list is empty.
+    pub fn parse_list(list: &str) -> Result<Vec<IoPath>, String> {
+        let mut paths = Vec::new();
+        for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            match IoPath::parse(name) {
+                Some(p) => paths.push(p),
+                None => {
+                    return Err(format!(
+                        "`{name}` is not an I/O path (use accelfs, host, redirect)"
+                    ))
+                }
+            }
+        }
+        if paths.is_empty() {
+            return Err("no I/O path named".into());
+        }
+        Ok(paths)
     }
 }
 
@@ -218,5 +241,24 @@ impl Workspace {
             store: Store::AccelFs(fs.clone()),
             fs: Some(fs),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IoPath;
+
+    #[test]
+    fn path_lists_parse_and_bad_words_are_named() {
+        assert_eq!(
+            IoPath::parse_list(" accelfs, redirect ,"),
+            Ok(vec![IoPath::Direct, IoPath::Redirect])
+        );
+        let e = IoPath::parse_list("accelfs,nfs").expect_err("nfs is no path");
+        assert!(e.contains("`nfs`"), "{e}");
+        assert!(IoPath::parse_list(" , ").is_err());
+        for p in IoPath::ALL {
+            assert_eq!(IoPath::parse(p.name()), Some(p));
+        }
     }
 }
