@@ -13,16 +13,16 @@ def main(src, dst):
     with open(src) as f:
         r = json.load(f)
     systems = r["systems"]
-    names = [s["system"].replace(" (", "\n(") for s in systems]
+    names = [s["label"] for s in systems]
     fig, axes = plt.subplots(1, 3, figsize=(16, 5))
     ax = axes[0]
     ax.bar(range(len(systems)), [s["seconds"] for s in systems], color="tab:blue")
-    ax.set_xticks(range(len(systems)), names, fontsize=7)
+    ax.set_xticks(range(len(systems)), names, fontsize=8)
     ax.set_ylabel("end-to-end seconds (lower is better)")
     ax.set_title(f"{r['reads']} reads, {r['threads']} threads")
     ax = axes[1]
     ax.bar(range(len(systems)), [s["peak_rss_mib"] for s in systems], color="tab:orange")
-    ax.set_xticks(range(len(systems)), names, fontsize=7)
+    ax.set_xticks(range(len(systems)), names, fontsize=8)
     ax.set_ylabel("peak RSS (MiB)")
     ax.set_title("memory")
     ax = axes[2]
@@ -33,7 +33,7 @@ def main(src, dst):
         vals = [dict(s["stages"]).get(stage, 0.0) for s in kura]
         ax.bar(range(len(kura)), vals, bottom=bottom, label=stage, color=plt.cm.tab10(i))
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_xticks(range(len(kura)), [s["system"].replace(" (", "\n(") for s in kura], fontsize=7)
+    ax.set_xticks(range(len(kura)), [s["label"] for s in kura], fontsize=8)
     ax.set_ylabel("seconds")
     ax.set_title("kura stages per I/O path (Table 2, Fig. 8)")
     ax.legend(fontsize=7)

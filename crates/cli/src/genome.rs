@@ -607,11 +607,12 @@ fn write_json(path: &Path, runs: &[PathRun], threads: usize) -> anyhow::Result<(
         .iter()
         .map(|run| {
             let r = &run.report;
-            let stages: serde_json::Map<String, serde_json::Value> = r
+            // An array, so the stages keep the paper's order.
+            let stages: Vec<serde_json::Value> = r
                 .stages
                 .named()
                 .iter()
-                .map(|(n, d)| (n.to_string(), serde_json::json!(d.as_secs_f64())))
+                .map(|(n, d)| serde_json::json!([n, d.as_secs_f64()]))
                 .collect();
             serde_json::json!({
                 "path": run.path.name(),

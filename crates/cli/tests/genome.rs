@@ -212,7 +212,7 @@ fn bench_genome_quick_reports_every_path_and_the_peer() {
         json.to_str().unwrap(),
     ]);
     let text = both(&o);
-    assert!(text.contains("device sequential read"), "{text}");
+    assert!(text.contains("of the device's sequential read"), "{text}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON")).expect("parse");
     let systems = report["systems"].as_array().expect("systems");

@@ -11,7 +11,10 @@
 //! A batch goes to the child at a doorbell or poll once it has waited the *window*: half the
 //! average child latency, an exponentially weighted moving average (1/8 weight per sample) that
 //! the drive measures itself from each child command's dispatch to its completion, capped at
-//! [`MAX_WINDOW`]. Full batches and batches ahead of a flush go at once. Batches leave in FIFO
+//! [`MAX_WINDOW`]. The window is also self-tuning in the other direction: while fewer than 1 in
+//! 32 recent requests merged (a random workload), it is zero, so nothing waits for neighbours
+//! that do not come; requests submitted together before a doorbell still merge, which brings
+//! the window back when a sequential stream starts. Full batches and batches ahead of a flush go at once. Batches leave in FIFO
 //! order, and a batch that overlaps a command still in flight on the child with a write on either
 //! side waits for that command, so the child never sees two conflicting commands at once. A flush
 //! is a barrier: nothing queued after it is merged with or sent before anything queued ahead of
@@ -40,6 +43,10 @@ pub const DEFAULT_MAX_BYTES: u64 = 1 << 20;
 pub const MAX_WINDOW: Duration = Duration::from_millis(2);
 /// How many waiting batches a new request is compared with.
 const MERGE_LOOKBACK: usize = 64;
+/// The merge rate (fixed point, 1024 = every request merged) below which no batch waits:
+/// a random workload then pays nothing for the window. Requests submitted together before a
+/// doorbell still merge, so the rate climbs back as soon as neighbours show up.
+const MIN_MERGE_RATE: u32 = 1024 / 32;
 
 /// Counts of what the scheduler did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,6 +116,9 @@ pub struct Coalesce {
     accepted: usize,
     /// Average child latency in nanoseconds; zero until measured.
     ewma_ns: u64,
+    /// Moving average of the fraction of requests that joined a batch (1024 = all), 1/16
+    /// weight per request; starts high so a fresh drive waits until it knows better.
+    merge_rate: u32,
     poison: FlushPoison,
     stats: CoalesceStats,
 }
@@ -135,6 +145,7 @@ impl Coalesce {
             ready: VecDeque::new(),
             accepted: 0,
             ewma_ns: 0,
+            merge_rate: 1024,
             poison: FlushPoison::default(),
             stats: CoalesceStats::default(),
         })
@@ -144,9 +155,23 @@ impl Coalesce {
         self.stats
     }
 
-    /// How long a request now waits for neighbours: half the average child latency.
+    /// How long a request now waits for neighbours: half the average child latency, or nothing
+    /// while recent requests have found no neighbours to merge with.
     pub fn window(&self) -> Duration {
+        if self.merge_rate < MIN_MERGE_RATE {
+            return Duration::ZERO;
+        }
         Duration::from_nanos(self.ewma_ns / 2).min(MAX_WINDOW)
+    }
+
+    /// Recent fraction of requests merged, in 1/1024.
+    pub fn merge_rate(&self) -> u32 {
+        self.merge_rate
+    }
+
+    fn note_merge(&mut self, merged: bool) {
+        let sample = if merged { 1024 } else { 0 };
+        self.merge_rate = self.merge_rate - self.merge_rate / 16 + sample / 16;
     }
 
     /// The average child latency measured so far.
@@ -177,8 +202,10 @@ impl Coalesce {
             b.blocks += blocks;
             b.parts.push(req);
             self.stats.merged += 1;
+            self.note_merge(true);
             return;
         }
+        self.note_merge(false);
         self.waiting.push_back(Entry::Batch(Batch {
             op,
             lba,

@@ -7,6 +7,7 @@ use kura_engine::backend::mem::MemDevice;
 use kura_engine::{BlockDevice, BlockingIo, Completion, IoBuf, Request};
 use kura_vdrive::coalesce::MAX_WINDOW;
 use kura_vdrive::Coalesce;
+use std::time::Duration;
 
 const BS: usize = 4096;
 
@@ -144,4 +145,26 @@ fn bad_max_is_refused_with_the_reason() {
     }
     assert!(kura_vdrive::open("coalesce(mem:1M,mem:1M)").is_err());
     assert!(kura_vdrive::open("coalesce(mem:1M)?window=3").is_err());
+}
+
+#[test]
+fn random_requests_stop_waiting_and_sequential_bursts_bring_the_window_back() {
+    let mut dev = coalesce(1 << 20);
+    // One request at a time, far apart: nothing can merge, so the drive stops waiting.
+    for i in 0..200u64 {
+        dev.write_blocks((i * 37) % 900, &vec![2u8; BS]).unwrap();
+    }
+    assert!(dev.merge_rate() < 1024 / 32, "rate {}", dev.merge_rate());
+    assert_eq!(dev.window().as_nanos(), 0, "random I/O pays no window");
+    // A burst of neighbours submitted before one doorbell still merges, and the rate recovers.
+    for round in 0..8u64 {
+        for i in 0..32u64 {
+            let tag = round * 100 + i;
+            dev.submit(Request::write(tag, round * 64 + i, 1, block_of(3)))
+                .unwrap();
+        }
+        drain(&mut dev);
+    }
+    assert!(dev.merge_rate() >= 1024 / 32, "rate {}", dev.merge_rate());
+    assert!(dev.window() > Duration::ZERO || dev.average_latency().is_zero());
 }
