@@ -6,9 +6,10 @@
 //! against the device's sequential read bandwidth measured on the same image file.
 
 use crate::io::plot::render_with;
+use crate::io::workload::{Job, Pattern};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kura_engine::{BlockDevice, BufferPool, Completion, Request};
+use kura_engine::BlockDevice;
 use kura_genome::paths::{drop_page_cache, IoPath, Workspace, MG1655};
 use kura_genome::pipeline;
 use kura_genome::truth::{score_sam, ScoreOptions};
@@ -387,36 +388,19 @@ fn read_bandwidth(dir: &Path, reads: &Path) -> anyhow::Result<(f64, f64)> {
     Ok((device, stream))
 }
 
-/// Reads `bytes` from the start of the device with 1 MiB commands, 32 in flight; MB/s.
+/// Reads `bytes` from the start of the device with 1 MiB commands, 32 in flight (the io
+/// benchmark's sequential-read job); MB/s.
 fn sequential_read(dev: &mut dyn BlockDevice, bytes: u64) -> anyhow::Result<f64> {
-    let geo = dev.geometry();
-    let bs = u64::from(geo.block_size);
-    let per = (1u64 << 20) / bs;
-    let total = bytes.div_ceil(bs).min(geo.num_blocks);
-    let mut next = 0u64;
-    let mut done: Vec<Completion> = Vec::new();
-    let t = Instant::now();
-    loop {
-        while next < total && dev.in_flight() < 32 {
-            let n = per.min(total - next);
-            let buf = BufferPool::global().alloc((n * bs) as usize)?;
-            dev.submit(Request::read(next, next, n, buf))
-                .map_err(|r| anyhow::anyhow!("{}", r.error))?;
-            next += n;
-        }
-        dev.ring_doorbell()?;
-        if dev.in_flight() == 0 {
-            break;
-        }
-        done.clear();
-        dev.poll(&mut done, 1)?;
-        for c in &done {
-            if let Err(e) = &c.status {
-                bail!("sequential read at block {}: {e}", c.tag);
-            }
-        }
-    }
-    Ok((total * bs) as f64 / 1e6 / t.elapsed().as_secs_f64().max(1e-9))
+    let job = Job {
+        pattern: Pattern::SeqRead,
+        bytes: 1 << 20,
+        depth: 32,
+        duration: Duration::from_secs(3600),
+        max_ops: bytes.div_ceil(1 << 20).max(1),
+        seed: 1,
+    };
+    let out = crate::io::workload::run(dev, &job)?;
+    Ok(out.bytes as f64 / 1e6 / out.elapsed.as_secs_f64().max(1e-9))
 }
 
 fn print_report(r: &Report) {

@@ -127,15 +127,7 @@ fn open_device(spec: &str) -> Result<Box<dyn kura_engine::BlockDevice>, Pipeline
 
 /// Evicts a host file from the page cache so the next read comes from the disk.
 pub fn drop_page_cache(path: &Path) -> Result<(), PipelineError> {
-    use std::os::unix::io::AsRawFd;
-    let file = std::fs::File::open(path).map_err(|e| host_err(path, e))?;
-    file.sync_all().map_err(|e| host_err(path, e))?;
-    // SAFETY: posix_fadvise takes the fd (open for the call) and integers only.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        return Err(host_err(path, std::io::Error::from_raw_os_error(rc)));
-    }
-    Ok(())
+    kura_engine::backend::file::drop_page_cache(path).map_err(|e| host_err(path, e))
 }
 
 impl Workspace {

@@ -455,19 +455,8 @@ fn fill_image(image: &Path, size: u64) -> anyhow::Result<()> {
 
 /// Evicts the image from the page cache (no root needed).
 pub fn drop_page_cache(path: &Path) -> anyhow::Result<()> {
-    use std::os::unix::io::AsRawFd;
-    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-    file.sync_all()?;
-    // SAFETY: posix_fadvise takes the fd (open for the call) and integers only.
-    let rc = unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
-    if rc != 0 {
-        bail!(
-            "posix_fadvise on {}: {}",
-            path.display(),
-            std::io::Error::from_raw_os_error(rc)
-        );
-    }
-    Ok(())
+    kura_engine::backend::file::drop_page_cache(path)
+        .with_context(|| format!("evicting {} from the page cache", path.display()))
 }
 
 fn cpu_model() -> String {
