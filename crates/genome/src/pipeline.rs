@@ -13,7 +13,7 @@ use crate::pack::{PackError, PackedRef};
 use crate::sam::{self, SamError};
 use crate::store::{Store, StoreError};
 use crate::truth::TrueOrigin;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::time::{Duration, Instant};
 
 /// Bases per batch of reads: about 1.3 MB of 150 bp reads, enough to keep every thread busy.
@@ -236,20 +236,7 @@ pub fn load_index(store: &Store, path: &str) -> Result<Index, PipelineError> {
 /// Whether the file starts like a saved index (so `map` takes either a FASTA or an index).
 pub fn is_index(store: &Store, path: &str) -> Result<bool, PipelineError> {
     let mut head = [0u8; MAGIC.len()];
-    let mut src = store.open_stream(path)?;
-    let mut got = 0;
-    while got < head.len() {
-        match src.read(&mut head[got..]) {
-            Ok(0) => break,
-            Ok(n) => got += n,
-            Err(e) => {
-                return Err(PipelineError::Store(StoreError::Host {
-                    path: path.to_string(),
-                    source: e,
-                }))
-            }
-        }
-    }
+    let got = store.read_head(path, &mut head)?;
     Ok(got == head.len() && head == MAGIC)
 }
 
@@ -443,10 +430,12 @@ pub fn map_reads(
     let mut report = MapReport::default();
     let total = store.len(job.reads)? + job.mates.map_or(Ok(0), |m| store.len(m))?;
     let mut sink = Sink::open(store, job.output, reference, job.command_line)?;
-    let mut opts = MapOptions {
+    let opts = MapOptions {
         threads: job.threads.max(1),
         ..MapOptions::default()
     };
+    let single = Mapper::new(index, opts.clone());
+    let mut paired: Option<Mapper<'_>> = None;
     let batch_bases = job.batch_bases.max(1);
     let src1 = store.open_stream(job.reads)?;
     let stats1 = src1.stats();
@@ -461,8 +450,7 @@ pub fn map_reads(
                 break;
             }
             let t = Instant::now();
-            let mapper = Mapper::new(index, opts.clone());
-            let mappings = mapper.map_batch(&first)?;
+            let mappings = single.map_batch(&first)?;
             report.matching += t.elapsed();
             let t = Instant::now();
             sink.write(reference, &first, &mappings)?;
@@ -488,11 +476,18 @@ pub fn map_reads(
                     break;
                 }
                 let t = Instant::now();
-                let mapper = Mapper::new(index, opts.clone());
-                if opts.insert.is_none() {
-                    opts.insert = Some(mapper.estimate_insert(&first, &second)?);
-                }
-                let mapper = Mapper::new(index, opts.clone());
+                // The insert window comes from the first batch and then stays fixed, so the
+                // output does not depend on where batches happen to split.
+                let mapper = match paired {
+                    Some(ref m) => m,
+                    None => {
+                        let mut with_insert = opts.clone();
+                        if with_insert.insert.is_none() {
+                            with_insert.insert = Some(single.estimate_insert(&first, &second)?);
+                        }
+                        paired.insert(Mapper::new(index, with_insert))
+                    }
+                };
                 let mapped = mapper.map_pairs(&first, &second)?;
                 report.matching += t.elapsed();
                 let t = Instant::now();

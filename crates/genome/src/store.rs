@@ -149,6 +149,36 @@ impl Store {
         }
     }
 
+    /// Reads up to `buf.len()` bytes from the start of a file, without starting a stream (for
+    /// looking at a file's magic); returns how many.
+    pub fn read_head(&self, path: &str, buf: &mut [u8]) -> Result<usize, StoreError> {
+        match self {
+            Store::Host { root } => {
+                use std::io::Read;
+                let p = Self::host_path(root, path);
+                let mut file = std::fs::File::open(&p).map_err(|e| StoreError::host(&p, e))?;
+                let mut got = 0;
+                while got < buf.len() {
+                    match file.read(&mut buf[got..]) {
+                        Ok(0) => break,
+                        Ok(n) => got += n,
+                        Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                        Err(e) => return Err(StoreError::host(&p, e)),
+                    }
+                }
+                Ok(got)
+            }
+            Store::AccelFs(fs) => {
+                let p = Self::accel_path(path);
+                let fs_err = |source| StoreError::Fs {
+                    path: p.clone(),
+                    source,
+                };
+                fs.open(&p).and_then(|f| f.read_at(0, buf)).map_err(fs_err)
+            }
+        }
+    }
+
     /// Opens a file for streaming: large reads on a thread of their own, gzip detected and
     /// decompressed, the parser reading from memory.
     pub fn open_stream(&self, path: &str) -> Result<ByteSource, StoreError> {
