@@ -365,6 +365,18 @@ impl Cache {
         }
     }
 
+    /// Parks caller request `req` until `children` child commands sent for it have completed.
+    fn wait_for(&mut self, owner: u64, req: Request, children: usize) {
+        self.waiting.insert(
+            owner,
+            Waiting {
+                req,
+                left: children,
+                status: Ok(()),
+            },
+        );
+    }
+
     fn finish_part(&mut self, owner: u64, status: DeviceResult<()>) {
         let Some(w) = self.waiting.get_mut(&owner) else {
             return;
@@ -527,14 +539,7 @@ impl Cache {
         if misses.is_empty() {
             return self.complete(req, Ok(()));
         }
-        self.waiting.insert(
-            owner,
-            Waiting {
-                req,
-                left: misses.len(),
-                status: Ok(()),
-            },
-        );
+        self.wait_for(owner, req, misses.len());
         for (at, n) in misses {
             let tainted = self.mutation_in_flight(lba + at, n);
             let job = Job::Fill {
@@ -569,14 +574,7 @@ impl Cache {
         let tainted = self.mutation_in_flight(lba, blocks);
         self.forget_range(lba, blocks);
         let buf = req.buf.take();
-        self.waiting.insert(
-            owner,
-            Waiting {
-                req,
-                left: 1,
-                status: Ok(()),
-            },
-        );
+        self.wait_for(owner, req, 1);
         let job = Job::WriteThrough {
             owner,
             lba,
@@ -604,14 +602,7 @@ impl Cache {
             self.taint(lba, blocks);
             self.forget_range(lba, blocks);
         }
-        self.waiting.insert(
-            owner,
-            Waiting {
-                req,
-                left: 1,
-                status: Ok(()),
-            },
-        );
+        self.wait_for(owner, req, 1);
         let job = Job::Pass {
             owner,
             op,
