@@ -59,7 +59,12 @@ def main(src, dst):
     sub = f"kernel {r['kernel']}, {r['cpu']}; {r['fio_status']}"
     if null:
         sub += f"; null device {null / 1e6:.1f} M cmds/s"
-    fig.suptitle(f"kura bench io ({r['image_bytes'] >> 20} MiB image)\n{sub}", fontsize=10)
+    what = "up to {} MiB of each device".format(r["image_bytes"] >> 20) if r["image"] == "devices" \
+        else "{} MiB image".format(r["image_bytes"] >> 20)
+    title = f"kura bench io ({what})"
+    if r.get("label"):
+        title += f" [{r['label']}]"
+    fig.suptitle(f"{title}\n{sub}", fontsize=10)
     fig.tight_layout()
     fig.savefig(dst, dpi=110)
 

@@ -88,7 +88,7 @@ fn main() -> anyhow::Result<()> {
     match cli.command {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Drive(cmd) => drive::run(cmd),
-        Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args),
+        Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args, &dev::open_dev),
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),

@@ -10,9 +10,14 @@
 //!
 //! The page cache is dropped for the image before every point, so the kernel-mediated backends
 //! (`sync`, `redirect`) read from the disk like the direct path does.
+//!
+//! With `--device`, sections 1–3 run on the named devices instead (see [`target`]): each one's
+//! measured region is written through it first, and the first device is compared with the rest
+//! (the user-space NVMe driver against passthrough and the block layer, for one).
 
 pub mod fio;
 pub mod plot;
+pub mod target;
 pub mod workload;
 
 use anyhow::{bail, Context};
@@ -21,23 +26,52 @@ use kura_engine::BlockDevice;
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
+use target::Target;
 use workload::{Job, Outcome, Pattern};
 
 /// Backends `--backends` accepts.
 pub const BACKENDS: &[&str] = &["uring", "sync", "redirect", "redirect-modeled", "null"];
 
+/// Opens a device spec; the CLI passes its own so `--device` takes every kind it knows
+/// (`nvme:`, `nvme-pt:`, virtual drives, NBD exports).
+pub type Opener<'a> = &'a dyn Fn(&str) -> anyhow::Result<Box<dyn BlockDevice>>;
+
 /// Arguments of `kura bench io`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(
+    after_help = "By default every backend runs over one temp image, and fio runs on the same \
+file as the peer. With --device the named devices are measured instead, and compared with each \
+other (the first against the rest): for example, an NVMe namespace through the user-space driver, \
+io_uring passthrough and the block layer:\n\n  kura bench io --overwrite --rebind \\\n    \
+--device nvme:0000:00:04.0 --device nvme-pt:/dev/ng0n1 --device uring:/dev/nvme0n1\n\n\
+--device writes over the start of each device (--size of it, default 1G): its data there is lost."
+)]
 pub struct IoArgs {
     /// Directory for the test image (must allow O_DIRECT: not tmpfs).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: PathBuf,
-    /// Image size (default 1G, or 256M with --quick).
+    /// Image size; with --device, how much of each device is used (default 1G, or 256M with
+    /// --quick; at most the device).
     #[arg(long)]
     pub size: Option<String>,
-    /// Comma-separated backends: uring, sync, redirect, redirect-modeled, null.
+    /// Comma-separated backends over the temp image: uring, sync, redirect, redirect-modeled, null.
     #[arg(long, default_value = "uring,sync,redirect,redirect-modeled,null")]
     pub backends: String,
+    /// Measure this device instead of the temp image (repeatable; any spec, see `kura specs`).
+    /// Its data in the measured region is overwritten.
+    #[arg(long = "device", value_name = "SPEC", conflicts_with = "backends")]
+    pub devices: Vec<String>,
+    /// Confirms that --device may overwrite data on the devices.
+    #[arg(long)]
+    pub overwrite: bool,
+    /// For each `nvme:BDF` device: give the controller to vfio-pci for its turn and back to the
+    /// kernel's driver afterwards, so `nvme-pt:` and `uring:` on the same controller can run in
+    /// the same benchmark (root).
+    #[arg(long, requires = "devices")]
+    pub rebind: bool,
+    /// A note printed with the results and kept in the JSON and plot (e.g. "emulated controller").
+    #[arg(long)]
+    pub label: Option<String>,
     /// Seconds per measured point (default 1, or 0.25 with --quick).
     #[arg(long)]
     pub seconds: Option<f64>,
@@ -101,7 +135,11 @@ pub struct Report {
     pub date_unix: u64,
     pub kernel: String,
     pub cpu: String,
+    /// `--label`, if given.
+    pub label: Option<String>,
+    /// The temp image, or `devices` when `--device` named them.
     pub image: String,
+    /// Bytes of the image, or of each device, the points range over.
     pub image_bytes: u64,
     pub seconds_per_point: f64,
     pub devices: Vec<(String, String)>,
@@ -119,8 +157,8 @@ struct Plan {
     point: Duration,
 }
 
-/// Runs `kura bench io`.
-pub fn run(args: &IoArgs) -> anyhow::Result<()> {
+/// Runs `kura bench io`, opening `--device` specs with `open`.
+pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
     if std::env::var_os("KURA_POOL_MIB").is_none() {
         // Deep queues of 1 MiB buffers need more than the default arena; set before first use.
         std::env::set_var("KURA_POOL_MIB", "512");
@@ -135,6 +173,12 @@ pub fn run(args: &IoArgs) -> anyhow::Result<()> {
         if !BACKENDS.contains(b) {
             bail!("unknown backend `{b}`; choose from {}", BACKENDS.join(", "));
         }
+    }
+    if !args.devices.is_empty() && !args.overwrite {
+        bail!(
+            "--device overwrites the start of each device ({}); add --overwrite to confirm",
+            args.size.as_deref().unwrap_or("1G, or 256M with --quick")
+        );
     }
     let size = kura_engine::spec::parse_size(args.size.as_deref().unwrap_or(if args.quick {
         "256M"
@@ -162,14 +206,27 @@ pub fn run(args: &IoArgs) -> anyhow::Result<()> {
         },
         point: Duration::from_secs_f64(seconds),
     };
-    std::fs::create_dir_all(&args.dir)
-        .with_context(|| format!("creating {}", args.dir.display()))?;
-    let image = args.dir.join("kura-bench-io.img");
-    let report = measure(args, &backends, &plan, &image, size);
-    if !args.keep_image {
-        let _ = std::fs::remove_file(&image);
-    }
-    let report = report?;
+    let report = if args.devices.is_empty() {
+        std::fs::create_dir_all(&args.dir)
+            .with_context(|| format!("creating {}", args.dir.display()))?;
+        let image = args.dir.join("kura-bench-io.img");
+        let targets = target::image_targets(&backends, &image);
+        let report = measure_image(args, &backends, &targets, &plan, &image, size, open);
+        if !args.keep_image {
+            let _ = std::fs::remove_file(&image);
+        }
+        report?
+    } else {
+        let targets = target::device_targets(&args.devices, args.rebind)?;
+        let mut report = new_report(args, "devices".into(), size, &plan);
+        let progress = bar(targets.iter().map(|t| points(t, &plan) + 1).sum());
+        measure_targets(&mut report, &targets, &plan, size, true, open, &progress)?;
+        progress.finish_and_clear();
+        report.fio_status =
+            "fio: not run with --device (the devices are compared with each other)".into();
+        report.ratios = device_ratios(&report);
+        report
+    };
     print_report(&report);
     let json_path = args.json.clone();
     if let Some(path) = &json_path {
@@ -191,17 +248,6 @@ pub fn run(args: &IoArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn spec_for(backend: &str, image: &Path) -> String {
-    let p = image.display();
-    match backend {
-        "uring" => format!("uring:{p}"),
-        "sync" => format!("sync:{p}"),
-        "redirect" => format!("redirect:{p}"),
-        "redirect-modeled" => format!("redirect:{p}?link=aurora"),
-        _ => "null:1G".to_string(),
-    }
-}
-
 fn bar(len: u64) -> ProgressBar {
     let bar = ProgressBar::new(len);
     if let Ok(style) =
@@ -212,29 +258,15 @@ fn bar(len: u64) -> ProgressBar {
     bar
 }
 
-fn measure(
-    args: &IoArgs,
-    backends: &[&str],
-    plan: &Plan,
-    image: &Path,
-    size: u64,
-) -> anyhow::Result<Report> {
-    let file_backends: Vec<&str> = backends.iter().copied().filter(|b| *b != "null").collect();
-    let fio_bin = if args.no_fio { None } else { fio::find() };
-    let lat_points = file_backends.len() * plan.latency_sizes.len() * 3;
-    let tput_points = file_backends.len() * plan.depths.len() * 2 + file_backends.len() * 2;
-    let fio_points = if fio_bin.is_some() {
-        plan.latency_sizes.len() + plan.depths.len() * 2 + 2
-    } else {
-        0
-    };
-    let progress = bar((lat_points + tput_points + fio_points + 2) as u64);
+/// Measure points for one target: QD1 latency by op and size, random IOPS by depth, and
+/// sequential bandwidth.
+fn points(t: &Target, plan: &Plan) -> u64 {
+    let depths = if t.full_sweep { plan.depths.len() } else { 2 };
+    (plan.latency_sizes.len() * 3 + depths * 2 + 2) as u64
+}
 
-    progress.set_message("filling the image with written data");
-    fill_image(image, size)?;
-    progress.inc(1);
-
-    let mut report = Report {
+fn new_report(args: &IoArgs, image: String, size: u64, plan: &Plan) -> Report {
+    Report {
         date_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
@@ -243,7 +275,8 @@ fn measure(
             .trim()
             .to_string(),
         cpu: cpu_model(),
-        image: image.display().to_string(),
+        label: args.label.clone(),
+        image,
         image_bytes: size,
         seconds_per_point: plan.point.as_secs_f64(),
         devices: Vec::new(),
@@ -253,67 +286,145 @@ fn measure(
         fio_status: String::new(),
         fio: Vec::new(),
         ratios: Vec::new(),
-    };
+    }
+}
 
-    for &backend in &file_backends {
-        let spec = spec_for(backend, image);
-        let mut dev = kura_engine::open(&spec).with_context(|| format!("opening {spec}"))?;
-        let modeled = backend == "redirect-modeled";
-        report.devices.push((backend.to_string(), dev.describe()));
-        // The modeled link costs ~43 µs a call: fewer ops keep the run short without changing the mean much.
-        let point = if modeled {
-            plan.point.min(Duration::from_millis(500))
-        } else {
-            plan.point
-        };
-        for pattern in [
-            Pattern::RandRead,
-            Pattern::RandWrite,
-            Pattern::RandWriteFlush,
-        ] {
-            for &bytes in &plan.latency_sizes {
-                progress.set_message(format!("{backend} {} {}K QD1", pattern.name(), bytes >> 10));
-                let out = point_run(&mut *dev, image, pattern, bytes, 1, point, size)?;
-                report.latency.push(LatencyPoint {
-                    backend: backend.to_string(),
-                    op: pattern.name().to_string(),
-                    bytes,
-                    ops: out.ops(),
-                    mean_us: out.mean_us(),
-                    p50_us: out.percentile_us(50.0),
-                    p99_us: out.percentile_us(99.0),
-                    modeled,
-                });
-                progress.inc(1);
+/// Measures every target into `report`. With `fill`, each device's region is written through the
+/// device first (the default run fills its shared image once instead).
+fn measure_targets(
+    report: &mut Report,
+    targets: &[Target],
+    plan: &Plan,
+    size: u64,
+    fill: bool,
+    open: Opener,
+    progress: &ProgressBar,
+) -> anyhow::Result<()> {
+    for t in targets {
+        let lease = match &t.rebind {
+            Some(bdf) => {
+                progress.set_message(format!("giving {bdf} to vfio-pci"));
+                target::VfioLease::take(bdf)?
             }
-        }
-        let depths: Vec<usize> = if backend == "uring" {
-            plan.depths.clone()
-        } else {
-            vec![1, 32]
+            None => None,
         };
-        for pattern in [Pattern::RandRead, Pattern::RandWrite] {
-            for &depth in &depths {
-                progress.set_message(format!("{backend} 4K rand{} QD{depth}", pattern.name()));
-                let out = point_run(&mut *dev, image, pattern, 4096, depth, point, size)?;
-                report
-                    .throughput
-                    .push(tput(backend, pattern, 4096, depth, &out, modeled));
-                progress.inc(1);
-            }
-        }
-        for pattern in [Pattern::SeqRead, Pattern::SeqWrite] {
-            progress.set_message(format!("{backend} 1M {} QD8", pattern.name()));
-            let out = point_run(&mut *dev, image, pattern, 1 << 20, 8, point, size)?;
-            report
-                .throughput
-                .push(tput(backend, pattern, 1 << 20, 8, &out, modeled));
+        target::wait_for_node(&t.spec);
+        let mut dev = open(&t.spec).with_context(|| format!("opening {}", t.spec))?;
+        let g = dev.geometry();
+        let region = size.min(g.num_blocks * u64::from(g.block_size));
+        let mut describe = dev.describe();
+        if fill {
+            progress.set_message(format!(
+                "{}: writing its first {} MiB",
+                t.name,
+                region >> 20
+            ));
+            fill_device(&mut *dev, region)?;
+            describe = format!(
+                "{describe}; first {} MiB written, then measured",
+                region >> 20
+            );
             progress.inc(1);
         }
-        if backend != "uring" {
-            progress.inc(((plan.depths.len() - 2) * 2) as u64);
+        report.devices.push((t.name.clone(), describe));
+        measure_one(report, t, &mut *dev, plan, region, progress)?;
+        drop(dev);
+        if let Some(lease) = lease {
+            progress.set_message(format!("giving {} back to its driver", t.name));
+            lease.give_back()?;
         }
     }
+    Ok(())
+}
+
+fn measure_one(
+    report: &mut Report,
+    t: &Target,
+    dev: &mut dyn BlockDevice,
+    plan: &Plan,
+    region: u64,
+    progress: &ProgressBar,
+) -> anyhow::Result<()> {
+    let name = t.name.as_str();
+    let evict = t.evict.as_deref();
+    // The modeled link costs ~43 µs a call: fewer ops keep the run short without changing the mean much.
+    let point = if t.modeled {
+        plan.point.min(Duration::from_millis(500))
+    } else {
+        plan.point
+    };
+    for pattern in [
+        Pattern::RandRead,
+        Pattern::RandWrite,
+        Pattern::RandWriteFlush,
+    ] {
+        for &bytes in &plan.latency_sizes {
+            progress.set_message(format!("{name} {} {}K QD1", pattern.name(), bytes >> 10));
+            let out = point_run(dev, evict, pattern, bytes, 1, point, region)?;
+            report.latency.push(LatencyPoint {
+                backend: name.to_string(),
+                op: pattern.name().to_string(),
+                bytes,
+                ops: out.ops(),
+                mean_us: out.mean_us(),
+                p50_us: out.percentile_us(50.0),
+                p99_us: out.percentile_us(99.0),
+                modeled: t.modeled,
+            });
+            progress.inc(1);
+        }
+    }
+    let depths: Vec<usize> = if t.full_sweep {
+        plan.depths.clone()
+    } else {
+        vec![1, 32]
+    };
+    for pattern in [Pattern::RandRead, Pattern::RandWrite] {
+        for &depth in &depths {
+            progress.set_message(format!("{name} 4K rand{} QD{depth}", pattern.name()));
+            let out = point_run(dev, evict, pattern, 4096, depth, point, region)?;
+            report
+                .throughput
+                .push(tput(name, pattern, 4096, depth, &out, t.modeled));
+            progress.inc(1);
+        }
+    }
+    for pattern in [Pattern::SeqRead, Pattern::SeqWrite] {
+        progress.set_message(format!("{name} 1M {} QD8", pattern.name()));
+        let out = point_run(dev, evict, pattern, 1 << 20, 8, point, region)?;
+        report
+            .throughput
+            .push(tput(name, pattern, 1 << 20, 8, &out, t.modeled));
+        progress.inc(1);
+    }
+    Ok(())
+}
+
+/// The default run: every backend over one temp image, the null device, and fio on the image.
+fn measure_image(
+    args: &IoArgs,
+    backends: &[&str],
+    targets: &[Target],
+    plan: &Plan,
+    image: &Path,
+    size: u64,
+    open: Opener,
+) -> anyhow::Result<Report> {
+    let fio_bin = if args.no_fio { None } else { fio::find() };
+    let fio_points = if fio_bin.is_some() {
+        plan.latency_sizes.len() + plan.depths.len() * 2 + 2
+    } else {
+        0
+    };
+    let target_points: u64 = targets.iter().map(|t| points(t, plan)).sum();
+    let progress = bar(target_points + fio_points as u64 + 2);
+
+    progress.set_message("filling the image with written data");
+    fill_image(image, size)?;
+    progress.inc(1);
+
+    let mut report = new_report(args, image.display().to_string(), size, plan);
+    measure_targets(&mut report, targets, plan, size, false, open, &progress)?;
 
     if backends.contains(&"null") {
         progress.set_message("null device commands/s");
@@ -401,18 +512,21 @@ fn tput(
     }
 }
 
-/// One measured point, with the image evicted from the page cache first and reads bounded to
-/// half the image so that a buffered backend cannot serve them from memory it filled itself.
+/// One measured point over the first `size` bytes, with `evict` dropped from the page cache
+/// first and reads bounded to half the region so that a buffered backend cannot serve them from
+/// memory it filled itself.
 fn point_run(
     dev: &mut dyn BlockDevice,
-    image: &Path,
+    evict: Option<&Path>,
     pattern: Pattern,
     bytes: usize,
     depth: usize,
     point: Duration,
     size: u64,
 ) -> anyhow::Result<Outcome> {
-    drop_page_cache(image)?;
+    if let Some(path) = evict {
+        drop_page_cache(path)?;
+    }
     let max_ops = fio_budget(size, bytes) / bytes as u64;
     let job = Job {
         pattern,
@@ -422,7 +536,7 @@ fn point_run(
         max_ops,
         seed: bytes as u64 ^ depth as u64,
     };
-    workload::run(dev, &job)
+    workload::run_within(dev, &job, size)
 }
 
 /// Bytes one point may move: half the image (at least 64 requests), for kura and fio alike, so a
@@ -437,6 +551,11 @@ fn fill_image(image: &Path, size: u64) -> anyhow::Result<()> {
     let mut dev = kura_engine::open(&format!("uring:{}?size={size}", image.display()))
         .or_else(|_| kura_engine::open(&format!("sync:{}?size={size}", image.display())))
         .with_context(|| format!("creating {}", image.display()))?;
+    fill_device(&mut *dev, size)
+}
+
+/// Writes the first `size` bytes of `dev` (pseudo-random data, 1 MiB at QD8), then flushes.
+fn fill_device(dev: &mut dyn BlockDevice, size: u64) -> anyhow::Result<()> {
     let job = Job {
         pattern: Pattern::SeqWrite,
         bytes: 1 << 20,
@@ -445,11 +564,15 @@ fn fill_image(image: &Path, size: u64) -> anyhow::Result<()> {
         max_ops: size >> 20,
         seed: 5,
     };
-    let out = workload::run(&mut *dev, &job)?;
+    let out = workload::run_within(dev, &job, size)?;
     if out.bytes < size & !((1 << 20) - 1) {
-        bail!("filling the image wrote {} of {size} bytes", out.bytes);
+        bail!(
+            "filling {} wrote {} of {size} bytes",
+            dev.describe(),
+            out.bytes
+        );
     }
-    kura_engine::BlockingIo::flush_all(&mut *dev)?;
+    kura_engine::BlockingIo::flush_all(dev)?;
     Ok(())
 }
 
@@ -594,15 +717,71 @@ fn ratios(r: &Report) -> Vec<Ratio> {
     out
 }
 
+/// With `--device`: the first device against each of the others, on the figures that separate
+/// software paths (QD1 latency is mostly per-command cost; QD32 IOPS is how it scales).
+fn device_ratios(r: &Report) -> Vec<Ratio> {
+    let mut out = Vec::new();
+    let Some((first, _)) = r.devices.first() else {
+        return out;
+    };
+    let lat = |b: &str| {
+        r.latency
+            .iter()
+            .find(|l| l.backend == b && l.op == "read" && l.bytes == 4096)
+    };
+    for (other, _) in r.devices.iter().skip(1) {
+        if let (Some(a), Some(b)) = (lat(first), lat(other)) {
+            out.push(ratio(
+                format!("QD1 4K read latency µs, {first}/{other} (lower is better)"),
+                a.mean_us,
+                b.mean_us,
+                None,
+            ));
+        }
+        for (pattern, bytes, depth) in [("read", 4096, 32), ("write", 4096, 32)] {
+            if let (Some(a), Some(b)) = (
+                find_tput(r, first, pattern, bytes, depth),
+                find_tput(r, other, pattern, bytes, depth),
+            ) {
+                out.push(ratio(
+                    format!("4K rand{pattern} QD{depth} IOPS, {first}/{other}"),
+                    a.iops,
+                    b.iops,
+                    None,
+                ));
+            }
+        }
+        if let (Some(a), Some(b)) = (
+            find_tput(r, first, "seqread", 1 << 20, 8),
+            find_tput(r, other, "seqread", 1 << 20, 8),
+        ) {
+            out.push(ratio(
+                format!("1M seqread QD8 MiB/s, {first}/{other}"),
+                a.mib_per_s,
+                b.mib_per_s,
+                None,
+            ));
+        }
+    }
+    out
+}
+
 fn print_report(r: &Report) {
     println!(
-        "kura bench io — {} ({} MiB image, {:.2} s per point), kernel {}, {}",
+        "kura bench io — {} ({}, {:.2} s per point), kernel {}, {}",
         r.image,
-        r.image_bytes >> 20,
+        if r.image == "devices" {
+            format!("up to {} MiB of each", r.image_bytes >> 20)
+        } else {
+            format!("{} MiB image", r.image_bytes >> 20)
+        },
         r.seconds_per_point,
         r.kernel,
         r.cpu
     );
+    if let Some(label) = &r.label {
+        println!("  note: {label}");
+    }
     for (name, d) in &r.devices {
         println!("  {name:<17} {d}");
     }
@@ -689,24 +868,37 @@ fn print_report(r: &Report) {
 mod tests {
     use super::*;
 
+    fn engine_open(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
+        Ok(kura_engine::open(spec)?)
+    }
+
+    fn args(dir: &Path) -> IoArgs {
+        IoArgs {
+            dir: dir.to_path_buf(),
+            size: Some("16M".into()),
+            backends: "sync,null".into(),
+            devices: Vec::new(),
+            overwrite: false,
+            rebind: false,
+            label: None,
+            seconds: Some(0.02),
+            quick: true,
+            json: Some(dir.join("io.json")),
+            plot: Some(dir.join("io.png")),
+            no_fio: true,
+            keep_image: false,
+        }
+    }
+
+    fn report(dir: &Path) -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(dir.join("io.json")).unwrap()).unwrap()
+    }
+
     #[test]
     fn a_tiny_run_writes_json_with_every_section() {
         let dir = tempfile::tempdir().unwrap();
-        let json = dir.path().join("io.json");
-        let args = IoArgs {
-            dir: dir.path().to_path_buf(),
-            size: Some("16M".into()),
-            backends: "sync,null".into(),
-            seconds: Some(0.02),
-            quick: true,
-            json: Some(json.clone()),
-            plot: Some(dir.path().join("io.png")),
-            no_fio: true,
-            keep_image: false,
-        };
-        run(&args).unwrap();
-        let v: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
+        run(&args(dir.path()), &engine_open).unwrap();
+        let v = report(dir.path());
         assert_eq!(
             v["latency"].as_array().unwrap().len(),
             9,
@@ -726,27 +918,75 @@ mod tests {
     }
 
     #[test]
-    fn unknown_backends_and_bad_sizes_are_clear_errors() {
-        let args = IoArgs {
-            dir: std::env::temp_dir(),
-            size: None,
-            backends: "uring,spdk".into(),
-            seconds: None,
-            quick: true,
-            json: None,
-            plot: None,
-            no_fio: true,
-            keep_image: false,
+    fn named_devices_are_filled_measured_and_compared_first_against_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("dev.img");
+        let a = IoArgs {
+            devices: vec!["mem:32M".into(), format!("sync:{}?size=20M", img.display())],
+            overwrite: true,
+            label: Some("test devices".into()),
+            ..args(dir.path())
         };
-        assert!(run(&args)
-            .unwrap_err()
-            .to_string()
-            .contains("unknown backend `spdk`"));
-        let args = IoArgs {
+        run(&a, &engine_open).unwrap();
+        let v = report(dir.path());
+        assert_eq!(v["image"], "devices");
+        assert_eq!(v["label"], "test devices");
+        let devices = v["devices"].as_array().unwrap();
+        assert_eq!(devices[0][0], "mem");
+        assert_eq!(devices[1][0], "sync");
+        assert!(devices[1][1]
+            .as_str()
+            .unwrap()
+            .contains("first 16 MiB written"));
+        let depths = v["throughput"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|t| t["backend"] == "sync" && t["pattern"] == "read")
+            .count();
+        assert_eq!(depths, 4, "every device gets the whole depth sweep");
+        let ratios: Vec<&str> = v["ratios"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["what"].as_str().unwrap())
+            .collect();
+        assert!(ratios.iter().any(|w| w.contains("mem/sync")), "{ratios:?}");
+        assert!(v["null_cmds_per_sec"].is_null());
+        assert!(
+            std::fs::metadata(&img).unwrap().len() >= 16 << 20,
+            "the file device was written"
+        );
+    }
+
+    #[test]
+    fn unknown_backends_bad_sizes_and_unconfirmed_overwrites_are_clear_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = IoArgs {
+            backends: "uring,spdk".into(),
+            size: None,
+            ..args(dir.path())
+        };
+        let err = |a: &IoArgs| run(a, &engine_open).unwrap_err().to_string();
+        assert!(err(&base).contains("unknown backend `spdk`"));
+        let small = IoArgs {
             backends: "null".into(),
             size: Some("1M".into()),
-            ..args
+            ..base.clone()
         };
-        assert!(run(&args).unwrap_err().to_string().contains("at least 16M"));
+        assert!(err(&small).contains("at least 16M"));
+        let unconfirmed = IoArgs {
+            backends: "null".into(),
+            devices: vec!["mem:32M".into()],
+            ..base.clone()
+        };
+        assert!(err(&unconfirmed).contains("--overwrite"));
+        let missing = IoArgs {
+            backends: "null".into(),
+            devices: vec!["nosuchkind:x".into()],
+            overwrite: true,
+            ..base
+        };
+        assert!(format!("{:#}", run(&missing, &engine_open).unwrap_err()).contains("nosuchkind"));
     }
 }

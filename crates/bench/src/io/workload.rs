@@ -94,6 +94,16 @@ pub fn percentile(sorted: &[f64], p: f64) -> f64 {
 
 /// Runs `job` on `dev` and returns what it measured.
 pub fn run(dev: &mut dyn BlockDevice, job: &Job) -> anyhow::Result<Outcome> {
+    run_within(dev, job, u64::MAX)
+}
+
+/// Runs `job` on the first `span_bytes` of `dev` (all of it when the device is smaller): a
+/// benchmark on a large real device touches only the region it filled.
+pub fn run_within(
+    dev: &mut dyn BlockDevice,
+    job: &Job,
+    span_bytes: u64,
+) -> anyhow::Result<Outcome> {
     let geo = dev.geometry();
     let bs = geo.block_size as usize;
     if job.bytes == 0 || !job.bytes.is_multiple_of(bs) {
@@ -103,11 +113,11 @@ pub fn run(dev: &mut dyn BlockDevice, job: &Job) -> anyhow::Result<Outcome> {
         );
     }
     let blocks = (job.bytes / bs) as u64;
-    let slots = geo.num_blocks / blocks;
+    let span_blocks = geo.num_blocks.min(span_bytes / u64::from(geo.block_size));
+    let slots = span_blocks / blocks;
     if slots == 0 {
         anyhow::bail!(
-            "device of {} blocks is smaller than one {}-byte transfer",
-            geo.num_blocks,
+            "region of {span_blocks} blocks is smaller than one {}-byte transfer",
             job.bytes
         );
     }
