@@ -1,21 +1,30 @@
 #!/bin/bash
-# Packs the NVMe guest test initramfs: busybox-static, the kernel modules of the nvme and
-# vfio-pci stacks (in dependency order, listed in /modules.list), the guest test program with
-# the shared libraries it links, and ./init.
-#   build-initramfs.sh OUT_DIR GUEST_BINARY
+# Packs an NVMe guest initramfs: busybox-static, the kernel modules of the nvme and vfio-pci
+# stacks (in dependency order, listed in /modules.list), the given programs in /bin (stripped,
+# which keeps a debug build's binary small enough to unpack quickly under emulation) with the
+# shared libraries they link, guest-setup.sh (which every init sources) and INIT_SCRIPT as /init.
+#   build-initramfs.sh OUT_DIR INIT_SCRIPT BINARY...
 set -euo pipefail
-OUT=$1
-BIN=$2
 HERE=$(cd "$(dirname "$0")" && pwd)
+OUT=$1
+INIT=$2
+shift 2
 KVER=${KVER:-$(ls /lib/modules | sort -V | tail -1)}
 R="$OUT/rootfs"
 rm -rf "$R"
 mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,etc}
 cp /bin/busybox "$R/bin/busybox"
-cp "$BIN" "$R/bin/kura-nvme-guest"
-for lib in $(ldd "$BIN" | grep -oE '/[^ ]+\.so[^ ]*' | sort -u); do
-  mkdir -p "$R$(dirname "$lib")"
-  cp -L "$lib" "$R$lib"
+for BIN in "$@"; do
+  DEST="$R/bin/$(basename "$BIN")"
+  if command -v strip > /dev/null; then
+    strip -o "$DEST" "$BIN"
+  else
+    cp "$BIN" "$DEST"
+  fi
+  for lib in $(ldd "$BIN" | grep -oE '/[^ ]+\.so[^ ]*' | sort -u); do
+    mkdir -p "$R$(dirname "$lib")"
+    cp -L "$lib" "$R$lib"
+  done
 done
 # Dependency order: every module after the ones it needs, each once.
 : > "$R/modules.list"
@@ -26,6 +35,7 @@ done | awk '!seen[$0]++' | while read -r ko; do
   cp "$ko" "$R$ko"
   echo "$ko" >> "$R/modules.list"
 done
-install -m 755 "$HERE/init" "$R/init"
+install -m 644 "$HERE/guest-setup.sh" "$R/guest-setup.sh"
+install -m 755 "$INIT" "$R/init"
 (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$OUT/initramfs.cpio.gz"
 echo "initramfs: $OUT/initramfs.cpio.gz ($(du -h "$OUT/initramfs.cpio.gz" | cut -f1)), kernel /boot/vmlinuz-$KVER"

@@ -1,18 +1,33 @@
 #!/bin/bash
-# Boots the NVMe guest test under QEMU's software emulation (KVM guests hang on these hosts):
-# q35 with an emulated Intel IOMMU (48-bit addresses, so user-space virtual addresses can be
-# I/O addresses) and an emulated NVMe controller with two namespaces on fresh images: disk.img
-# (64 MiB, the device-interface tests) and fs.img (32 MiB, AccelFS).
-#   run.sh OUT_DIR GUEST_BINARY [TIMEOUT_SECONDS]
-# Leaves OUT_DIR/console.log and OUT_DIR/disk.img; exits with QEMU's status (124 on timeout).
+# Boots an NVMe guest under QEMU's software emulation (KVM guests hang on these hosts): q35 with
+# an emulated Intel IOMMU (48-bit addresses, so user-space virtual addresses can be I/O
+# addresses) and an emulated NVMe controller with two namespaces on fresh images: disk.img
+# (64 MiB, the device-interface tests and the benchmark) and fs.img (32 MiB, AccelFS).
+#   run.sh OUT_DIR INIT_SCRIPT TIMEOUT_SECONDS BINARY...
+# INIT_SCRIPT is the guest's /init (init: the tests; init-bench: `kura bench io`); the binaries go
+# to the guest's /bin. KURA_VM_APPEND adds to the kernel command line.
+# Leaves OUT_DIR/console.log and the images; exits with QEMU's status (124 on timeout), or 77
+# with the reason in OUT_DIR/skipped where QEMU, a kernel, busybox-static or cpio is missing.
 set -uo pipefail
 OUT=$1
-BIN=$2
-LIMIT=${3:-240}
+INIT=$2
+LIMIT=$3
+shift 3
 HERE=$(cd "$(dirname "$0")" && pwd)
-KVER=${KVER:-$(ls /lib/modules | sort -V | tail -1)}
 mkdir -p "$OUT"
-"$HERE/build-initramfs.sh" "$OUT" "$BIN" || exit 3
+skip() {
+  echo "$1" > "$OUT/skipped"
+  exit 77
+}
+for tool in qemu-system-x86_64 cpio gzip modprobe; do
+  command -v "$tool" > /dev/null || skip "$tool not found (apt: qemu-system-x86 cpio kmod)"
+done
+[ -x /bin/busybox ] || skip "/bin/busybox missing (apt: busybox-static)"
+KVER=${KVER:-$(ls /lib/modules 2> /dev/null | sort -V | tail -1)}
+[ -n "$KVER" ] && [ -e "/boot/vmlinuz-$KVER" ] ||
+  skip "no /boot/vmlinuz-* with /lib/modules (apt: linux-image-amd64)"
+export KVER
+"$HERE/build-initramfs.sh" "$OUT" "$INIT" "$@" || exit 3
 rm -f "$OUT/disk.img"
 truncate -s 64M "$OUT/disk.img"
 rm -f "$OUT/fs.img"
@@ -21,7 +36,7 @@ T0=$(date +%s%N)
 timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
   -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
-  -append "console=ttyS0 quiet intel_iommu=on panic=-1" \
+  -append "console=ttyS0 quiet intel_iommu=on panic=-1 ${KURA_VM_APPEND:-}" \
   -device nvme,id=nvme0,serial=kura0001 \
   -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" -device nvme-ns,drive=nvm,bus=nvme0,nsid=1 \
   -drive "file=$OUT/fs.img,if=none,id=nvm2,format=raw" -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2 \

@@ -13,6 +13,7 @@ pub mod check;
 pub mod cmd;
 pub mod ctrl;
 pub mod error;
+pub mod guest;
 pub mod open;
 pub mod pci;
 pub mod prp;

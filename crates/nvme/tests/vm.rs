@@ -8,29 +8,8 @@
 //! Skips visibly where QEMU, a kernel with modules, busybox-static or cpio are missing. The
 //! guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 240).
 
-use std::path::{Path, PathBuf};
-use std::process::Command;
-
-fn missing_tools() -> Option<String> {
-    for tool in ["qemu-system-x86_64", "cpio", "gzip", "modprobe"] {
-        let found = std::env::var_os("PATH")
-            .map(|p| std::env::split_paths(&p).any(|d| d.join(tool).exists()))
-            .unwrap_or(false);
-        if !found {
-            return Some(format!("{tool} not found (apt: qemu-system-x86 cpio kmod)"));
-        }
-    }
-    if !Path::new("/bin/busybox").exists() {
-        return Some("/bin/busybox missing (apt: busybox-static)".into());
-    }
-    let kver = std::fs::read_dir("/lib/modules")
-        .ok()
-        .and_then(|d| d.filter_map(Result::ok).map(|e| e.file_name()).max());
-    match kver {
-        Some(k) if Path::new(&format!("/boot/vmlinuz-{}", k.to_string_lossy())).exists() => None,
-        _ => Some("no /boot/vmlinuz-* with /lib/modules (apt: linux-image-amd64)".into()),
-    }
-}
+use std::path::Path;
+use std::time::Duration;
 
 fn block_at(image: &Path, block: u64) -> Vec<u8> {
     let data = std::fs::read(image).expect("disk image readable");
@@ -40,37 +19,26 @@ fn block_at(image: &Path, block: u64) -> Vec<u8> {
 
 #[test]
 fn guest_runs_passthrough_and_vfio_driver() {
-    if let Some(why) = missing_tools() {
-        eprintln!("SKIPPED: NVMe guest test: {why}");
-        return;
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    let out: PathBuf = std::env::temp_dir().join(format!("kura-nvme-vm-{}", std::process::id()));
-    let limit = std::env::var("KURA_NVME_VM_TIMEOUT").unwrap_or_else(|_| "240".into());
-    let t = std::time::Instant::now();
-    let status = Command::new(root.join("scripts/nvme-vm/run.sh"))
-        .arg(&out)
-        .arg(env!("CARGO_BIN_EXE_kura-nvme-guest"))
-        .arg(&limit)
-        .status()
-        .expect("run.sh starts");
-    let log = std::fs::read_to_string(out.join("console.log")).unwrap_or_default();
-    let lines: Vec<&str> = log
-        .lines()
-        .filter(|l| {
-            ["PASS", "FAIL", "COST", "GUEST", "qemu rc"]
-                .iter()
-                .any(|p| l.contains(p))
-        })
-        .collect();
-    eprintln!("{}", lines.join("\n"));
-    eprintln!(
-        "guest run took {:.1} s on the host",
-        t.elapsed().as_secs_f64()
-    );
-    assert!(
-        status.success(),
-        "QEMU failed or timed out ({status}); log in {}",
+    let limit: u64 = std::env::var("KURA_NVME_VM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(240);
+    let guest_bin = Path::new(env!("CARGO_BIN_EXE_kura-nvme-guest"));
+    let run = match kura_nvme::guest::boot("init", &[guest_bin], Duration::from_secs(limit), "") {
+        Ok(run) => run,
+        Err(why) => {
+            eprintln!("SKIPPED: NVMe guest test: {why}");
+            return;
+        }
+    };
+    let log = &run.console;
+    let out = &run.dir;
+    eprintln!("{}", run.summary());
+    eprintln!("guest run took {:.1} s on the host", run.took.as_secs_f64());
+    assert_eq!(
+        run.status,
+        Some(0),
+        "QEMU failed or timed out; log in {}",
         out.display()
     );
     assert!(
@@ -124,5 +92,5 @@ fn guest_runs_passthrough_and_vfio_driver() {
         fs.windows(tag.len()).any(|w| w == tag),
         "AccelFS file data is on the namespace-2 image"
     );
-    let _ = std::fs::remove_dir_all(&out);
+    let _ = std::fs::remove_dir_all(out);
 }

@@ -1,0 +1,77 @@
+//! The guest harness's host side: boots `scripts/nvme-vm/run.sh` (QEMU with TCG, q35, an
+//! emulated Intel IOMMU and an emulated NVMe controller) with a given `/init` and programs, and
+//! hands back the console log and images. The NVMe guest tests of this crate and of the CLI
+//! (`kura bench io` in the guest) both start guests through it.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The exit status `run.sh` uses when the host cannot boot a guest.
+const SKIP_STATUS: i32 = 77;
+
+/// What one guest boot left.
+#[derive(Debug)]
+pub struct GuestRun {
+    /// `run.sh`'s exit status: QEMU's, or 124 when the guest ran past its time limit.
+    pub status: Option<i32>,
+    /// Everything the guest printed on its console.
+    pub console: String,
+    /// Where the console log and the namespace images (`disk.img`, `fs.img`) are.
+    pub dir: PathBuf,
+    pub took: Duration,
+}
+
+impl GuestRun {
+    /// Lines a test reports: results, costs and the guest's own milestones.
+    pub fn summary(&self) -> String {
+        self.console
+            .lines()
+            .filter(|l| {
+                ["PASS", "FAIL", "COST", "GUEST", "qemu rc"]
+                    .iter()
+                    .any(|p| l.contains(p))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// The text the guest printed between two marker lines.
+    pub fn between(&self, begin: &str, end: &str) -> Option<&str> {
+        let start = self.console.find(begin)? + begin.len();
+        let len = self.console[start..].find(end)?;
+        Some(self.console[start..start + len].trim())
+    }
+}
+
+/// Boots a guest whose `/init` is `init` (a path relative to `scripts/nvme-vm/`), with `bins` in
+/// its `/bin`, for at most `limit`; `append` goes on the kernel command line. `Err` holds why
+/// this host cannot boot one (no QEMU, kernel, busybox-static or cpio), for a visible skip.
+pub fn boot(init: &str, bins: &[&Path], limit: Duration, append: &str) -> Result<GuestRun, String> {
+    let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/nvme-vm");
+    let dir = std::env::temp_dir().join(format!(
+        "kura-nvme-vm-{}-{}",
+        init.replace('/', "-"),
+        std::process::id()
+    ));
+    let started = Instant::now();
+    let status = Command::new(scripts.join("run.sh"))
+        .arg(&dir)
+        .arg(scripts.join(init))
+        .arg(limit.as_secs().max(1).to_string())
+        .args(bins)
+        .env("KURA_VM_APPEND", append)
+        .status()
+        .map_err(|e| format!("cannot start run.sh: {e}"))?;
+    if status.code() == Some(SKIP_STATUS) {
+        let why = std::fs::read_to_string(dir.join("skipped")).unwrap_or_default();
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(why.trim().to_string());
+    }
+    Ok(GuestRun {
+        status: status.code(),
+        console: std::fs::read_to_string(dir.join("console.log")).unwrap_or_default(),
+        dir,
+        took: started.elapsed(),
+    })
+}
