@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod blocking;
 pub mod buffer;
+pub mod conformance;
 pub mod device;
 pub mod error;
 pub mod fault;

@@ -1,9 +1,10 @@
-//! Bad input on every backend: each case is a clear, typed error — never a panic, never a
-//! request silently dropped.
+//! Bad input: each case is a clear, typed error — never a panic, never a request silently
+//! dropped. (Invalid requests on every backend are part of the device-interface suite,
+//! `tests/conformance.rs`.)
 
 mod common;
 
-use common::{data_backends, open_or_skip, BLOCKS};
+use common::open_or_skip;
 use kura_engine::{open, BlockDevice, DeviceError, IoBuf, OpenError, Request};
 
 fn rejected(dev: &mut dyn BlockDevice, req: Request) -> DeviceError {
@@ -14,73 +15,6 @@ fn rejected(dev: &mut dyn BlockDevice, req: Request) -> DeviceError {
             assert_eq!(r.request.tag, tag, "the request comes back whole");
             r.error
         }
-    }
-}
-
-#[test]
-fn invalid_requests_are_refused_with_the_reason_on_every_backend() {
-    let dir = tempfile::tempdir().unwrap();
-    for spec in data_backends(dir.path())
-        .iter()
-        .chain([&"null:1M?bs=4096".to_string()])
-    {
-        let Some(mut dev) = open_or_skip(spec) else {
-            continue;
-        };
-        let blocks = dev.geometry().num_blocks;
-        let dev = &mut *dev;
-        assert!(
-            matches!(
-                rejected(dev, Request::read(1, 0, 0, IoBuf::zeroed(4096))),
-                DeviceError::ZeroLength { .. }
-            ),
-            "{spec}"
-        );
-        assert!(
-            matches!(rejected(dev, Request::write(2, blocks, 1, IoBuf::zeroed(4096))), DeviceError::OutOfRange { lba, .. } if lba == blocks),
-            "{spec}"
-        );
-        assert!(
-            matches!(
-                rejected(dev, Request::read(3, blocks - 1, 2, IoBuf::zeroed(8192))),
-                DeviceError::OutOfRange { .. }
-            ),
-            "{spec}"
-        );
-        assert!(
-            matches!(
-                rejected(dev, Request::discard(4, u64::MAX, 2)),
-                DeviceError::OutOfRange { .. }
-            ),
-            "{spec}: LBA overflow"
-        );
-        assert!(
-            matches!(
-                rejected(dev, Request::read(5, 0, 2, IoBuf::zeroed(4096))),
-                DeviceError::BadBuffer { need: 8192, .. }
-            ),
-            "{spec}"
-        );
-        let no_buffer = Request {
-            tag: 6,
-            op: kura_engine::Opcode::Write,
-            lba: 0,
-            blocks: 1,
-            buf: None,
-        };
-        assert!(
-            matches!(
-                rejected(dev, no_buffer),
-                DeviceError::BadBuffer { have: 0, .. }
-            ),
-            "{spec}"
-        );
-        assert_eq!(
-            dev.in_flight(),
-            0,
-            "{spec}: nothing was queued by refused requests"
-        );
-        let _ = BLOCKS;
     }
 }
 

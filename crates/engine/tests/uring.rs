@@ -1,12 +1,8 @@
-//! The io_uring backend on real files and, as root, on a real loop device: splitting, deep
-//! queues, kernel-feature fallbacks.
+//! The io_uring backend on real files and, as root, on a real loop device: kernel-feature
+//! fallbacks. (Splitting and deep queues are in the device-interface suite, `tests/conformance.rs`.)
 
 use kura_engine::backend::uring;
-use kura_engine::{
-    open, BlockDevice, BlockingIo, BufferPool, Completion, DeviceError, IoBuf, OpenError, Request,
-    Spec,
-};
-use std::collections::HashSet;
+use kura_engine::{open, BlockDevice, BlockingIo, DeviceError, IoBuf, OpenError, Request, Spec};
 use std::process::Command;
 
 fn uring_or_skip(spec: &str) -> Option<Box<dyn BlockDevice>> {
@@ -17,79 +13,6 @@ fn uring_or_skip(spec: &str) -> Option<Box<dyn BlockDevice>> {
             None
         }
         Err(e) => panic!("{spec}: {e}"),
-    }
-}
-
-fn wait_all(dev: &mut dyn BlockDevice) -> Vec<Completion> {
-    let mut out = Vec::new();
-    while dev.in_flight() > 0 {
-        dev.poll(&mut out, 1).expect("poll");
-    }
-    out
-}
-
-#[test]
-fn a_request_larger_than_max_transfer_is_split_and_completed_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut dev) = uring_or_skip(&format!(
-        "uring:{}/a.img?size=16M&max_transfer=1M",
-        dir.path().display()
-    )) else {
-        return;
-    };
-    let len = 5 << 20;
-    let mut buf = BufferPool::global().alloc(len).unwrap();
-    for (i, b) in buf.iter_mut().enumerate() {
-        *b = (i / 4096) as u8 ^ 0x5a;
-    }
-    let expect = buf.to_vec();
-    dev.submit(Request::write(7, 3, (len / 4096) as u64, buf))
-        .unwrap();
-    let done = wait_all(&mut *dev);
-    assert_eq!(done.len(), 1, "one completion for the whole request");
-    assert_eq!(done[0].tag, 7);
-    done[0].status.clone().unwrap();
-    let mut back = vec![0u8; len];
-    dev.read_blocks(3, &mut back).unwrap();
-    assert!(back == expect);
-}
-
-#[test]
-fn queue_depth_128_keeps_every_request_in_flight_and_completes_each_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let Some(mut dev) = uring_or_skip(&format!(
-        "uring:{}/b.img?size=8M&qd=128",
-        dir.path().display()
-    )) else {
-        return;
-    };
-    let mut data = vec![0u8; 8 << 20];
-    for (i, b) in data.iter_mut().enumerate() {
-        *b = (i / 4096 * 7) as u8;
-    }
-    dev.write_blocks(0, &data).unwrap();
-    dev.flush_all().unwrap();
-    for tag in 0..128u64 {
-        let lba = (tag * 13) % 2048;
-        dev.submit(Request::read(tag, lba, 1, IoBuf::zeroed(4096)))
-            .unwrap();
-    }
-    assert_eq!(dev.in_flight(), 128);
-    let refused = dev
-        .submit(Request::read(999, 0, 1, IoBuf::zeroed(4096)))
-        .unwrap_err();
-    assert!(matches!(
-        refused.error,
-        DeviceError::QueueFull { depth: 128 }
-    ));
-    assert_eq!(refused.request.tag, 999);
-    let done = wait_all(&mut *dev);
-    let tags: HashSet<u64> = done.iter().map(|c| c.tag).collect();
-    assert_eq!(tags.len(), 128);
-    for c in done {
-        c.status.clone().unwrap();
-        let lba = ((c.tag * 13) % 2048) as usize;
-        assert!(c.buf.unwrap()[..] == data[lba * 4096..(lba + 1) * 4096]);
     }
 }
 
@@ -201,6 +124,13 @@ fn a_real_loop_device_works_as_root() {
         .submit(Request::read(1, geo.num_blocks, 1, IoBuf::zeroed(4096)))
         .unwrap_err();
     assert!(matches!(oob.error, DeviceError::OutOfRange { .. }));
+    // The device-interface suite on a real block device, where discard and write-zeroes go
+    // through the kernel's block layer.
+    for (check, outcome) in kura_engine::conformance::suite(&mut *dev, 2048, 1024, 5) {
+        if let Err(e) = outcome {
+            panic!("{loopdev}: {check}: {e}");
+        }
+    }
     drop(dev);
     // The bytes are really on the device: read the backing file through the kernel.
     let file = std::fs::read(&img).unwrap();

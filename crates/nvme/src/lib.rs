@@ -9,7 +9,6 @@
 //! [`kura_engine::BlockDevice`] ([`queue`]).
 
 pub mod bus;
-pub mod check;
 pub mod cmd;
 pub mod ctrl;
 pub mod error;

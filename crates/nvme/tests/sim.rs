@@ -2,14 +2,37 @@
 //! several queue pairs from several threads, error statuses, timeouts with abort and reset, a
 //! controller that never becomes ready or vanishes, and clean shutdown.
 
+use kura_engine::conformance;
 use kura_engine::{BlockDevice, BlockingIo, DeviceError, IoBuf, Request, Spec};
 use kura_nvme::status::{self, NvmeStatus};
-use kura_nvme::{check, open_sim, NvmeError, NvmeQueue, SimController};
+use kura_nvme::{open_sim, NvmeError, NvmeQueue, SimController};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn sim(spec: &str) -> (NvmeQueue, Arc<SimController>) {
     open_sim(&Spec::parse(spec).expect("spec parses")).expect("simulated controller opens")
+}
+
+#[test]
+fn the_device_interface_suite_passes_on_the_simulated_controller() {
+    for spec in [
+        "nvme-sim:1M",
+        "nvme-sim:2M?bs=4096&mdts=2&qd=16",
+        "nvme-sim:1M?qd=3&entries=2",
+    ] {
+        let (mut q, s) = sim(spec);
+        let blocks = q.geometry().num_blocks;
+        for (check, outcome) in conformance::suite(&mut q, 0, blocks, 3) {
+            if let Err(e) = outcome {
+                panic!("{spec}: {check}: {e}");
+            }
+        }
+        assert_eq!(
+            s.stats().dma_faults,
+            0,
+            "{spec}: no DMA outside mapped memory"
+        );
+    }
 }
 
 #[test]
@@ -25,7 +48,7 @@ fn model_check_on_several_geometries() {
         let geo = q.geometry();
         let mut model = vec![0u8; (geo.num_blocks * u64::from(geo.block_size)) as usize];
         for seed in 0..6 {
-            check::run(&mut q, seed, 8, 0, &mut model)
+            conformance::model(&mut q, seed, 8, 0, &mut model)
                 .unwrap_or_else(|e| panic!("{spec} seed {seed}: {e}"));
         }
         let st = s.stats();
@@ -85,7 +108,7 @@ fn queues_on_several_threads() {
             std::thread::spawn(move || {
                 let mut model = vec![0u8; (quarter * 4096) as usize];
                 for seed in 0..4 {
-                    check::run(
+                    conformance::model(
                         &mut q,
                         100 * i as u64 + seed,
                         6,
@@ -178,7 +201,7 @@ fn ignored_abort_leads_to_reset_and_reinit() {
     // An explicit reset with nothing in flight, then the model check still passes.
     q.reset_controller().unwrap();
     let mut model = s.disk();
-    check::run(&mut q, 7, 4, 0, &mut model).unwrap();
+    conformance::model(&mut q, 7, 4, 0, &mut model).unwrap();
 }
 
 #[test]

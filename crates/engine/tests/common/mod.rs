@@ -1,6 +1,9 @@
 //! Shared by the engine's integration tests: the list of backends every device-interface test
 //! runs on, each named by the spec string a user would type.
 
+// Each test binary compiles this module and uses a different part of it.
+#![allow(dead_code)]
+
 use kura_engine::{open, BlockDevice, OpenError};
 use std::path::Path;
 

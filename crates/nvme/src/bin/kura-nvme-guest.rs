@@ -1,8 +1,10 @@
 //! The test program the guest harness (`scripts/nvme-vm/`, `tests/vm.rs`) runs inside a QEMU
 //! guest with an emulated NVMe controller:
 //!
-//! - `kura-nvme-guest pt /dev/ng0n1` — the model check through io_uring passthrough, a marker block
-//!   for the host to find, and the cost per 4 KiB read;
+//! - `kura-nvme-guest pt /dev/ng0n1` — the device-interface suite every backend passes
+//!   (`kura_engine::conformance`) through io_uring passthrough, a marker block for the host to
+//!   find, and the cost per 4 KiB read; then the same suite and cost through the engine's
+//!   `uring` backend on `/dev/nvme0n1`;
 //! - `kura-nvme-guest vfio 0000:00:04.0` — the same through the user-space driver at two block sizes,
 //!   an out-of-range read answered by the controller's status, four queue pairs on four
 //!   threads, a controller reset and re-initialisation, shutdown and a second bring-up, a marker
@@ -14,8 +16,9 @@
 //!
 //! Every line it prints starts with `PASS`, `FAIL`, `COST` or `GUEST-RESULT`.
 
+use kura_engine::conformance;
 use kura_engine::{BlockDevice, BlockingIo, DeviceError, IoBuf, Request};
-use kura_nvme::{check, NvmeQueue};
+use kura_nvme::NvmeQueue;
 use std::time::Instant;
 
 /// 4 KiB block the pt run marks, and the one the vfio run marks; the host checks both.
@@ -36,21 +39,15 @@ fn model_region(
     blocks: u64,
     seeds: std::ops::Range<u64>,
 ) -> Result<String, String> {
-    let bs = dev.geometry().block_size as usize;
-    let mut model = vec![0u8; blocks as usize * bs];
-    dev.read_blocks(base, &mut model)
-        .map_err(|e| e.to_string())?;
-    let mut total = check::ModelReport::default();
-    for seed in seeds {
-        let r = check::run(dev, seed, 6, base, &mut model)?;
-        total.requests += r.requests;
-        total.bytes += r.bytes;
-        total.largest_request_blocks = total.largest_request_blocks.max(r.largest_request_blocks);
+    conformance::model_region(dev, base, blocks, seeds, 6)
+}
+
+/// The device-interface suite every backend passes (`kura_engine::conformance`), one step per
+/// check, named `PREFIX CHECK`.
+fn suite(dev: &mut dyn BlockDevice, prefix: &str, base: u64, blocks: u64, failed: &mut bool) {
+    for (check, outcome) in conformance::suite(dev, base, blocks, base) {
+        step(failed, &format!("{prefix} {check}"), outcome);
     }
-    Ok(format!(
-        "{} requests, {} bytes, largest {} blocks",
-        total.requests, total.bytes, total.largest_request_blocks
-    ))
 }
 
 fn cost(dev: &mut dyn BlockDevice, label: &str, depth: usize, n: u64) -> Result<(), String> {
@@ -178,7 +175,7 @@ fn run_pt(path: &str, failed: &mut bool) {
         Err(e) => return step(failed, "pt open", Err(e)),
     };
     println!("PASS pt open: {} {:?}", dev.describe(), dev.geometry());
-    step(failed, "pt model", model_region(&mut *dev, 0, 512, 0..4));
+    suite(&mut *dev, "pt", 0, 512, failed);
     step(
         failed,
         "pt marker",
@@ -198,13 +195,16 @@ fn run_pt(path: &str, failed: &mut bool) {
     // The engine's io_uring backend on the block device of the same namespace, for comparison.
     let block = path.replace("/dev/ng", "/dev/nvme");
     match kura_engine::open(&format!("uring:{block}?bs=4096&qd=32")) {
-        Ok(mut dev) => step(
-            failed,
-            "uring cost",
-            cost(&mut *dev, "uring", 1, 2000)
-                .and_then(|()| cost(&mut *dev, "uring", 32, 4000))
-                .map(|()| String::new()),
-        ),
+        Ok(mut dev) => {
+            suite(&mut *dev, "uring", 512, 512, failed);
+            step(
+                failed,
+                "uring cost",
+                cost(&mut *dev, "uring", 1, 2000)
+                    .and_then(|()| cost(&mut *dev, "uring", 32, 4000))
+                    .map(|()| String::new()),
+            )
+        }
         Err(e) => step(failed, "uring open", Err(e.to_string())),
     }
 }
@@ -224,11 +224,7 @@ fn run_vfio(bdf: &str, failed: &mut bool) {
                 info.io_queues,
                 info.ns
             );
-            step(
-                failed,
-                "vfio model bs=512",
-                model_region(&mut q, 4096, 2048, 0..3),
-            );
+            suite(&mut q, "vfio bs=512", 4096, 2048, failed);
             let end = info.ns.blocks;
             step(
                 failed,
@@ -249,11 +245,7 @@ fn run_vfio(bdf: &str, failed: &mut bool) {
         Err(e) => return step(failed, "vfio reopen", Err(e)),
     };
     println!("PASS vfio reopen after shutdown: {:?}", q.geometry());
-    step(
-        failed,
-        "vfio model bs=4096 (PRP lists, splits)",
-        model_region(&mut q, 1024, 512, 10..14),
-    );
+    suite(&mut q, "vfio bs=4096", 1024, 512, failed);
     let mut threads = Vec::new();
     for i in 0..3u64 {
         match q.new_queue() {
