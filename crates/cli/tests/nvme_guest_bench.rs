@@ -8,19 +8,15 @@
 //! bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 300).
 
 use std::path::Path;
-use std::time::Duration;
 
 #[test]
 fn bench_io_compares_nvme_passthrough_and_uring_in_the_guest() {
-    let limit: u64 = std::env::var("KURA_NVME_VM_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(300);
+    let limit = kura_nvme::guest::time_limit(300);
     let kura = Path::new(env!("CARGO_BIN_EXE_kura"));
     let run = match kura_nvme::guest::boot(
         "init-bench",
         &[kura],
-        Duration::from_secs(limit),
+        limit,
         "kura_bench_args=\"--quick --seconds 0.1\"",
     ) {
         Ok(run) => run,

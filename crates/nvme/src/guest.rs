@@ -44,6 +44,15 @@ impl GuestRun {
     }
 }
 
+/// The guest's time limit: `KURA_NVME_VM_TIMEOUT` seconds, else `default_secs`.
+pub fn time_limit(default_secs: u64) -> Duration {
+    let secs = std::env::var("KURA_NVME_VM_TIMEOUT")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default_secs);
+    Duration::from_secs(secs)
+}
+
 /// Boots a guest whose `/init` is `init` (a path relative to `scripts/nvme-vm/`), with `bins` in
 /// its `/bin`, for at most `limit`; `append` goes on the kernel command line. `Err` holds why
 /// this host cannot boot one (no QEMU, kernel, busybox-static or cpio), for a visible skip.

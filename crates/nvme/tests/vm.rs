@@ -9,7 +9,6 @@
 //! guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 240).
 
 use std::path::Path;
-use std::time::Duration;
 
 fn block_at(image: &Path, block: u64) -> Vec<u8> {
     let data = std::fs::read(image).expect("disk image readable");
@@ -19,12 +18,9 @@ fn block_at(image: &Path, block: u64) -> Vec<u8> {
 
 #[test]
 fn guest_runs_passthrough_and_vfio_driver() {
-    let limit: u64 = std::env::var("KURA_NVME_VM_TIMEOUT")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(240);
+    let limit = kura_nvme::guest::time_limit(240);
     let guest_bin = Path::new(env!("CARGO_BIN_EXE_kura-nvme-guest"));
-    let run = match kura_nvme::guest::boot("init", &[guest_bin], Duration::from_secs(limit), "") {
+    let run = match kura_nvme::guest::boot("init", &[guest_bin], limit, "") {
         Ok(run) => run,
         Err(why) => {
             eprintln!("SKIPPED: NVMe guest test: {why}");
