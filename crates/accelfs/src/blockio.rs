@@ -195,6 +195,18 @@ impl BlockIo {
         depth: usize,
         mut deliver: impl FnMut(&[u8]),
     ) -> Result<(), FsError> {
+        self.stream_read_owned(pieces, depth, |buf| deliver(&buf))
+    }
+
+    /// [`BlockIo::stream_read`] that hands over the buffers themselves (a zeroed one for a hole):
+    /// the caller may keep them, so a consumer on another thread reads the device's buffers with
+    /// no copy. Held buffers are no longer the pool's to lend, so the caller should bound them.
+    pub fn stream_read_owned(
+        &mut self,
+        pieces: &[Piece],
+        depth: usize,
+        mut deliver: impl FnMut(IoBuf),
+    ) -> Result<(), FsError> {
         for p in pieces {
             if let Piece::Device { block, bytes } = *p {
                 if bytes == 0 || !bytes.is_multiple_of(self.block_size) {
@@ -209,7 +221,6 @@ impl BlockIo {
         let depth = depth.max(1);
         // Completed pieces waiting for their turn: a buffer, or a count of zero bytes.
         let mut ready: std::collections::BTreeMap<usize, Result<IoBuf, usize>> = Default::default();
-        let mut zeroes: Vec<u8> = Vec::new();
         let (mut next_submit, mut next_deliver) = (0usize, 0usize);
         let mut failure: Option<DeviceError> = None;
         let mut done = Vec::new();
@@ -241,13 +252,8 @@ impl BlockIo {
             }
             while let Some(piece) = ready.remove(&next_deliver) {
                 match piece {
-                    Ok(buf) => deliver(&buf),
-                    Err(bytes) => {
-                        if zeroes.len() < bytes {
-                            zeroes.resize(bytes, 0);
-                        }
-                        deliver(&zeroes[..bytes]);
-                    }
+                    Ok(buf) => deliver(buf),
+                    Err(bytes) => deliver(IoBuf::zeroed(bytes)),
                 }
                 next_deliver += 1;
             }

@@ -319,13 +319,27 @@ fn streamed_reads_match_positioned_reads_across_holes_and_dirty_blocks() {
         let n = f
             .read_stream(offset, len, |chunk| streamed.extend_from_slice(chunk))
             .expect("stream");
+        // The owned buffers, kept until the end as a consumer on another thread would.
+        let mut held = Vec::new();
+        let owned_n = f
+            .read_stream_owned(offset, len, |buf, range| held.push((buf, range)))
+            .expect("owned stream");
+        let owned: Vec<u8> = held
+            .iter()
+            .flat_map(|(buf, range)| buf[range.clone()].iter().copied())
+            .collect();
         let mut want = vec![0u8; len as usize];
         let m = f.read_at(offset, &mut want).expect("read");
         want.truncate(m);
         assert_eq!(n as usize, m, "offset {offset} len {len}");
+        assert_eq!(owned_n, n, "offset {offset} len {len}");
         assert!(
             streamed == want,
             "offset {offset} len {len}: contents differ"
+        );
+        assert!(
+            owned == want,
+            "offset {offset} len {len}: owned buffers differ"
         );
     }
 }

@@ -206,6 +206,18 @@ impl Inner {
         len: u64,
         deliver: &mut dyn FnMut(&[u8]),
     ) -> Result<u64, FsError> {
+        self.read_stream_owned(ino, offset, len, &mut |buf, range| deliver(&buf[range]))
+    }
+
+    /// [`Self::read_stream`] handing over each engine buffer with the part of it that belongs
+    /// to the range asked for.
+    pub(crate) fn read_stream_owned(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        deliver: &mut dyn FnMut(IoBuf, std::ops::Range<usize>),
+    ) -> Result<u64, FsError> {
         self.file_node(ino)?;
         let size = self.node(ino)?.inode.size;
         if offset >= size || len == 0 {
@@ -261,14 +273,13 @@ impl Inner {
         let mut skip = (offset - u64::from(first) * bs) as usize;
         let mut left = n as usize;
         self.io
-            .stream_read(&pieces, self.opts.stream_depth, |chunk: &[u8]| {
-                let skipped = skip.min(chunk.len());
+            .stream_read_owned(&pieces, self.opts.stream_depth, |buf: IoBuf| {
+                let skipped = skip.min(buf.len());
                 skip -= skipped;
-                let chunk = &chunk[skipped..];
-                let take = chunk.len().min(left);
+                let take = (buf.len() - skipped).min(left);
                 if take > 0 {
-                    deliver(&chunk[..take]);
                     left -= take;
+                    deliver(buf, skipped..skipped + take);
                 }
             })?;
         self.cache.stats.bypass_bytes += n;

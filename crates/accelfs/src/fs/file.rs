@@ -111,6 +111,22 @@ impl File {
         })
     }
 
+    /// [`File::read_stream`] that hands over the engine buffers themselves, each with the part
+    /// of it that belongs to the file range: a consumer on another thread (a parser) can then
+    /// read the device's buffers with no copy at all. A buffer held goes back to the pool when
+    /// dropped; until then the pool has that much less to lend, so hold a bounded number.
+    pub fn read_stream_owned(
+        &self,
+        offset: u64,
+        len: u64,
+        mut deliver: impl FnMut(kura_engine::IoBuf, std::ops::Range<usize>),
+    ) -> Result<u64, FsError> {
+        self.need(false)?;
+        self.fs.with_handle(self.ino, self.generation, |g| {
+            g.read_stream_owned(self.ino, offset, len, &mut deliver)
+        })
+    }
+
     /// Reads exactly `out.len()` bytes at `offset`, or fails with `Invalid` at the end.
     pub fn read_exact_at(&self, offset: u64, out: &mut [u8]) -> Result<(), FsError> {
         let n = self.read_at(offset, out)?;
