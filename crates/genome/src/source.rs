@@ -16,7 +16,9 @@
 //! compute read throughput and how much of the I/O was hidden behind parsing.
 
 use flate2::read::MultiGzDecoder;
+use kura_engine::IoBuf;
 use std::io::{self, BufRead, Read};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender};
 use std::sync::Arc;
@@ -159,7 +161,60 @@ fn fill(reader: &mut dyn Read, buf: &mut Vec<u8>, chunk: usize) -> io::Result<()
     Ok(())
 }
 
-type ChunkMsg = io::Result<Vec<u8>>;
+/// One piece of a stream as the consumer sees it: bytes a reader filled, or the part of an
+/// engine buffer that a device read into, handed over without a copy.
+#[derive(Default)]
+pub struct Chunk(Piece);
+
+enum Piece {
+    Bytes(Vec<u8>),
+    Device(IoBuf, Range<usize>),
+}
+
+impl Default for Piece {
+    fn default() -> Self {
+        Piece::Bytes(Vec::new())
+    }
+}
+
+impl Chunk {
+    /// Bytes in a buffer of their own.
+    pub fn bytes(bytes: Vec<u8>) -> Self {
+        Chunk(Piece::Bytes(bytes))
+    }
+
+    /// The `range` part of a device buffer (clamped to the buffer).
+    pub fn device(buf: IoBuf, range: Range<usize>) -> Self {
+        let end = range.end.min(buf.len());
+        let start = range.start.min(end);
+        Chunk(Piece::Device(buf, start..end))
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        match &self.0 {
+            Piece::Bytes(v) => v,
+            Piece::Device(buf, range) => &buf[range.clone()],
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.as_slice().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The byte buffer back, for reuse; a device buffer goes back to its pool when dropped.
+    fn into_vec(self) -> Option<Vec<u8>> {
+        match self.0 {
+            Piece::Bytes(v) => Some(v),
+            Piece::Device(..) => None,
+        }
+    }
+}
+
+type ChunkMsg = io::Result<Chunk>;
 
 enum Mode {
     Inline {
@@ -179,7 +234,7 @@ enum Mode {
 /// left of the current chunk, so parsers can scan large slices with `memchr`).
 pub struct ByteSource {
     mode: Mode,
-    cur: Vec<u8>,
+    cur: Chunk,
     pos: usize,
     done: bool,
     failed: bool,
@@ -201,7 +256,7 @@ impl ByteSource {
                 chunk: opts.chunk.max(1),
                 pending: None,
             },
-            cur: Vec::new(),
+            cur: Chunk::default(),
             pos: 0,
             done: false,
             failed: false,
@@ -240,7 +295,7 @@ impl ByteSource {
                 recycle,
                 thread: Some(thread),
             },
-            cur: Vec::new(),
+            cur: Chunk::default(),
             pos: 0,
             done: false,
             failed: false,
@@ -249,16 +304,17 @@ impl ByteSource {
     }
 
     /// A source whose chunks come from `producer`, run on a thread of its own, for inputs that
-    /// can hand over whole chunks without going through `Read` (so without a second copy), such
-    /// as an AccelFS stream. `producer` gets `emit` (returns false once the consumer is gone) and
-    /// `spare` (a recycled buffer, or a new one); an error it returns reaches the consumer after
-    /// the chunks before it. The chunks must be plain data: no gzip detection happens here.
+    /// can hand over whole chunks without going through `Read`, such as an AccelFS stream whose
+    /// device buffers become chunks with no copy at all. `producer` gets `emit` (returns false
+    /// once the consumer is gone) and `spare` (a recycled byte buffer, or a new one); an error it
+    /// returns reaches the consumer after the chunks before it. Up to `depth` chunks wait for the
+    /// consumer. The chunks must be plain data: no gzip detection happens here.
     ///
     /// # Errors
     /// Fails only if the thread cannot be spawned.
     pub fn produced<P>(producer: P, depth: usize) -> io::Result<Self>
     where
-        P: FnOnce(&mut dyn FnMut(Vec<u8>) -> bool, &mut dyn FnMut() -> Vec<u8>) -> io::Result<()>
+        P: FnOnce(&mut dyn FnMut(Chunk) -> bool, &mut dyn FnMut() -> Vec<u8>) -> io::Result<()>
             + Send
             + 'static,
     {
@@ -271,7 +327,7 @@ impl ByteSource {
         let thread = std::thread::Builder::new()
             .name("kura-genome-produce".into())
             .spawn(move || {
-                let mut emit = |chunk: Vec<u8>| {
+                let mut emit = |chunk: Chunk| {
                     thread_stats
                         .raw
                         .fetch_add(chunk.len() as u64, Ordering::Relaxed);
@@ -288,7 +344,7 @@ impl ByteSource {
                 recycle,
                 thread: Some(thread),
             },
-            cur: Vec::new(),
+            cur: Chunk::default(),
             pos: 0,
             done: false,
             failed: false,
@@ -342,7 +398,9 @@ impl ByteSource {
                     r = decoded(r, &self.stats)?;
                     *decoding = true;
                 }
-                let res = fill(r.as_mut(), &mut self.cur, *chunk);
+                let mut bytes = std::mem::take(&mut self.cur).into_vec().unwrap_or_default();
+                let res = fill(r.as_mut(), &mut bytes, *chunk);
+                self.cur = Chunk::bytes(bytes);
                 *reader = Some(r);
                 match res {
                     // Hand out what arrived before the error; the error comes on the next call.
@@ -359,10 +417,12 @@ impl ByteSource {
                 recycle,
                 thread,
             } => match rx.recv() {
-                Ok(Ok(buf)) => {
-                    let old = std::mem::replace(&mut self.cur, buf);
+                Ok(Ok(next)) => {
+                    let old = std::mem::replace(&mut self.cur, next);
                     // The thread may already be gone (input ended); the buffer is then dropped.
-                    let _ = recycle.try_send(old);
+                    if let Some(bytes) = old.into_vec() {
+                        let _ = recycle.try_send(bytes);
+                    }
                     true
                 }
                 Ok(Err(e)) => {
@@ -389,7 +449,7 @@ impl ByteSource {
                 .delivered
                 .fetch_add(self.cur.len() as u64, Ordering::Relaxed);
         } else {
-            self.cur.clear();
+            self.cur = Chunk::default();
             self.done = true;
         }
         Ok(got)
@@ -416,12 +476,12 @@ fn reader_thread(
             Ok(()) if buf.is_empty() => return,
             Ok(()) => {
                 // A send error means the consumer dropped the source: stop reading.
-                if tx.send(Ok(buf)).is_err() {
+                if tx.send(Ok(Chunk::bytes(buf))).is_err() {
                     return;
                 }
             }
             Err(e) => {
-                if !buf.is_empty() && tx.send(Ok(buf)).is_err() {
+                if !buf.is_empty() && tx.send(Ok(Chunk::bytes(buf))).is_err() {
                     return;
                 }
                 let _ = tx.send(Err(e));
@@ -438,7 +498,7 @@ impl BufRead for ByteSource {
                 return Ok(&[]);
             }
         }
-        Ok(&self.cur[self.pos..])
+        Ok(&self.cur.as_slice()[self.pos..])
     }
 
     fn consume(&mut self, amt: usize) {

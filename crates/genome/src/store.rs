@@ -3,23 +3,25 @@
 //! host-mediated path).
 //!
 //! Files are streamed by a reader thread ([`ByteSource::read_ahead`]) so parsing overlaps the I/O.
-//! AccelFS files are read with `File::read_stream`, which keeps many 1 MiB commands in flight and
-//! copies each engine buffer into the segment as it completes: a thread of its own streams one
-//! 8 MiB segment at a time and hands it to the parser as its next chunk (no second copy; gzip
-//! files go through the decoder instead). The file system's lock is held for one
-//! segment and never while waiting for the consumer (a segment is sent after `read_stream`
-//! returns), so a consumer that writes to the same file system (SAM output) cannot deadlock it.
+//! AccelFS files are read with `File::read_stream_owned`, which keeps 1 MiB commands in flight
+//! and hands over the engine buffers themselves: a thread of its own streams one 8 MiB segment
+//! at a time and passes its buffers to the parser as chunks, so the bytes the device wrote are
+//! the bytes the parser reads, with no copy (gzip files go through the decoder instead). The
+//! file system's lock is held for one segment and never while waiting for the consumer (the
+//! buffers are sent after `read_stream_owned` returns), so a consumer that writes to the same
+//! file system (SAM output) cannot deadlock it. At most two segments' buffers are held outside
+//! the pool: the one being read and the one waiting for the parser.
 
-use crate::source::{ByteSource, SourceOptions};
+use crate::source::{ByteSource, Chunk, SourceOptions};
 use kura_accelfs::fs::{File as FsFile, FileSystem};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
-/// Bytes per `read_stream` call: 8 commands of 1 MiB in flight
-/// sequential bandwidth, while the segments in the channel stay small in memory.
+/// Bytes per `read_stream_owned` call: 8 commands of 1 MiB in flight reach the device's
+/// sequential bandwidth, while the buffers waiting for the parser stay few.
 const SEGMENT: u64 = 8 << 20;
-/// Segments ready ahead of the parser.
-const SEGMENTS_AHEAD: usize = 1;
+/// Chunks (1 MiB device buffers) ready ahead of the parser: one segment.
+const CHUNKS_AHEAD: usize = 8;
 const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// A failure to reach a file, with its path.
@@ -209,26 +211,26 @@ impl Store {
                 }
                 let name = p.clone();
                 ByteSource::produced(
-                    move |emit, spare| {
+                    move |emit, _spare| {
                         let mut offset = 0u64;
                         loop {
-                            let mut chunk = spare();
-                            chunk.clear();
-                            chunk.reserve(SEGMENT as usize);
-                            let got = file.read_stream(offset, SEGMENT, |piece| {
-                                chunk.extend_from_slice(piece);
+                            let mut segment = Vec::new();
+                            let got = file.read_stream_owned(offset, SEGMENT, |buf, range| {
+                                segment.push(Chunk::device(buf, range));
                             });
                             match got {
                                 Ok(0) => return Ok(()),
                                 Ok(n) => offset += n,
                                 Err(e) => return Err(io::Error::other(format!("{name}: {e}"))),
                             }
-                            if !emit(chunk) {
-                                return Ok(());
+                            for chunk in segment {
+                                if !emit(chunk) {
+                                    return Ok(());
+                                }
                             }
                         }
                     },
-                    SEGMENTS_AHEAD,
+                    CHUNKS_AHEAD,
                 )
                 .map_err(|e| StoreError::Host { path: p, source: e })
             }
