@@ -11,11 +11,14 @@
 #include <leveldb/options.h>
 #include <leveldb/write_batch.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdarg>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <set>
 #include <string>
@@ -51,6 +54,7 @@ struct KuraDbOptions {
   size_t write_buffer_bytes;
   int bloom_bits;
   int max_open_files;
+  size_t resident_table_bytes;
 };
 
 }  // extern "C"
@@ -58,6 +62,11 @@ struct KuraDbOptions {
 namespace {
 
 enum OpenMode { kRead = 0, kTruncate = 1, kAppend = 2 };
+
+bool EndsWith(const std::string& s, const char* suffix) {
+  size_t n = std::strlen(suffix);
+  return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
+}
 
 leveldb::Status FsError(const KuraFsOps& ops, int code, const std::string& what) {
   char buf[512];
@@ -92,13 +101,51 @@ class AccelSequentialFile : public leveldb::SequentialFile {
   uint64_t pos_ = 0;
 };
 
+// Bytes of table files held whole in memory, across the files of one Env, and the cap.
+class ResidentBudget {
+ public:
+  explicit ResidentBudget(size_t limit) : limit_(limit) {}
+  bool Take(size_t n) {
+    size_t used = used_.load(std::memory_order_relaxed);
+    do {
+      if (n > limit_ || used > limit_ - n) return false;
+    } while (!used_.compare_exchange_weak(used, used + n, std::memory_order_relaxed));
+    return true;
+  }
+  void Give(size_t n) { used_.fetch_sub(n, std::memory_order_relaxed); }
+
+ private:
+  const size_t limit_;
+  std::atomic<size_t> used_{0};
+};
+
+// Reads go to the file system; a table file (immutable once LevelDB opens it for reading) that
+// keeps being read is then loaded whole, while the budget allows, and later reads are slices of
+// that memory with no call at all: what LevelDB's POSIX Env gets from mmap, but bounded. A
+// table opened only to verify a compaction's output is read a few times and never loaded.
 class AccelRandomAccessFile : public leveldb::RandomAccessFile {
  public:
-  AccelRandomAccessFile(const KuraFsOps& ops, std::string name, uint64_t h)
-      : ops_(ops), name_(std::move(name)), h_(h) {}
-  ~AccelRandomAccessFile() override { ops_.close(ops_.ctx, h_); }
+  static constexpr uint32_t kLoadAfterReads = 32;
+
+  AccelRandomAccessFile(const KuraFsOps& ops, std::string name, uint64_t h, ResidentBudget* budget)
+      : ops_(ops), name_(std::move(name)), h_(h), budget_(budget) {}
+  ~AccelRandomAccessFile() override {
+    ops_.close(ops_.ctx, h_);
+    if (resident_.load(std::memory_order_relaxed) != nullptr) budget_->Give(resident_size_);
+  }
   leveldb::Status Read(uint64_t offset, size_t n, leveldb::Slice* result,
                        char* scratch) const override {
+    const char* mem = resident_.load(std::memory_order_acquire);
+    if (mem == nullptr && budget_ != nullptr &&
+        reads_.fetch_add(1, std::memory_order_relaxed) + 1 == kLoadAfterReads) {
+      Load();
+      mem = resident_.load(std::memory_order_acquire);
+    }
+    if (mem != nullptr) {
+      size_t got = offset >= resident_size_ ? 0 : std::min<uint64_t>(n, resident_size_ - offset);
+      *result = leveldb::Slice(mem + (got == 0 ? 0 : offset), got);
+      return leveldb::Status::OK();
+    }
     size_t got = 0;
     int rc = ops_.read_at(ops_.ctx, h_, offset, scratch, n, &got);
     if (rc != 0) return FsError(ops_, rc, name_);
@@ -107,9 +154,38 @@ class AccelRandomAccessFile : public leveldb::RandomAccessFile {
   }
 
  private:
+  // Loads the whole file if the budget has room; on any failure reads simply stay calls.
+  void Load() const {
+    std::lock_guard<std::mutex> lock(load_mu_);
+    if (resident_.load(std::memory_order_relaxed) != nullptr) return;
+    uint64_t size = 0;
+    if (ops_.size(ops_.ctx, name_.c_str(), &size) != 0 || size == 0) return;
+    if (!budget_->Take(size)) return;
+    std::unique_ptr<char[]> buf(new (std::nothrow) char[size]);
+    uint64_t at = 0;
+    while (buf && at < size) {
+      size_t got = 0;
+      if (ops_.read_at(ops_.ctx, h_, at, buf.get() + at, size - at, &got) != 0 || got == 0) break;
+      at += got;
+    }
+    if (!buf || at != size) {
+      budget_->Give(size);
+      return;
+    }
+    storage_ = std::move(buf);
+    resident_size_ = size;
+    resident_.store(storage_.get(), std::memory_order_release);
+  }
+
   const KuraFsOps& ops_;
   std::string name_;
   uint64_t h_;
+  ResidentBudget* budget_;  // null: never load (files other than tables)
+  mutable std::atomic<uint32_t> reads_{0};
+  mutable std::mutex load_mu_;
+  mutable std::unique_ptr<char[]> storage_;
+  mutable uint64_t resident_size_ = 0;
+  mutable std::atomic<const char*> resident_{nullptr};
 };
 
 // Buffers appends (LevelDB writes logs record by record) and hands the file system large
@@ -192,7 +268,8 @@ class AccelFileLock : public leveldb::FileLock {
 // File operations go to AccelFS; threads, the clock and scheduling are the default Env's.
 class AccelEnv : public leveldb::EnvWrapper {
  public:
-  explicit AccelEnv(const KuraFsOps& ops) : EnvWrapper(leveldb::Env::Default()), ops_(ops) {}
+  AccelEnv(const KuraFsOps& ops, size_t resident_table_bytes)
+      : EnvWrapper(leveldb::Env::Default()), ops_(ops), budget_(resident_table_bytes) {}
 
   leveldb::Status NewSequentialFile(const std::string& f, leveldb::SequentialFile** r) override {
     uint64_t h = 0;
@@ -205,7 +282,8 @@ class AccelEnv : public leveldb::EnvWrapper {
     uint64_t h = 0;
     int rc = ops_.open(ops_.ctx, f.c_str(), kRead, &h);
     if (rc != 0) return FsError(ops_, rc, f);
-    *r = new AccelRandomAccessFile(ops_, f, h);
+    bool table = EndsWith(f, ".ldb") || EndsWith(f, ".sst");
+    *r = new AccelRandomAccessFile(ops_, f, h, table ? &budget_ : nullptr);
     return leveldb::Status::OK();
   }
   leveldb::Status NewWritableFile(const std::string& f, leveldb::WritableFile** r) override {
@@ -290,6 +368,7 @@ class AccelEnv : public leveldb::EnvWrapper {
 
  private:
   KuraFsOps ops_;
+  ResidentBudget budget_;
   std::mutex mu_;
   std::set<std::string> locked_;
 };
@@ -345,7 +424,7 @@ kura_db* kura_db_open(const KuraFsOps* ops, const char* name, const KuraDbOption
     opt.filter_policy = k->filter;
   }
   if (ops != nullptr) {
-    k->env = new AccelEnv(*ops);
+    k->env = new AccelEnv(*ops, o->resident_table_bytes);
     opt.env = k->env;
   }
   leveldb::Status s = leveldb::DB::Open(opt, name, &k->db);

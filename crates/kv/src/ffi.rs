@@ -49,6 +49,7 @@ pub(crate) struct KuraDbOptions {
     pub write_buffer_bytes: usize,
     pub bloom_bits: c_int,
     pub max_open_files: c_int,
+    pub resident_table_bytes: usize,
 }
 
 #[cfg(not(kura_no_leveldb))]

@@ -393,3 +393,70 @@ fn bad_input_is_a_clear_error() {
     .expect("fsck");
     assert!(report.is_clean(), "{:?}", report.problems);
 }
+
+/// Table files read over and over are loaded whole (within the budget) and then served from
+/// memory: the answers stay the same under concurrent readers, and the file system sees almost
+/// no more reads; with no budget, every read still goes to the file system.
+#[test]
+fn tables_read_often_are_served_from_memory_with_the_same_answers() {
+    let fs_reads = |fs: &FileSystem| {
+        let c = fs.statfs().cache;
+        c.hits + c.misses + c.bypass_bytes / 4096
+    };
+    let mut second_pass_reads = Vec::new();
+    for resident in [64usize << 20, 0] {
+        let storage = formatted(64 << 20);
+        let fs = mount(&storage);
+        // Uncompressed values well beyond the block cache, so gets keep reading tables.
+        let opts = DbOptions {
+            resident_table_bytes: resident,
+            compression: false,
+            ..small_opts()
+        };
+        let db = Db::open(
+            Store::AccelFs {
+                fs: fs.clone(),
+                path: "/db".into(),
+            },
+            &opts,
+        )
+        .expect("open");
+        for i in 0..4000u16 {
+            db.put(&key(i), &value(i, 1999)).expect("put");
+        }
+        db.compact();
+        let db = Arc::new(db);
+        let pass = |db: &Arc<Db>| {
+            let readers: Vec<_> = (0..4u16)
+                .map(|t| {
+                    let db = Arc::clone(db);
+                    std::thread::spawn(move || {
+                        for i in (t..4000).step_by(3) {
+                            let got = db.get(&key(i)).expect("get");
+                            assert_eq!(got, Some(value(i, 1999)), "key {i}");
+                        }
+                    })
+                })
+                .collect();
+            for r in readers {
+                r.join().expect("reader");
+            }
+        };
+        // A table is loaded after it has been read a number of times.
+        for _ in 0..3 {
+            pass(&db);
+        }
+        let before = fs_reads(&fs);
+        pass(&db);
+        second_pass_reads.push(fs_reads(&fs) - before);
+    }
+    let (with, without) = (second_pass_reads[0], second_pass_reads[1]);
+    assert!(
+        without > 1000,
+        "without a budget the reads reach AccelFS ({without})"
+    );
+    assert!(
+        with * 20 < without,
+        "loaded tables answer from memory ({with} file-system reads vs {without})"
+    );
+}
