@@ -199,26 +199,23 @@ class AccelWritableFile : public leveldb::WritableFile {
   }
   leveldb::Status Append(const leveldb::Slice& data) override {
     buf_.append(data.data(), data.size());
-    if (buf_.size() >= kBuffer) return Flush();
+    if (buf_.size() >= kBuffer) return WriteOut();
     return leveldb::Status::OK();
   }
   leveldb::Status Close() override {
-    leveldb::Status s = Flush();
+    leveldb::Status s = WriteOut();
     if (open_) {
       ops_.close(ops_.ctx, h_);
       open_ = false;
     }
     return s;
   }
-  leveldb::Status Flush() override {
-    if (buf_.empty()) return leveldb::Status::OK();
-    int rc = ops_.append(ops_.ctx, h_, buf_.data(), buf_.size());
-    buf_.clear();
-    if (rc != 0) return FsError(ops_, rc, name_);
-    return leveldb::Status::OK();
-  }
+  // LevelDB flushes after every log record and table block so that the bytes reach the OS and
+  // survive a crash of the process alone. AccelFS's cache lives in this process, so handing it
+  // the bytes early buys nothing; they are kept here until the buffer fills, Sync or Close.
+  leveldb::Status Flush() override { return leveldb::Status::OK(); }
   leveldb::Status Sync() override {
-    leveldb::Status s = Flush();
+    leveldb::Status s = WriteOut();
     if (!s.ok()) return s;
     int rc = ops_.sync(ops_.ctx, h_);
     if (rc != 0) return FsError(ops_, rc, name_);
@@ -226,6 +223,14 @@ class AccelWritableFile : public leveldb::WritableFile {
   }
 
  private:
+  leveldb::Status WriteOut() {
+    if (buf_.empty()) return leveldb::Status::OK();
+    int rc = ops_.append(ops_.ctx, h_, buf_.data(), buf_.size());
+    buf_.clear();
+    if (rc != 0) return FsError(ops_, rc, name_);
+    return leveldb::Status::OK();
+  }
+
   // Below AccelFS's bypass threshold, so table and log writes land in its write-back cache
   // and reach the device in large batches at Sync, as they would through a page cache.
   static constexpr size_t kBuffer = 64 << 10;
