@@ -52,12 +52,16 @@ fn mount(storage: &MemStorage) -> FileSystem {
 }
 
 fn open_on(fs: &FileSystem) -> Db {
+    open_with(fs, &small_opts())
+}
+
+fn open_with(fs: &FileSystem, opts: &DbOptions) -> Db {
     Db::open(
         Store::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },
-        &small_opts(),
+        opts,
     )
     .expect("open db")
 }
@@ -413,14 +417,7 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
             compression: false,
             ..small_opts()
         };
-        let db = Db::open(
-            Store::AccelFs {
-                fs: fs.clone(),
-                path: "/db".into(),
-            },
-            &opts,
-        )
-        .expect("open");
+        let db = open_with(&fs, &opts);
         for i in 0..4000u16 {
             db.put(&key(i), &value(i, 1999)).expect("put");
         }
