@@ -214,6 +214,14 @@ class AccelWritableFile : public leveldb::WritableFile {
   // survive a crash of the process alone. AccelFS's cache lives in this process, so handing it
   // the bytes early buys nothing; they are kept here until the buffer fills, Sync or Close.
   leveldb::Status Flush() override { return leveldb::Status::OK(); }
+  // Hands the buffered bytes to the file system now.
+  leveldb::Status WriteOut() {
+    if (buf_.empty()) return leveldb::Status::OK();
+    int rc = ops_.append(ops_.ctx, h_, buf_.data(), buf_.size());
+    buf_.clear();
+    if (rc != 0) return FsError(ops_, rc, name_);
+    return leveldb::Status::OK();
+  }
   leveldb::Status Sync() override {
     leveldb::Status s = WriteOut();
     if (!s.ok()) return s;
@@ -223,14 +231,6 @@ class AccelWritableFile : public leveldb::WritableFile {
   }
 
  private:
-  leveldb::Status WriteOut() {
-    if (buf_.empty()) return leveldb::Status::OK();
-    int rc = ops_.append(ops_.ctx, h_, buf_.data(), buf_.size());
-    buf_.clear();
-    if (rc != 0) return FsError(ops_, rc, name_);
-    return leveldb::Status::OK();
-  }
-
   // Below AccelFS's bypass threshold, so table and log writes land in its write-back cache
   // and reach the device in large batches at Sync, as they would through a page cache.
   static constexpr size_t kBuffer = 64 << 10;
@@ -241,9 +241,11 @@ class AccelWritableFile : public leveldb::WritableFile {
   bool open_ = true;
 };
 
+// LevelDB's LOG: each message goes to the file system at once (not held in the file's buffer),
+// so it is there to read while the database runs.
 class AccelLogger : public leveldb::Logger {
  public:
-  explicit AccelLogger(leveldb::WritableFile* file) : file_(file) {}
+  explicit AccelLogger(AccelWritableFile* file) : file_(file) {}
   ~AccelLogger() override { delete file_; }
   void Logv(const char* format, std::va_list ap) override {
     char buf[1024];
@@ -256,12 +258,12 @@ class AccelLogger : public leveldb::Logger {
     if (len == 0 || buf[len - 1] != '\n') buf[len++] = '\n';
     std::lock_guard<std::mutex> guard(mu_);
     file_->Append(leveldb::Slice(buf, len));
-    file_->Flush();
+    file_->WriteOut();
   }
 
  private:
   std::mutex mu_;
-  leveldb::WritableFile* file_;
+  AccelWritableFile* file_;
 };
 
 class AccelFileLock : public leveldb::FileLock {
@@ -364,10 +366,10 @@ class AccelEnv : public leveldb::EnvWrapper {
     return leveldb::Status::OK();
   }
   leveldb::Status NewLogger(const std::string& f, leveldb::Logger** result) override {
-    leveldb::WritableFile* file = nullptr;
-    leveldb::Status s = NewAppendableFile(f, &file);
-    if (!s.ok()) return s;
-    *result = new AccelLogger(file);
+    uint64_t h = 0;
+    int rc = ops_.open(ops_.ctx, f.c_str(), kAppend, &h);
+    if (rc != 0) return FsError(ops_, rc, f);
+    *result = new AccelLogger(new AccelWritableFile(ops_, f, h));
     return leveldb::Status::OK();
   }
 

@@ -418,6 +418,11 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
             ..small_opts()
         };
         let db = open_with(&fs, &opts);
+        let log = fs.read("/db/LOG").expect("LevelDB's LOG is on AccelFS");
+        assert!(
+            !log.is_empty(),
+            "LOG messages reach the file system while the database is open"
+        );
         for i in 0..4000u16 {
             db.put(&key(i), &value(i, 1999)).expect("put");
         }
