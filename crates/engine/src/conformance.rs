@@ -15,6 +15,9 @@
 //!   once, with every byte in place.
 //! - [`fills_the_queue`]: the queue takes exactly its depth, refuses one more with `QueueFull`,
 //!   and completes each request once with the right data.
+//! - [`reads_overwrite_stale_bytes`]: a read of zeroed or discarded blocks into a buffer still
+//!   holding another request's bytes returns only zeroes (pool buffers are reused without clearing, so a backend
+//!   that skips part of a read would leak one client's data to another).
 
 use crate::{BlockDevice, BlockingIo, Completion, DeviceError, IoBuf, Opcode, Request};
 use rand::rngs::SmallRng;
@@ -110,7 +113,11 @@ pub fn model(
             let req = match op.op {
                 Opcode::Read => {
                     expected.insert(tag, model[range.clone()].to_vec());
-                    Request::read(tag, dev_lba, op.blocks, buf())
+                    // The buffer holds foreign bytes, as a reused pool buffer does: a backend that
+                    // leaves part of it untouched fails the comparison.
+                    let mut b = buf();
+                    b.fill(0xa5);
+                    Request::read(tag, dev_lba, op.blocks, b)
                 }
                 Opcode::Write => {
                     let mut b = buf();
@@ -408,6 +415,60 @@ pub fn fills_the_queue(dev: &mut dyn BlockDevice, base: u64, blocks: u64) -> Out
     ))
 }
 
+/// Zeroes, then discards, up to 8 blocks from `base` and reads each state back into buffers full
+/// of a foreign pattern: every byte must be a zero from the device. (Reads of written data over
+/// stale buffers are part of [`model`].)
+pub fn reads_overwrite_stale_bytes(dev: &mut dyn BlockDevice, base: u64, blocks: u64) -> Outcome {
+    let geo = dev.geometry();
+    let bs = geo.block_size as usize;
+    let len = blocks.min(8);
+    if len == 0 {
+        return Err("no blocks to check".into());
+    }
+    let bytes = len as usize * bs;
+    let stale = |salt: u8| {
+        let mut b = IoBuf::zeroed(bytes);
+        b.copy_from_slice(&pattern(bytes, bs, salt));
+        b
+    };
+    let run = |dev: &mut dyn BlockDevice, req: Request| -> Result<Completion, String> {
+        let tag = req.tag;
+        dev.submit(req)
+            .map_err(|r| format!("refused: {}", r.error))?;
+        let mut done = drain(dev)?;
+        match (done.pop(), done.is_empty()) {
+            (Some(c), true) if c.tag == tag => {
+                c.status
+                    .clone()
+                    .map_err(|e| format!("{} failed: {e}", c.op))?;
+                Ok(c)
+            }
+            _ => Err("a request did not complete exactly once".into()),
+        }
+    };
+    run(dev, Request::write_zeroes(21, base, len))?;
+    let c = run(dev, Request::read(22, base, len, stale(0x3c)))?;
+    let back = c.buf.as_ref().ok_or("the read lost its buffer")?;
+    if let Some(i) = back[..bytes].iter().position(|&b| b != 0) {
+        return Err(format!(
+            "a read of zeroed blocks returned the buffer's old byte {:#04x} at offset {i}",
+            back[i]
+        ));
+    }
+    run(dev, Request::discard(23, base, len))?;
+    let c = run(dev, Request::read(24, base, len, stale(0xc3)))?;
+    let back = c.buf.as_ref().ok_or("the read lost its buffer")?;
+    if let Some(i) = back[..bytes].iter().position(|&b| b != 0) {
+        return Err(format!(
+            "a read of discarded blocks returned the buffer's old byte {:#04x} at offset {i}",
+            back[i]
+        ));
+    }
+    Ok(format!(
+        "{len} zeroed and discarded blocks read as zeroes over stale buffers"
+    ))
+}
+
 /// Every check, in order, on `blocks` blocks from `base` (which it overwrites).
 pub fn suite(
     dev: &mut dyn BlockDevice,
@@ -423,5 +484,9 @@ pub fn suite(
             splits_above_max_transfer(dev, base, blocks),
         ),
         ("fills the queue", fills_the_queue(dev, base, blocks)),
+        (
+            "reads overwrite stale bytes",
+            reads_overwrite_stale_bytes(dev, base, blocks),
+        ),
     ]
 }

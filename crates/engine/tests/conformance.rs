@@ -46,6 +46,15 @@ fn the_null_device_refuses_what_every_device_refuses() {
 }
 
 #[test]
+fn the_null_device_reads_zeroes_over_stale_buffers() {
+    // `null:` stores nothing; before it filled reads, a reused pool buffer reached NBD clients
+    // with another export's data in it.
+    let mut dev = kura_engine::open("null:1M?bs=4096").unwrap();
+    let summary = conformance::reads_overwrite_stale_bytes(&mut *dev, 0, 8).unwrap();
+    assert!(summary.starts_with("8 zeroed"), "{summary}");
+}
+
+#[test]
 fn a_device_that_loses_writes_fails_the_suite() {
     // The null device drops every write: the model must notice, or the suite proves nothing.
     let mut dev = kura_engine::open("null:1M?bs=4096").unwrap();

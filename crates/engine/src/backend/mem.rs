@@ -1,9 +1,10 @@
-//! `mem:SIZE` — a RAM disk, and `null:SIZE` — a device that completes every command at once.
+//! `mem:SIZE` — a RAM disk, and `null:SIZE` — a device that completes every command at once and
+//! reads back zeroes.
 //!
 //! The RAM disk is the embedded default for tests; queue pairs opened with [`MemDevice::new_queue`]
 //! share its storage, so a test can "remount" by dropping one queue and opening another. With
 //! `shuffle=SEED`, each poll returns its completions in a seeded random order, so upper layers are
-//! tested against out-of-order completion. The null device moves no data and exists to measure
+//! tested against out-of-order completion. The null device stores nothing (reads fill zeroes) and exists to measure
 //! what the interface itself costs per command.
 
 use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
@@ -182,7 +183,18 @@ impl BlockDevice for NullDevice {
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        self.queue.submit(&self.geo, req, |_| Ok(()))
+        let bs = self.geo.block_size as usize;
+        self.queue.submit(&self.geo, req, |r| {
+            // Nothing is stored, so a read returns zeroes: leaving the buffer untouched would hand
+            // the reader whatever an earlier request left in a reused pool buffer.
+            if r.op == Opcode::Read {
+                let len = r.blocks as usize * bs;
+                if let Some(buf) = r.buf.as_mut() {
+                    buf[..len].fill(0);
+                }
+            }
+            Ok(())
+        })
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
