@@ -91,6 +91,9 @@ pub enum DeviceError {
     /// device refuses writes and flushes from now on (a failed fsync is never retried).
     #[error("device refuses {op}: an earlier flush failed ({cause})")]
     Poisoned { op: Opcode, cause: String },
+    /// The device was opened read-only (`ro=1`) and this command would change it.
+    #[error("{op} refused: the device is open read-only")]
+    ReadOnly { op: Opcode },
     /// The backend cannot perform this command.
     #[error("{backend} does not support {op}")]
     Unsupported { op: Opcode, backend: &'static str },
@@ -117,6 +120,7 @@ impl DeviceError {
             DeviceError::Io { errno, .. } => errno.0,
             DeviceError::Poisoned { .. } | DeviceError::Offline { .. } => libc::EIO,
             DeviceError::Unsupported { .. } => libc::EOPNOTSUPP,
+            DeviceError::ReadOnly { .. } => libc::EROFS,
             DeviceError::Pool(_) => libc::ENOMEM,
         }
     }
@@ -146,6 +150,9 @@ pub enum OpenError {
         feature: String,
         why: String,
     },
+    /// Another process holds the image (or the kernel holds the block device).
+    #[error("{path} is in use by {holder}; kura lets one process write an image at a time (readers open it with ro=1)")]
+    Locked { path: String, holder: String },
     /// A parameter is out of its allowed range.
     #[error("{0}")]
     Invalid(String),

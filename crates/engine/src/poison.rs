@@ -3,6 +3,9 @@
 //! Once a flush fails, data that was acknowledged since the last good flush may be gone, and a
 //! later successful flush would wrongly suggest otherwise. So the device refuses every mutation
 //! from then on; reads keep working so that what is there can still be copied out.
+//!
+//! A device opened read-only refuses the commands that change data the same way, from the start
+//! (a flush changes nothing, so it is allowed).
 
 use crate::device::Opcode;
 use crate::error::{DeviceError, DeviceResult};
@@ -11,11 +14,23 @@ use crate::error::{DeviceError, DeviceResult};
 #[derive(Debug, Default, Clone)]
 pub struct FlushPoison {
     cause: Option<String>,
+    read_only: bool,
 }
 
 impl FlushPoison {
-    /// Refuses mutations once poisoned.
+    /// The state of a device opened read-only.
+    pub fn read_only() -> Self {
+        FlushPoison {
+            cause: None,
+            read_only: true,
+        }
+    }
+
+    /// Refuses mutations once poisoned, and data changes on a read-only device.
     pub fn check(&self, op: Opcode) -> DeviceResult<()> {
+        if self.read_only && !matches!(op, Opcode::Read | Opcode::Flush) {
+            return Err(DeviceError::ReadOnly { op });
+        }
         match &self.cause {
             Some(cause) if op.is_mutation() => Err(DeviceError::Poisoned {
                 op,

@@ -99,12 +99,15 @@ fn the_link_model_adds_its_cost_and_says_modeled() {
         t.elapsed() >= Duration::from_micros(2000),
         "10 modeled calls take at least 10 × 200 µs"
     );
+    // One open image per device: each must be closed before the next opens it.
+    drop(dev);
     let aurora = redirect_dev(&format!(
         "redirect:{}/m.img?link=aurora",
         dir.path().display()
     ));
     let m = aurora.link_model().unwrap();
     assert!((m.call_us - 42.7).abs() < 1e-9 && (m.copy_gbps - 0.92).abs() < 1e-9);
+    drop(aurora);
     let plain = redirect_dev(&format!("redirect:{}/m.img", dir.path().display()));
     assert!(!plain.describe().contains("modeled"));
 }

@@ -88,6 +88,14 @@ pub struct CompletedQueue {
 }
 
 impl CompletedQueue {
+    /// The queue of a device opened read-only: changes are refused at submission.
+    pub fn read_only() -> Self {
+        CompletedQueue {
+            done: VecDeque::new(),
+            poison: FlushPoison::read_only(),
+        }
+    }
+
     /// Admits `req` and runs it with `execute` unless a failed flush forbids it; the outcome waits
     /// for `poll`.
     pub fn submit(

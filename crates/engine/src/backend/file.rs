@@ -1,9 +1,16 @@
 //! Opening what file-based backends stand on: an image file (created on request) or a block device.
 //!
-//! Shared by `uring`, `sync` and `redirect`: sizing (regular files by length, block devices by
-//! `BLKGETSIZE64`), the device's own logical block size (`BLKSSZGET`), O_DIRECT with a fallback
-//! when the file system refuses it (tmpfs does), and discard / write-zeroes through `fallocate` or
-//! the block-device ioctls.
+//! Shared by `uring`, `sync` and `redirect`: exclusive use (below), sizing (regular files by
+//! length, block devices by `BLKGETSIZE64`), the device's own logical block size (`BLKSSZGET`),
+//! O_DIRECT with a fallback when the file system refuses it (tmpfs does), and discard /
+//! write-zeroes through `fallocate` or the block-device ioctls.
+//!
+//! Exclusive use: two processes writing one image corrupt it (each caches metadata the other
+//! changes), so an open for writing takes `flock(LOCK_EX | LOCK_NB)` and a block device is also
+//! opened `O_EXCL` (which the kernel refuses while it is mounted); a read-only open (`ro=1`) takes
+//! a shared lock and opens `O_RDONLY`. A refused open names the image and, from `/proc/locks`, the
+//! process holding it, and changes nothing. The lock belongs to the open file, so it lasts as
+//! long as the device (and a forked `redirect` proxy) keeps the file open.
 
 use crate::error::{Errno, OpenError};
 use std::fs::{File, OpenOptions};
@@ -36,6 +43,26 @@ impl DirectMode {
     }
 }
 
+/// Whether a backend may change its image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// `O_RDWR` and an exclusive lock: no other process may open the image at the same time.
+    ReadWrite,
+    /// `O_RDONLY` and a shared lock: other readers may share it, writers may not.
+    ReadOnly,
+}
+
+impl Access {
+    /// From a spec's `ro=` option (absent: read-write).
+    pub fn from_spec(spec: &crate::spec::Spec) -> Result<Self, OpenError> {
+        Ok(if spec.bool_option("ro")?.unwrap_or(false) {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        })
+    }
+}
+
 /// An opened image file or block device.
 #[derive(Debug)]
 pub struct BackingFile {
@@ -48,20 +75,30 @@ pub struct BackingFile {
     pub device_block_size: u32,
     /// True when opened with O_DIRECT.
     pub direct: bool,
+    /// How it was opened; mutations of a read-only image are refused before they reach it.
+    pub access: Access,
 }
 
 impl BackingFile {
-    /// Opens `path` read-write. With `create_size`, a missing file is created with that length and
-    /// a shorter regular file is grown to it (never shrunk).
+    /// Opens `path` and locks it for `access` (see the module docs). With `create_size`, a
+    /// missing file is created with that length and a shorter regular file is grown to it (never
+    /// shrunk); a read-only open cannot do either.
     pub fn open(
         path: &str,
         direct: DirectMode,
         create_size: Option<u64>,
+        access: Access,
     ) -> Result<Self, OpenError> {
         let os = |e: std::io::Error| OpenError::Os {
             path: path.to_string(),
             errno: Errno::from_io(&e),
         };
+        if create_size.is_some() && access == Access::ReadOnly {
+            return Err(OpenError::Invalid(format!(
+                "{path}: size= creates or grows an image, which a read-only open (ro=1) cannot do"
+            )));
+        }
+        // Lock before growing, so that a refused open changes nothing.
         if let Some(size) = create_size {
             let f = OpenOptions::new()
                 .read(true)
@@ -72,30 +109,54 @@ impl BackingFile {
                 .map_err(os)?;
             let meta = f.metadata().map_err(os)?;
             if meta.file_type().is_file() && meta.len() < size {
+                lock(&f, path, access)?;
                 f.set_len(size).map_err(os)?;
             }
         }
+        let is_block_node = std::fs::metadata(path)
+            .map(|m| m.file_type().is_block_device())
+            .unwrap_or(false);
         let open_with = |flags: i32| {
+            let exclusive = if is_block_node && access == Access::ReadWrite {
+                libc::O_EXCL
+            } else {
+                0
+            };
             OpenOptions::new()
                 .read(true)
-                .write(true)
-                .custom_flags(flags)
+                .write(access == Access::ReadWrite)
+                .custom_flags(flags | exclusive)
                 .open(path)
         };
+        let busy = |e: std::io::Error| {
+            if is_block_node && e.raw_os_error() == Some(libc::EBUSY) {
+                OpenError::Locked {
+                    path: path.to_string(),
+                    holder: "the kernel or another program (it is mounted or opened exclusively)"
+                        .into(),
+                }
+            } else {
+                os(e)
+            }
+        };
         let (file, is_direct) = match direct {
-            DirectMode::Off => (open_with(0).map_err(os)?, false),
+            DirectMode::Off => (open_with(0).map_err(busy)?, false),
             DirectMode::Required => (
-                open_with(libc::O_DIRECT).map_err(|e| refused_direct(path, e))?,
+                open_with(libc::O_DIRECT).map_err(|e| match e.raw_os_error() {
+                    Some(libc::EBUSY) => busy(e),
+                    _ => refused_direct(path, e),
+                })?,
                 true,
             ),
             DirectMode::Preferred => match open_with(libc::O_DIRECT) {
                 Ok(f) => (f, true),
                 Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                    (open_with(0).map_err(os)?, false)
+                    (open_with(0).map_err(busy)?, false)
                 }
-                Err(e) => return Err(os(e)),
+                Err(e) => return Err(busy(e)),
             },
         };
+        lock(&file, path, access)?;
         let meta = file.metadata().map_err(os)?;
         let is_block_device = meta.file_type().is_block_device();
         let (size, device_block_size) = if is_block_device {
@@ -127,7 +188,13 @@ impl BackingFile {
             is_block_device,
             device_block_size,
             direct: is_direct,
+            access,
         })
+    }
+
+    /// True when opened with `ro=1`.
+    pub fn read_only(&self) -> bool {
+        self.access == Access::ReadOnly
     }
 
     /// Buffer alignment the kernel needs for this file.
@@ -228,6 +295,91 @@ impl BackingFile {
     }
 }
 
+impl Drop for BackingFile {
+    fn drop(&mut self) {
+        // Unlock explicitly rather than at close: io_uring drops its references to a registered
+        // file asynchronously after the ring is torn down, and a lock held until then would
+        // refuse the next open of an image whose device is already gone.
+        // SAFETY: flock on the fd `self.file` owns.
+        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+    }
+}
+
+/// Takes the lock `access` needs on `file`, without waiting; a held lock is an error naming the
+/// holder.
+fn lock(file: &File, path: &str, access: Access) -> Result<(), OpenError> {
+    let how = match access {
+        Access::ReadWrite => libc::LOCK_EX,
+        Access::ReadOnly => libc::LOCK_SH,
+    };
+    loop {
+        // SAFETY: flock on an fd owned by `file`, with integer flags.
+        if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
+            return Ok(());
+        }
+        let errno = Errno::last();
+        match errno.0 {
+            libc::EINTR => continue,
+            libc::EWOULDBLOCK => {
+                let holder = file
+                    .metadata()
+                    .ok()
+                    .and_then(|m| lock_holder(&m))
+                    .map_or_else(
+                        || "another process".to_string(),
+                        |pid| format!("process {pid}{}", process_name(pid)),
+                    );
+                return Err(OpenError::Locked {
+                    path: path.to_string(),
+                    holder,
+                });
+            }
+            _ => {
+                return Err(OpenError::Os {
+                    path: path.to_string(),
+                    errno,
+                })
+            }
+        }
+    }
+}
+
+/// The PID holding a `flock` on the file `meta` describes, from `/proc/locks`.
+fn lock_holder(meta: &std::fs::Metadata) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    let dev = meta.dev();
+    let id = format!(
+        "{:02x}:{:02x}:{}",
+        libc::major(dev),
+        libc::minor(dev),
+        meta.ino()
+    );
+    parse_lock_holder(&locks, &id)
+}
+
+/// The PID of the first granted FLOCK line of `locks` (the text of `/proc/locks`) on the file
+/// named `dev_ino` (`MAJOR:MINOR:INODE`, the first two in hex).
+fn parse_lock_holder(locks: &str, dev_ino: &str) -> Option<u32> {
+    locks
+        .lines()
+        .filter(|l| !l.contains("->"))
+        .find_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            // "1: FLOCK  ADVISORY  WRITE 1234 08:01:5678 0 EOF"
+            (f.len() >= 6 && f[1] == "FLOCK" && f[5] == dev_ino)
+                .then(|| f[4].parse().ok())
+                .flatten()
+        })
+}
+
+/// " (NAME)" from `/proc/PID/comm`, or nothing.
+fn process_name(pid: u32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|c| format!(" ({})", c.trim()))
+        .unwrap_or_default()
+}
+
 fn refused_direct(path: &str, e: std::io::Error) -> OpenError {
     if e.raw_os_error() == Some(libc::EINVAL) {
         OpenError::Unavailable {
@@ -321,4 +473,25 @@ pub fn drop_page_cache(path: &std::path::Path) -> std::io::Result<()> {
         return Err(std::io::Error::from_raw_os_error(rc));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_lock_holder;
+
+    #[test]
+    fn the_holder_of_a_flock_is_found_in_proc_locks() {
+        let locks = "1: POSIX  ADVISORY  WRITE 77 08:01:42 0 EOF\n\
+                     2: FLOCK  ADVISORY  WRITE 4321 00:2e:1234 0 EOF\n\
+                     2: -> FLOCK  ADVISORY  WRITE 99 00:2e:1234 0 EOF\n\
+                     3: FLOCK  ADVISORY  READ 555 00:2e:99 0 EOF\n";
+        assert_eq!(parse_lock_holder(locks, "00:2e:1234"), Some(4321));
+        assert_eq!(parse_lock_holder(locks, "00:2e:99"), Some(555));
+        assert_eq!(
+            parse_lock_holder(locks, "08:01:42"),
+            None,
+            "POSIX locks are not ours"
+        );
+        assert_eq!(parse_lock_holder(locks, "00:2e:7"), None);
+    }
 }

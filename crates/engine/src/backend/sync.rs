@@ -2,14 +2,14 @@
 //! performed when it is submitted, through the page cache unless `direct=1`.
 
 use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
-use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
+use super::file::{datasync, pread_exact, pwrite_all, Access, BackingFile, DirectMode};
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
 use crate::spec::Spec;
 use crate::split::pieces;
 
 /// Options of file-backed backends besides the common ones.
-pub const FILE_OPTIONS: &[&str] = &["size", "direct"];
+pub const FILE_OPTIONS: &[&str] = &["size", "direct", "ro"];
 
 /// A queue pair whose commands are synchronous system calls.
 pub struct SyncDevice {
@@ -22,10 +22,15 @@ impl SyncDevice {
     pub fn new(backing: BackingFile, opts: QueueOptions) -> Result<Self, OpenError> {
         backing.check_block_size(opts.block_size)?;
         let geo = opts.geometry(backing.size, backing.buffer_alignment());
+        let queue = if backing.read_only() {
+            CompletedQueue::read_only()
+        } else {
+            CompletedQueue::default()
+        };
         Ok(SyncDevice {
             backing,
             geo,
-            queue: CompletedQueue::default(),
+            queue,
         })
     }
 
@@ -117,12 +122,17 @@ impl BlockDevice for SyncDevice {
     }
 }
 
-/// Opens `sync:PATH[?size=N&direct=0|1]`.
+/// Opens `sync:PATH[?size=N&direct=0|1&ro=0|1]`.
 pub fn open(spec: &Spec) -> Result<SyncDevice, OpenError> {
     let allowed: Vec<&str> = COMMON_OPTIONS.iter().chain(FILE_OPTIONS).copied().collect();
     spec.check_options(&allowed)?;
     let opts = QueueOptions::from_spec(spec)?;
     let direct = DirectMode::from_flag(spec.bool_option("direct")?, DirectMode::Off);
-    let backing = BackingFile::open(spec.require_target()?, direct, spec.size_option("size")?)?;
+    let backing = BackingFile::open(
+        spec.require_target()?,
+        direct,
+        spec.size_option("size")?,
+        Access::from_spec(spec)?,
+    )?;
     SyncDevice::new(backing, opts)
 }

@@ -17,7 +17,7 @@
 //!   is built without them and [`UringDevice::notes`] (and `describe`) say so.
 
 use super::common::{QueueOptions, COMMON_OPTIONS};
-use super::file::{datasync, BackingFile, DirectMode};
+use super::file::{datasync, Access, BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::buffer::BufferPool;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
@@ -144,6 +144,11 @@ impl UringDevice {
             }
         }
         let qd = opts.queue_depth as usize;
+        let poison = if backing.read_only() {
+            FlushPoison::read_only()
+        } else {
+            FlushPoison::default()
+        };
         let mut dev = UringDevice {
             ring,
             backing,
@@ -158,7 +163,7 @@ impl UringDevice {
             kernel_limit,
             ready: VecDeque::new(),
             in_flight: 0,
-            poison: FlushPoison::default(),
+            poison,
             notes,
             cqe_scratch: Vec::with_capacity(kernel_limit),
             spin: want.spin,
@@ -627,7 +632,7 @@ impl Drop for UringDevice {
     }
 }
 
-/// Opens `uring:PATH[?size=&direct=&sqpoll=&iopoll=&fixed=&bs=&qd=&max_transfer=]`.
+/// Opens `uring:PATH[?size=&direct=&ro=&sqpoll=&iopoll=&fixed=&bs=&qd=&max_transfer=]`.
 pub fn open(spec: &Spec) -> Result<UringDevice, OpenError> {
     let allowed: Vec<&str> = COMMON_OPTIONS
         .iter()
@@ -657,6 +662,11 @@ pub fn open(spec: &Spec) -> Result<UringDevice, OpenError> {
             why: e.to_string(),
         });
     }
-    let backing = BackingFile::open(spec.require_target()?, direct, spec.size_option("size")?)?;
+    let backing = BackingFile::open(
+        spec.require_target()?,
+        direct,
+        spec.size_option("size")?,
+        Access::from_spec(spec)?,
+    )?;
     UringDevice::new(backing, opts, want)
 }

@@ -16,7 +16,7 @@ pub mod channel;
 pub mod proxy;
 
 use super::common::{QueueOptions, COMMON_OPTIONS};
-use super::file::{BackingFile, DirectMode};
+use super::file::{Access, BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, Errno, OpenError};
@@ -72,6 +72,9 @@ pub struct RedirectDevice {
     in_flight: usize,
     poison: FlushPoison,
     offline: Option<String>,
+    /// Kept open (and locked) until the proxy, which shares the open file, has exited: dropping
+    /// it unlocks the image for both processes.
+    _backing: BackingFile,
     /// Kept so the parent's copy of the staging memory outlives the fork bookkeeping.
     _staging: Vec<u8>,
 }
@@ -129,6 +132,11 @@ impl RedirectDevice {
             unsafe { proxy::serve(&chan, &cfg) }
         }
         let qd = opts.queue_depth as usize;
+        let poison = if backing.read_only() {
+            FlushPoison::read_only()
+        } else {
+            FlushPoison::default()
+        };
         Ok(RedirectDevice {
             chan,
             pid,
@@ -142,9 +150,10 @@ impl RedirectDevice {
             free_slots: (0..slots as u32).rev().collect(),
             ready: VecDeque::new(),
             in_flight: 0,
-            poison: FlushPoison::default(),
+            poison,
             offline: None,
             _staging: staging,
+            _backing: backing,
         })
     }
 
@@ -499,6 +508,7 @@ pub fn open(spec: &Spec) -> Result<RedirectDevice, OpenError> {
         spec.require_target()?,
         DirectMode::Off,
         spec.size_option("size")?,
+        Access::from_spec(spec)?,
     )?;
     RedirectDevice::new(backing, opts, model)
 }

@@ -24,6 +24,29 @@ pub struct ProxyConfig {
     pub parent_pid: i32,
 }
 
+/// Closes every descriptor above stderr except `keep`.
+///
+/// # Safety
+/// Only in the forked child, which uses no descriptor but `keep` and the standard three.
+unsafe fn close_all_but(keep: i32) {
+    let close_range = |lo: u32, hi: u32| {
+        // SAFETY: close_range takes integers only; the caller owns every descriptor in the range.
+        unsafe { libc::syscall(libc::SYS_close_range, lo, hi, 0u32) == 0 }
+    };
+    let keep = keep.max(0) as u32;
+    let below = keep <= 3 || close_range(3, keep - 1);
+    let above = close_range(keep + 1, u32::MAX);
+    if !(below && above) {
+        // Kernels before 5.9 lack close_range: close one by one up to a generous bound.
+        for fd in 3..65_536i32 {
+            if fd as u32 != keep {
+                // SAFETY: closing a descriptor this child owns (EBADF for unused numbers).
+                unsafe { libc::close(fd) };
+            }
+        }
+    }
+}
+
 /// Serves commands until told to stop or the parent dies. Never returns.
 ///
 /// # Safety
@@ -36,6 +59,11 @@ pub unsafe fn serve(chan: &Channel, cfg: &ProxyConfig) -> ! {
             libc::_exit(0);
         }
     }
+    // The fork copied every descriptor the parent had open at that moment, from any thread:
+    // other images included, whose locks (see `backend::file`) would then outlive the devices
+    // that took them for as long as this proxy lives.
+    // SAFETY: close_range/close are async-signal-safe system calls on descriptors this child owns.
+    unsafe { close_all_but(cfg.fd) };
     let h = chan.header();
     let slots = chan.slots() as u32;
     loop {
