@@ -49,6 +49,10 @@ pub enum ExtentError {
     Empty(usize),
     #[error("extent {0} overlaps or is out of order with the one before")]
     Order(usize),
+    /// Two extents share device blocks: the same block would be read (and written) as two
+    /// places of the file, so a few crafted extents could make a tiny image look huge.
+    #[error("extent {index} (device blocks {start}..{end}) overlaps device blocks an earlier extent already maps")]
+    PhysicalOverlap { index: usize, start: u64, end: u64 },
     #[error(
         "extent {index} (device blocks {start}..{end}) lies outside the data region {lo}..{hi}"
     )]
@@ -161,8 +165,13 @@ impl ExtentMap {
         freed
     }
 
-    /// Checks order, non-emptiness and that every extent lies in device blocks `lo..hi`.
+    /// Checks order, non-emptiness, that every extent lies in device blocks `lo..hi`, and that
+    /// no two extents share a device block. The error names the first extent (in file order)
+    /// that breaks a rule, so everything before it is a valid map (repair keeps that prefix).
     pub fn validate(&self, lo: u64, hi: u64) -> Result<(), ExtentError> {
+        // Device ranges of the extents checked so far, start -> end: a new extent overlaps one
+        // of them iff it overlaps its nearest neighbour on either side.
+        let mut taken: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
         for (i, e) in self.extents.iter().enumerate() {
             if e.length == 0 {
                 return Err(ExtentError::Empty(i));
@@ -180,8 +189,57 @@ impl ExtentMap {
                     hi,
                 });
             }
+            let before = taken
+                .range(..=e.physical)
+                .next_back()
+                .is_some_and(|(_, &end_before)| end_before > e.physical);
+            let after = taken
+                .range(e.physical..)
+                .next()
+                .is_some_and(|(&start_after, _)| start_after < end);
+            if before || after {
+                return Err(ExtentError::PhysicalOverlap {
+                    index: i,
+                    start: e.physical,
+                    end,
+                });
+            }
+            taken.insert(e.physical, end);
         }
         Ok(())
+    }
+
+    /// The first of `blocks` that one of the extents maps, if any (used when loading a map, to
+    /// check that its extent blocks are not also its data). O((extents + blocks) log extents).
+    pub fn first_mapped_of(&self, blocks: &[u64]) -> Option<u64> {
+        let mut by_device: Vec<(u64, u64)> = self
+            .extents
+            .iter()
+            .map(|e| (e.physical, e.physical.saturating_add(u64::from(e.length))))
+            .collect();
+        by_device.sort_unstable();
+        blocks.iter().copied().find(|&b| {
+            let i = by_device.partition_point(|&(start, _)| start <= b);
+            i > 0 && by_device[i - 1].1 > b
+        })
+    }
+
+    /// Byte ranges of file data that have device blocks, in order, adjacent extents merged and
+    /// clipped to `size`; everything else below `size` is a hole that reads as zeroes.
+    pub fn allocated_ranges(&self, block_size: u64, size: u64) -> Vec<std::ops::Range<u64>> {
+        let mut out: Vec<std::ops::Range<u64>> = Vec::new();
+        for e in &self.extents {
+            let lo = u64::from(e.logical) * block_size;
+            let hi = (e.end() * block_size).min(size);
+            if lo >= hi {
+                break;
+            }
+            match out.last_mut() {
+                Some(last) if last.end == lo => last.end = hi,
+                _ => out.push(lo..hi),
+            }
+        }
+        out
     }
 
     /// Extents one extent block holds.
@@ -247,6 +305,56 @@ mod tests {
     }
 
     #[test]
+    fn extents_sharing_device_blocks_are_refused() {
+        let shared = ExtentMap::from_extents(vec![
+            Extent {
+                logical: 0,
+                length: 4,
+                physical: 100,
+            },
+            Extent {
+                logical: 10,
+                length: 4,
+                physical: 50,
+            },
+            Extent {
+                logical: 20,
+                length: 2,
+                physical: 103,
+            },
+        ]);
+        assert_eq!(
+            shared.validate(0, 1000),
+            Err(ExtentError::PhysicalOverlap {
+                index: 2,
+                start: 103,
+                end: 105
+            })
+        );
+        let contained = ExtentMap::from_extents(vec![
+            Extent {
+                logical: 0,
+                length: 1,
+                physical: 102,
+            },
+            Extent {
+                logical: 1,
+                length: 10,
+                physical: 100,
+            },
+        ]);
+        assert!(matches!(
+            contained.validate(0, 1000),
+            Err(ExtentError::PhysicalOverlap { index: 1, .. })
+        ));
+        assert_eq!(
+            shared.allocated_ranges(10, 1000),
+            vec![0..40, 100..140, 200..220]
+        );
+        assert_eq!(shared.allocated_ranges(10, 105), vec![0..40, 100..105]);
+    }
+
+    #[test]
     fn extent_blocks_round_trip() {
         let ext: Vec<Extent> = (0..100)
             .map(|i| Extent {
@@ -265,10 +373,15 @@ mod tests {
         fn matches_a_block_by_block_model(runs in proptest::collection::vec((0u32..200, 1u32..20, 0u64..5000), 0..40), cut in 0u32..250) {
             let mut m = ExtentMap::default();
             let mut model: BTreeMap<u32, u64> = BTreeMap::new();
+            let mut used = std::collections::BTreeSet::new();
             for (logical, length, physical) in runs {
-                if (logical..logical + length).any(|b| model.contains_key(&b)) {
+                // A valid map never shares a device block between two file blocks.
+                if (logical..logical + length).any(|b| model.contains_key(&b))
+                    || (physical..physical + u64::from(length)).any(|p| used.contains(&p))
+                {
                     continue;
                 }
+                used.extend(physical..physical + u64::from(length));
                 m.insert(logical, length, physical);
                 for k in 0..length {
                     model.insert(logical + k, physical + u64::from(k));

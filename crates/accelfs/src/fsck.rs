@@ -15,6 +15,9 @@ use crate::layout::{Layout, Superblock, ROOT_INODE};
 use kura_engine::{BlockDevice, BlockingIo};
 use std::collections::{HashMap, HashSet, VecDeque};
 
+/// Blocks listed one by one for each kind of block-bitmap mismatch; the rest are counted.
+const LISTED_BLOCKS: u64 = 1000;
+
 /// What fsck found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FsckReport {
@@ -252,6 +255,10 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
     inos.sort_unstable();
     for &ino in &inos {
         let inode = &inodes[&ino];
+        if let Some(why) = l.inode_problem(ino, inode) {
+            r.problems.push(why);
+            continue;
+        }
         let (map, extent_blocks) = match read_extents(&mut rd, ino, inode, &l) {
             Ok(v) => v,
             Err(e) => {
@@ -263,24 +270,30 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
             r.problems.push(format!("inode {ino}: {e}"));
             continue;
         }
-        let mut claim = |block: u64, what: &str| {
+        // The first block claimed twice ends this inode's claims: its map is not trusted any
+        // further (nor read as a directory), and every block is then claimed at most once plus
+        // once per inode, however many inodes a crafted image points at the same blocks.
+        let mut shared = None;
+        let blocks = extent_blocks.iter().map(|&b| (b, "extent block")).chain(
+            map.extents()
+                .iter()
+                .flat_map(|e| (e.physical..e.physical + u64::from(e.length)).map(|b| (b, "data"))),
+        );
+        for (block, what) in blocks {
             if claimed.set(block, true) {
-                let other = owners
-                    .get(&block)
-                    .map_or("metadata".to_string(), |o| format!("inode {o}"));
-                r.problems.push(format!(
-                    "block {block} ({what} of inode {ino}) is also claimed by {other}"
-                ));
+                shared = Some((block, what));
+                break;
             }
             owners.insert(block, ino);
-        };
-        for &b in &extent_blocks {
-            claim(b, "extent block");
         }
-        for e in map.extents() {
-            for b in e.physical..e.physical + u64::from(e.length) {
-                claim(b, "data");
-            }
+        if let Some((block, what)) = shared {
+            let other = owners
+                .get(&block)
+                .map_or("metadata".to_string(), |o| format!("inode {o}"));
+            r.problems.push(format!(
+                "block {block} ({what} of inode {ino}) is also claimed by {other}; the rest of inode {ino}'s blocks were not checked"
+            ));
+            continue;
         }
         let counted = map.mapped_blocks() + extent_blocks.len() as u64;
         if inode.blocks != counted {
@@ -291,15 +304,39 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
         }
         maps.insert(ino, map);
     }
+    // One line per block would let a crafted bitmap of a large (sparse) device fill memory
+    // with reports: the first few are listed, the rest counted.
+    let (mut unmarked, mut leaked) = (0u64, 0u64);
     for b in 0..l.total_blocks {
         match (block_bitmap.get(b), claimed.get(b)) {
-            (false, true) => r.problems.push(format!(
-                "block {b} is in use but marked free in the block bitmap"
-            )),
-            (true, false) => r.problems.push(format!(
-                "block {b} is marked used but nothing uses it (leaked)"
-            )),
+            (false, true) => {
+                unmarked += 1;
+                if unmarked <= LISTED_BLOCKS {
+                    r.problems.push(format!(
+                        "block {b} is in use but marked free in the block bitmap"
+                    ));
+                }
+            }
+            (true, false) => {
+                leaked += 1;
+                if leaked <= LISTED_BLOCKS {
+                    r.problems.push(format!(
+                        "block {b} is marked used but nothing uses it (leaked)"
+                    ));
+                }
+            }
             _ => {}
+        }
+    }
+    for (n, what) in [
+        (unmarked, "in use but marked free"),
+        (leaked, "marked used but unused"),
+    ] {
+        if n > LISTED_BLOCKS {
+            r.problems.push(format!(
+                "... {} more blocks {what} (not listed), {n} in all",
+                n - LISTED_BLOCKS
+            ));
         }
     }
 
@@ -417,13 +454,10 @@ fn read_extents(
     let count = inode.extent_count as usize;
     let mut extents: Vec<Extent> = inode.inline[..count.min(INLINE_EXTENTS)].to_vec();
     let mut chain = Vec::new();
+    let mut seen = HashSet::new();
     let mut next = inode.extent_block;
     while extents.len() < count {
-        if next < l.data_start
-            || next >= l.backup_superblock()
-            || chain.contains(&next)
-            || chain.len() as u64 > l.total_blocks
-        {
+        if next < l.data_start || next >= l.backup_superblock() || !seen.insert(next) {
             return Err(format!("inode {ino}: extent chain points at block {next}, outside the data region or in a loop"));
         }
         let block = rd.read(next).map_err(|e| format!("inode {ino}: {e}"))?;
@@ -442,5 +476,11 @@ fn read_extents(
             extents.len()
         ));
     }
-    Ok((ExtentMap::from_extents(extents), chain))
+    let map = ExtentMap::from_extents(extents);
+    if let Some(b) = map.first_mapped_of(&chain) {
+        return Err(format!(
+            "inode {ino}: extent block {b} is also one of its data blocks"
+        ));
+    }
+    Ok((map, chain))
 }

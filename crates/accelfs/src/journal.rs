@@ -11,6 +11,7 @@ use crate::error::FormatError;
 use crate::header::{
     read_u32, read_u64, seal, verify, write_u32, write_u64, BlockKind, HEADER_LEN,
 };
+use crc_fast::{CrcAlgorithm, Digest};
 
 /// Where the log lives: blocks `start` and `start + 1` hold the two copies of the journal
 /// superblock, the next `len − 2` blocks the circular log.
@@ -161,17 +162,23 @@ pub fn scan<E>(
     let mut txns = Vec::new();
     let mut seq = sb.oldest_seq;
     let mut pos = sb.oldest_pos % area.slots();
+    // Log positions the transactions found so far take. The live log never holds more than the
+    // log's slots (space is reused only after a checkpoint), so a chain of transactions that
+    // would take more is stale or crafted: stopping there bounds what a scan reads and holds in
+    // memory to one pass over the log.
+    let mut taken = 0u64;
     loop {
         match read_one(seq, pos, area, block_size, &mut read)? {
             Some((txn, next)) => {
+                taken += next - pos;
+                if taken > area.slots() {
+                    return Ok((txns, pos));
+                }
                 txns.push(txn);
-                seq += 1;
+                seq = seq.wrapping_add(1);
                 pos = next % area.slots();
             }
             None => return Ok((txns, pos)),
-        }
-        if txns.len() as u64 > area.slots() {
-            return Ok((txns, pos));
         }
     }
 }
@@ -188,7 +195,9 @@ fn read_one<E>(
     let per = targets_per_descriptor(block_size) as u32;
     let mut p = pos;
     let mut images = Vec::new();
-    let mut crc_input = Vec::new();
+    // The commit's CRC over every descriptor and image, computed as they are read so the
+    // transaction is held in memory once.
+    let mut crc = Digest::new(CrcAlgorithm::Crc32Iscsi);
     let mut used = 0u64;
     loop {
         let number = area.block_at(p);
@@ -204,12 +213,16 @@ fn read_one<E>(
         if count > per {
             return Ok(None);
         }
-        crc_input.extend_from_slice(&d);
+        crc.update(&d);
         p += 1;
         used += 1;
         for i in 0..count as usize {
+            // A transaction longer than the log is not one: stop before reading past it.
+            if used >= area.slots() {
+                return Ok(None);
+            }
             let img = read(area.block_at(p))?;
-            crc_input.extend_from_slice(&img);
+            crc.update(&img);
             images.push((read_u64(&d, 32 + i * 8), img));
             p += 1;
             used += 1;
@@ -227,7 +240,7 @@ fn read_one<E>(
         && verify(&c, BlockKind::JournalCommit, number).is_ok()
         && read_u64(&c, HEADER_LEN) == seq
         && read_u32(&c, HEADER_LEN + 8) as usize == images.len()
-        && read_u32(&c, HEADER_LEN + 12) == crc32c(&crc_input);
+        && read_u32(&c, HEADER_LEN + 12) == crc.finalize() as u32;
     Ok(complete.then(|| (Transaction { seq, images }, p + 1)))
 }
 

@@ -16,6 +16,12 @@ pub const INODE_SIZE: usize = 256;
 pub const ROOT_INODE: u64 = 1;
 /// Capacity per inode when mkfs chooses the inode count.
 pub const BYTES_PER_INODE: u64 = 64 << 10;
+/// The longest journal mkfs lays out (blocks), and so the longest any superblock may state.
+/// Recovery holds at most the log's blocks in memory, so this also caps replay memory:
+/// 16384 × the block size (128 MiB at 8 KiB blocks).
+pub const MAX_JOURNAL_BLOCKS: u64 = 16384;
+/// The shortest journal mkfs lays out (blocks).
+pub const MIN_JOURNAL_BLOCKS: u64 = 64;
 
 /// The regions of one file system, all in AccelFS blocks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +65,7 @@ impl Layout {
         }
         let capacity = total_blocks.saturating_mul(u64::from(block_size));
         let inode_count = inode_count.unwrap_or(capacity / BYTES_PER_INODE).max(64);
-        let journal_len = (total_blocks / 64).clamp(64, 16384);
+        let journal_len = Self::planned_journal_len(total_blocks);
         let bits = Self::bits_per_bitmap_block(block_size);
         let block_bitmap_len = total_blocks.div_ceil(bits);
         let inode_bitmap_len = inode_count.div_ceil(bits);
@@ -92,6 +98,65 @@ impl Layout {
         })
     }
 
+    /// The journal length mkfs gives a device of `total_blocks` blocks: 1/64 of it, at least
+    /// [`MIN_JOURNAL_BLOCKS`] and at most [`MAX_JOURNAL_BLOCKS`]. A superblock may state no
+    /// longer journal than this, so a crafted superblock on a small (or sparse) device cannot
+    /// make recovery read and hold more than 1/64 of the device (or 64 blocks).
+    pub fn planned_journal_len(total_blocks: u64) -> u64 {
+        (total_blocks / 64).clamp(MIN_JOURNAL_BLOCKS, MAX_JOURNAL_BLOCKS)
+    }
+
+    /// The largest size a file may state: 2³² − 1 blocks (format §9; extents count file blocks
+    /// in `u32`), beyond which no byte could be mapped. A larger stated size is corrupt.
+    pub fn max_file_bytes(&self) -> u64 {
+        u64::from(u32::MAX) * u64::from(self.block_size)
+    }
+
+    /// Most blocks a directory can have. A directory gains a block only when no block has room
+    /// for a record of the longest name (272 bytes), so each of its blocks but the last was over
+    /// `capacity − 272` full when it grew; and it never lists more than every inode. Removals do
+    /// not shrink it, so this bounds the largest it can have been, and a larger directory is
+    /// corrupt (and would make loading it read and hold far more than the file system can list).
+    pub fn max_dir_blocks(&self) -> u64 {
+        let longest = crate::dir::record_len(255) as u64;
+        let capacity = crate::dir::capacity(self.block_size as usize) as u64;
+        let per_block = (capacity - longest) / longest;
+        (self.inode_count / per_block.max(1) + 1).min(self.data_blocks())
+    }
+
+    /// What is impossible about an inode's stated size and extent count in this layout, if
+    /// anything: a file past [`Layout::max_file_bytes`], a directory that is not whole blocks or
+    /// is past [`Layout::max_dir_blocks`], or more extents than data blocks (extents never share
+    /// a block). Checked before anything is read or allocated on the size's or count's word.
+    pub fn inode_problem(&self, ino: u64, inode: &crate::inode::Inode) -> Option<String> {
+        use crate::inode::Kind;
+        let bs = u64::from(self.block_size);
+        if u64::from(inode.extent_count) > self.data_blocks() {
+            return Some(format!(
+                "inode {ino} says it has {} extents but the data region has only {} blocks",
+                inode.extent_count,
+                self.data_blocks()
+            ));
+        }
+        match inode.kind {
+            Kind::File if inode.size > self.max_file_bytes() => Some(format!(
+                "inode {ino}: size {} is past the largest file AccelFS can map ({} bytes)",
+                inode.size,
+                self.max_file_bytes()
+            )),
+            Kind::Directory if !inode.size.is_multiple_of(bs) => Some(format!(
+                "directory inode {ino}: size {} is not a whole number of blocks",
+                inode.size
+            )),
+            Kind::Directory if inode.size / bs > self.max_dir_blocks() => Some(format!(
+                "directory inode {ino}: {} blocks is past the largest directory this file system can hold ({} blocks)",
+                inode.size / bs,
+                self.max_dir_blocks()
+            )),
+            _ => None,
+        }
+    }
+
     /// Block number of the backup superblock.
     pub fn backup_superblock(&self) -> u64 {
         self.total_blocks - 1
@@ -108,10 +173,17 @@ impl Layout {
         let bad = |m: String| Err(FormatError::BadSuperblock(m));
         // Block size and minimum device size are checked the same way mkfs checks them.
         Layout::plan(self.block_size, self.total_blocks, Some(self.inode_count))?;
-        if self.journal_start != 1 || self.journal_len < 64 {
+        if self.journal_start != 1 || self.journal_len < MIN_JOURNAL_BLOCKS {
             return bad(format!(
                 "journal at {} of {} blocks is not where it must be",
                 self.journal_start, self.journal_len
+            ));
+        }
+        let longest = Self::planned_journal_len(self.total_blocks);
+        if self.journal_len > longest {
+            return bad(format!(
+                "journal of {} blocks is longer than the {longest} a device of {} blocks has (at most {MAX_JOURNAL_BLOCKS})",
+                self.journal_len, self.total_blocks
             ));
         }
         let bits = Self::bits_per_bitmap_block(self.block_size);

@@ -425,7 +425,8 @@ impl Repairer {
         if let Err(e) = bad {
             let at = match e {
                 ExtentError::Empty(i) | ExtentError::Order(i) => i,
-                ExtentError::OutOfBounds { index, .. } => index,
+                ExtentError::OutOfBounds { index, .. }
+                | ExtentError::PhysicalOverlap { index, .. } => index,
             };
             extents.truncate(at);
             problem.get_or_insert(e.to_string());

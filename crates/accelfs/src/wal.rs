@@ -12,6 +12,12 @@ use crate::journal::{self, blocks_needed, JournalArea, JournalSuper, Transaction
 use kura_engine::IoBuf;
 use std::collections::BTreeMap;
 
+/// Block number → the newest committed contents of that block.
+pub type Images = BTreeMap<u64, Vec<u8>>;
+
+/// Home blocks a checkpoint hands the device at once.
+const CHECKPOINT_BATCH: usize = 256;
+
 /// What recovery did at mount.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -40,6 +46,31 @@ impl Journal {
     /// Replays every committed transaction to its home blocks, makes that durable, and returns a
     /// journal ready for new commits.
     pub fn recover(io: &mut BlockIo, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
+        let (mut j, recovery) = Journal::load(io, area)?;
+        if recovery.replayed > 0 {
+            j.used = 1; // forces the checkpoint to advance the superblock past the replayed log
+            j.checkpoint(io)?;
+        }
+        Ok((j, recovery))
+    }
+
+    /// Recovery for a read-only mount: finds the committed transactions as [`Journal::recover`]
+    /// does but writes nothing. Returns the newest committed image of every block they touch
+    /// (for the caller to serve in place of the stale home copies) and a journal with nothing
+    /// pending, which must not be committed to. Memory: at most one image per log slot, so
+    /// `(journal length − 2) × block size` (see [`crate::layout::MAX_JOURNAL_BLOCKS`]).
+    pub fn recover_in_memory(
+        io: &mut BlockIo,
+        area: JournalArea,
+    ) -> Result<(Journal, Recovery, Images), FsError> {
+        let (mut j, recovery) = Journal::load(io, area)?;
+        let images = std::mem::take(&mut j.pending);
+        Ok((j, recovery, images))
+    }
+
+    /// Reads the log: the journal positioned after its last committed transaction, with the
+    /// newest image of every block those transactions wrote pending.
+    fn load(io: &mut BlockIo, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
         let block_size = io.block_size();
         let (first, second) = (io.read(area.start)?, io.read(area.start + 1)?);
         let super_ = JournalSuper::newest(area, &first, &second)?;
@@ -53,10 +84,13 @@ impl Journal {
             used: 0,
             pending: BTreeMap::new(),
         };
-        for t in &txns {
-            for (target, image) in &t.images {
-                if *target < area.start + area.len
-                    || *target >= io.blocks()
+        let replayed = txns.len();
+        // Images move from the transactions into `pending` (no copy): the scan already bounded
+        // them to one pass over the log.
+        for t in txns {
+            for (target, image) in t.images {
+                if target < area.start + area.len
+                    || target >= io.blocks()
                     || image.len() != block_size
                 {
                     return Err(FormatError::BadSuperblock(format!(
@@ -65,17 +99,13 @@ impl Journal {
                     ))
                     .into());
                 }
-                j.pending.insert(*target, image.clone());
+                j.pending.insert(target, image);
             }
         }
         let recovery = Recovery {
-            replayed: txns.len(),
+            replayed,
             blocks_written: j.pending.len(),
         };
-        if !txns.is_empty() {
-            j.used = 1; // forces the checkpoint to advance the superblock past the replayed log
-            j.checkpoint(io)?;
-        }
         Ok((j, recovery))
     }
 
@@ -177,16 +207,20 @@ impl Journal {
         if self.used == 0 && self.pending.is_empty() {
             return Ok(());
         }
-        let homes = self
-            .pending
-            .iter()
-            .map(|(t, img)| BatchOp {
-                write: true,
-                block: *t,
-                buf: IoBuf::from_slice(img),
-            })
-            .collect();
-        io.batch(homes)?;
+        // In batches, so the copies into device buffers add a bounded amount of memory to the
+        // images (a whole replayed journal can be large).
+        let pending: Vec<(&u64, &Vec<u8>)> = self.pending.iter().collect();
+        for part in pending.chunks(CHECKPOINT_BATCH) {
+            let homes = part
+                .iter()
+                .map(|(t, img)| BatchOp {
+                    write: true,
+                    block: **t,
+                    buf: IoBuf::from_slice(img),
+                })
+                .collect();
+            io.batch(homes)?;
+        }
         io.flush()?;
         let js = JournalSuper {
             oldest_seq: self.next_seq,

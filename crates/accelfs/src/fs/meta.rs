@@ -78,8 +78,11 @@ pub(crate) struct Inner {
     pub(crate) dirs: HashMap<u64, Dir>,
     pub(crate) cache: Cache,
     pub(crate) opts: MountOptions,
-    /// Set after a failed commit or flush: nothing more is written.
+    /// Set after a failed commit or flush, or for a read-only mount: nothing more is written.
     pub(crate) read_only: Option<String>,
+    /// Mounted with `FileSystem::mount_read_only`: nothing is ever dirty, so `sync` has
+    /// nothing to do (rather than failing as after an I/O error).
+    pub(crate) mounted_read_only: bool,
     pub(crate) closed: bool,
     /// Per file: where the next read continues a sequential stream.
     pub(crate) next_sequential: HashMap<u64, u64>,
@@ -118,6 +121,7 @@ impl Inner {
             cache: Cache::new(bs, opts.cache_bytes),
             opts,
             read_only: None,
+            mounted_read_only: false,
             closed: false,
             next_sequential: HashMap::new(),
             layout_changed: BTreeSet::new(),
@@ -197,13 +201,27 @@ impl Inner {
         let (block, at) = self.itable_slot(ino);
         let raw = &self.itable_block(block)?[at..at + INODE_SIZE];
         let inode = Inode::decode(ino, raw).map_err(|e| corrupt(e.to_string()))?;
+        if inode.kind == Kind::Free {
+            return Ok(Node {
+                inode,
+                map: ExtentMap::default(),
+                chain: Vec::new(),
+                chain_images: Vec::new(),
+                map_dirty: false,
+            });
+        }
+        // Size and extent count are checked before either is trusted to size a read.
+        if let Some(why) = l.inode_problem(ino, &inode) {
+            return Err(corrupt(why));
+        }
         let count = inode.extent_count as usize;
         let mut extents: Vec<Extent> = inode.inline[..count.min(INLINE_EXTENTS)].to_vec();
         let mut chain = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         let mut chain_images = Vec::new();
         let mut next = inode.extent_block;
         while extents.len() < count {
-            if next < l.data_start || next >= l.backup_superblock() || chain.contains(&next) {
+            if next < l.data_start || next >= l.backup_superblock() || !seen.insert(next) {
                 return Err(corrupt(format!(
                     "inode {ino}: extent chain points at block {next}, outside the data region or in a loop"
                 )));
@@ -224,9 +242,15 @@ impl Inner {
                 extents.len()
             )));
         }
+        extents.truncate(count);
         let map = ExtentMap::from_extents(extents);
         map.validate(l.data_start, l.backup_superblock())
             .map_err(|e| corrupt(format!("inode {ino}: {e}")))?;
+        if let Some(b) = map.first_mapped_of(&chain) {
+            return Err(corrupt(format!(
+                "inode {ino}: extent block {b} is also one of its data blocks"
+            )));
+        }
         Ok(Node {
             inode,
             map,
@@ -327,8 +351,16 @@ impl Inner {
             index: HashMap::new(),
             dirty: BTreeSet::new(),
         };
+        // Records are at least 16 bytes, so this bounds the entries of even a legal directory;
+        // more entries than inodes cannot all name a different used inode.
+        let most = self.sb.layout.inode_count;
         for (i, p) in physical.into_iter().enumerate() {
             let entries = dir::decode_block(&self.read_meta(p)?, p)?;
+            if (d.index.len() + entries.len()) as u64 > most {
+                return Err(corrupt(format!(
+                    "directory {ino} lists more entries than the file system has inodes ({most})"
+                )));
+            }
             for e in &entries {
                 if d.index.insert(e.name.clone(), i).is_some() {
                     return Err(corrupt(format!(
@@ -514,10 +546,13 @@ impl Inner {
 
     /// Makes everything durable: dirty data and the running transaction, one batch, one flush.
     pub(crate) fn commit(&mut self) -> Result<(), FsError> {
+        if self.mounted_read_only && !self.closed {
+            return Ok(());
+        }
         self.writable()?;
         let result = self.commit_inner();
         if let Err(e) = &result {
-            self.read_only = Some(e.to_string());
+            self.read_only = Some(format!("after an I/O failure: {e}"));
         }
         result
     }

@@ -1,7 +1,7 @@
 //! Names: path resolution, create, mkdir, unlink, rmdir and rename on the in-memory metadata.
 //! Every operation checks everything first and changes nothing when it fails.
 
-use super::meta::Inner;
+use super::meta::{corrupt, Inner};
 use crate::dir::{validate_name, DirEntry};
 use crate::error::FsError;
 use crate::inode::Kind;
@@ -187,8 +187,12 @@ impl Inner {
             return Err(FsError::NotADirectory(shown_new));
         }
         if src.kind == Kind::Directory {
-            // A directory may not move into its own subtree.
+            // A directory may not move into its own subtree. The walk up from the new parent
+            // follows on-disk parent fields, which a corrupt image can point in a cycle: each
+            // directory is visited at most once, so the walk ends after at most as many steps
+            // as there are directories on the path (and a cycle is reported, not followed).
             let mut at = new_parent;
+            let mut seen = std::collections::HashSet::new();
             loop {
                 if at == src.ino {
                     return Err(FsError::Invalid(format!(
@@ -198,7 +202,18 @@ impl Inner {
                 if at == ROOT_INODE {
                     break;
                 }
-                at = self.node(at)?.inode.parent;
+                if !seen.insert(at) {
+                    return Err(corrupt(format!(
+                        "directory inode {new_parent}: its chain of parent directories loops at inode {at} and never reaches the root"
+                    )));
+                }
+                let n = self.node(at)?;
+                if n.inode.kind != Kind::Directory {
+                    return Err(corrupt(format!(
+                        "directory inode {new_parent}: its chain of parents reaches inode {at}, which is not a directory"
+                    )));
+                }
+                at = n.inode.parent;
             }
         }
         let target = self.lookup(new_parent, new_name)?;
