@@ -62,7 +62,11 @@ fn unusable_targets_give_clear_open_errors() {
     for kind in ["sync", "uring", "redirect"] {
         match open(&format!("{kind}:{}", tiny.display())) {
             Err(OpenError::TooSmall { actual: 100, .. }) => {}
-            Err(OpenError::Unavailable { why, .. }) => eprintln!("SKIPPED: {kind}: {why}"),
+            Err(OpenError::Unavailable { feature, why, .. })
+                if kind == "uring" && feature == "io_uring" =>
+            {
+                kura_testkit::skip("unusable_targets_give_clear_open_errors", "io_uring", &why)
+            }
             other => panic!(
                 "{kind} on a 100-byte file: {:?}",
                 other.map(|d| d.describe())
@@ -71,7 +75,11 @@ fn unusable_targets_give_clear_open_errors() {
         let missing = dir.path().join("missing.img");
         match open(&format!("{kind}:{}", missing.display())) {
             Err(OpenError::Os { errno, .. }) => assert_eq!(errno.0, libc::ENOENT),
-            Err(OpenError::Unavailable { why, .. }) => eprintln!("SKIPPED: {kind}: {why}"),
+            Err(OpenError::Unavailable { feature, why, .. })
+                if kind == "uring" && feature == "io_uring" =>
+            {
+                kura_testkit::skip("unusable_targets_give_clear_open_errors", "io_uring", &why)
+            }
             other => panic!(
                 "{kind} on a missing file: {:?}",
                 other.map(|d| d.describe())

@@ -8,8 +8,8 @@ use std::process::Command;
 fn uring_or_skip(spec: &str) -> Option<Box<dyn BlockDevice>> {
     match open(spec) {
         Ok(d) => Some(d),
-        Err(OpenError::Unavailable { why, .. }) => {
-            eprintln!("SKIPPED: {spec}: io_uring unavailable: {why}");
+        Err(OpenError::Unavailable { feature, why, .. }) if feature == "io_uring" => {
+            kura_testkit::skip(&format!("open {spec}"), "io_uring", &why);
             None
         }
         Err(e) => panic!("{spec}: {e}"),
@@ -22,7 +22,14 @@ fn registered_buffers_and_o_direct_are_used_when_the_kernel_allows() {
     let spec = format!("uring:{}/c.img?size=1M", dir.path().display());
     let dev = match uring::open(&Spec::parse(&spec).unwrap()) {
         Ok(d) => d,
-        Err(e) => return eprintln!("SKIPPED: {e}"),
+        Err(OpenError::Unavailable { feature, why, .. }) if feature == "io_uring" => {
+            return kura_testkit::skip(
+                "registered_buffers_and_o_direct_are_used_when_the_kernel_allows",
+                "io_uring",
+                &why,
+            )
+        }
+        Err(e) => panic!("{spec}: {e}"),
     };
     let d = dev.describe();
     assert!(d.contains("O_DIRECT"), "{d}");
@@ -30,6 +37,7 @@ fn registered_buffers_and_o_direct_are_used_when_the_kernel_allows() {
         d.contains("registered file+buffers") || dev.notes().iter().any(|n| n.contains("refused")),
         "{d}"
     );
+    drop(dev);
     let plain = uring::open(&Spec::parse(&format!("{spec}&fixed=0&direct=0")).unwrap()).unwrap();
     assert!(
         plain.describe().contains("buffered") && !plain.describe().contains("registered"),
@@ -75,9 +83,8 @@ impl Drop for LoopGuard {
 
 #[test]
 fn a_real_loop_device_works_as_root() {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        return eprintln!("SKIPPED: loop-device test: not running as root");
+    if let Some(m) = kura_testkit::loop_unavailable() {
+        return m.skip("a_real_loop_device_works_as_root");
     }
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("loop.img");
@@ -85,20 +92,17 @@ fn a_real_loop_device_works_as_root() {
         .unwrap()
         .set_len(64 << 20)
         .unwrap();
-    let out = match Command::new("losetup")
+    // Root, losetup and /dev/loop-control are here: a failing losetup is a failure.
+    let out = Command::new("losetup")
         .args(["--find", "--show"])
         .arg(&img)
         .output()
-    {
-        Ok(o) if o.status.success() => o,
-        Ok(o) => {
-            return eprintln!(
-                "SKIPPED: loop-device test: losetup failed: {}",
-                String::from_utf8_lossy(&o.stderr).trim()
-            )
-        }
-        Err(e) => return eprintln!("SKIPPED: loop-device test: cannot run losetup: {e}"),
-    };
+        .expect("run losetup");
+    assert!(
+        out.status.success(),
+        "losetup failed: {}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let _guard = LoopGuard(loopdev.clone());
     let Some(mut dev) = uring_or_skip(&format!("uring:{loopdev}")) else {

@@ -52,8 +52,11 @@ fn large_stream_bounded_memory() {
         left: mb << 20,
     };
     let Some(before) = peak_rss_kib() else {
-        println!("SKIPPED: no /proc/self/status VmHWM on this system");
-        return;
+        return kura_testkit::skip(
+            "large_stream_bounded_memory",
+            "proc-vmhwm",
+            "no VmHWM in /proc/self/status on this system",
+        );
     };
     let opts = SourceOptions {
         chunk: 1 << 20,

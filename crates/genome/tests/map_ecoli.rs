@@ -4,8 +4,8 @@
 //! MAPQ ≥ 20, at least 98.5 % placed correctly, and, when minimap2 is installed, no more than 0.1 %
 //! (20 reads) behind `minimap2 -ax sr` on the same reads: the reads where the two differ are ones
 //! both give MAPQ 0 (identical repeat copies), where which copy is chosen is a coin toss, so a
-//! strict comparison on 20k reads would test luck. Prints `SKIPPED` when the data or tools are
-//! missing. `KURA_ECOLI_READS=200000` runs the full-size comparison.
+//! strict comparison on 20k reads would test luck. Skips visibly (`kura_testkit::skip`) when the
+//! data or tools are missing. `KURA_ECOLI_READS=200000` runs the full-size comparison.
 
 use kura_genome::index::{Index, IndexParams};
 use kura_genome::map::{MapOptions, Mapper, Read};
@@ -13,10 +13,6 @@ use kura_genome::pack::PackedRef;
 use std::process::Command;
 
 const GENOME: &str = "/usr/share/doc/ragout/examples/E.Coli/references/MG1655-K12.fasta.gz";
-
-fn tool(name: &str, arg: &str) -> bool {
-    Command::new(name).arg(arg).output().is_ok()
-}
 
 /// Whether a placement (contig, 1-based leftmost, 1-based rightmost, reverse) matches the name.
 fn correct(name: &str, contig: &str, pos1: u64, end1: u64, reverse: bool) -> bool {
@@ -83,13 +79,18 @@ fn score_minimap2(fasta: &str, fastq: &str) -> (usize, usize) {
 
 #[test]
 fn ecoli_pywgsim_reads_as_accurate_as_minimap2() {
+    const TEST: &str = "ecoli_pywgsim_reads_as_accurate_as_minimap2";
     if !std::path::Path::new(GENOME).exists() {
-        eprintln!("SKIPPED: {GENOME} missing (apt-get install ragout-examples)");
-        return;
+        return kura_testkit::skip(
+            TEST,
+            "ragout-examples",
+            &format!("{GENOME} is missing (apt-get install ragout-examples)"),
+        );
     }
-    if !tool("pywgsim", "--version") || !tool("zcat", "--version") {
-        eprintln!("SKIPPED: pywgsim or zcat missing (pip install pywgsim)");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("pywgsim", "python3 -m pip install pywgsim")
+        .or_else(|| kura_testkit::missing_tool("zcat", "apt-get install gzip"))
+    {
+        return m.skip(TEST);
     }
     let n: usize = std::env::var("KURA_ECOLI_READS")
         .ok()
@@ -171,13 +172,17 @@ fn ecoli_pywgsim_reads_as_accurate_as_minimap2() {
     );
     assert_eq!(bad, 0, "misplaced reads with MAPQ >= 20");
     assert!(ok as f64 >= 0.985 * n as f64, "{ok} of {n} correct");
-    if tool("minimap2", "--version") {
+    if kura_testkit::which("minimap2").is_some() {
         let (mm_ok, mm_bad) =
             score_minimap2(fasta.to_str().expect("path"), r1.to_str().expect("path"));
         eprintln!("minimap2 -ax sr: {mm_ok}/{n} correct, {mm_bad} misplaced with MAPQ >= 20");
         assert!(ok + n / 1000 >= mm_ok, "kura {ok} vs minimap2 {mm_ok}");
         assert!(bad <= mm_bad);
     } else {
-        eprintln!("SKIPPED (comparison only): minimap2 missing");
+        kura_testkit::skip(
+            "ecoli_pywgsim_reads_as_accurate_as_minimap2 (the minimap2 comparison)",
+            "minimap2",
+            "minimap2 is not on PATH (apt-get install minimap2)",
+        );
     }
 }

@@ -1,19 +1,12 @@
 //! SAM output read back by samtools (`view -b`, `flagstat`, `sort`, `view`), single- and
 //! paired-end, plus PAF lines and the writer's refusal of reads SAM cannot hold. The samtools
-//! part prints `SKIPPED` and returns when samtools is not installed.
+//! part skips visibly (`kura_testkit::skip`) when samtools is not installed.
 
 mod mapsim;
 
 use kura_genome::map::{MapOptions, Mapper, Mapping, Read};
 use kura_genome::sam::{self, SamError};
 use std::process::Command;
-
-fn samtools() -> bool {
-    Command::new("samtools")
-        .arg("--version")
-        .output()
-        .is_ok_and(|o| o.status.success())
-}
 
 fn run(args: &[&str]) -> String {
     let out = Command::new("samtools")
@@ -43,9 +36,8 @@ fn flagstat(text: &str, what: &str) -> u64 {
 
 #[test]
 fn samtools_reads_single_and_paired_output() {
-    if !samtools() {
-        eprintln!("SKIPPED: samtools is not installed");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("samtools", "apt-get install samtools") {
+        return m.skip("samtools_reads_single_and_paired_output");
     }
     let g = mapsim::genome(41, &[200_000, 100_000], 3);
     let idx = mapsim::index(&g);

@@ -1,7 +1,7 @@
 //! The truth parser and SAM scorer against the real tools: reads simulated by `pywgsim` are
 //! parsed with the crate's FASTQ readers and checked base for base against the coordinates in
 //! their names; if `minimap2` is installed, its SAM for those reads is scored (single- and
-//! paired-end). Each part prints `SKIPPED: <reason>` and returns when its tool is missing.
+//! paired-end). Each part skips visibly (`kura_testkit::skip`) when its tool is not installed.
 
 use kura_genome::fasta::FastaRecord;
 use kura_genome::fastq::{FastqReader, PairedReader};
@@ -10,15 +10,6 @@ use kura_genome::source::ByteSource;
 use kura_genome::truth::{score_sam, ScoreOptions, TrueOrigin};
 use std::path::Path;
 use std::process::{Command, Stdio};
-
-fn have(tool: &str, arg: &str) -> bool {
-    Command::new(tool)
-        .arg(arg)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok()
-}
 
 fn pywgsim(
     reference: &Path,
@@ -47,9 +38,8 @@ fn setup(dir: &Path) -> (Vec<FastaRecord>, std::path::PathBuf) {
 
 #[test]
 fn pywgsim_names_give_each_reads_true_origin() {
-    if !have("pywgsim", "-v") {
-        println!("SKIPPED: pywgsim is not installed (pip install pywgsim)");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("pywgsim", "python3 -m pip install pywgsim") {
+        return m.skip("pywgsim_names_give_each_reads_true_origin");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (genome, fa) = setup(dir.path());
@@ -111,13 +101,11 @@ fn pywgsim_names_give_each_reads_true_origin() {
 
 #[test]
 fn minimap2_on_pywgsim_reads_scores_high() {
-    if !have("pywgsim", "-v") {
-        println!("SKIPPED: pywgsim is not installed (pip install pywgsim)");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("pywgsim", "python3 -m pip install pywgsim") {
+        return m.skip("minimap2_on_pywgsim_reads_scores_high");
     }
-    if !have("minimap2", "--version") {
-        println!("SKIPPED: minimap2 is not installed");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("minimap2", "apt-get install minimap2") {
+        return m.skip("minimap2_on_pywgsim_reads_scores_high");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let (_, fa) = setup(dir.path());
@@ -168,12 +156,17 @@ const MG1655: &str = "/usr/share/doc/ragout/examples/E.Coli/references/MG1655-K1
 #[test]
 fn minimap2_on_mg1655_matches_the_issue_baseline() {
     if !Path::new(MG1655).exists() {
-        println!("SKIPPED: {MG1655} is missing (apt install ragout)");
-        return;
+        return kura_testkit::skip(
+            "minimap2_on_mg1655_matches_the_issue_baseline",
+            "ragout-examples",
+            &format!("{MG1655} is missing (apt-get install ragout-examples)"),
+        );
     }
-    if !have("pywgsim", "-v") || !have("minimap2", "--version") {
-        println!("SKIPPED: pywgsim or minimap2 is not installed");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("pywgsim", "python3 -m pip install pywgsim") {
+        return m.skip("minimap2_on_mg1655_matches_the_issue_baseline");
+    }
+    if let Some(m) = kura_testkit::missing_tool("minimap2", "apt-get install minimap2") {
+        return m.skip("minimap2_on_mg1655_matches_the_issue_baseline");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let args = [

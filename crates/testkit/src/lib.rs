@@ -97,8 +97,9 @@ pub fn skip_in(env: &SkipEnv, test: &str, capability: &str, reason: &str) -> Res
         return Ok(());
     }
     Err(format!(
-        "{test} would be skipped under CI: {capability} is missing ({reason}); install it \
-         (scripts/setup.sh) or, if it cannot exist in CI, list `{capability}` with the reason in {}",
+        "{test} would be skipped under CI, which allows no skip for `{capability}` ({reason}): \
+         install it (scripts/setup.sh), or if CI cannot have it, list `{capability}` and the \
+         reason in {}",
         env.allow_list.display()
     ))
 }

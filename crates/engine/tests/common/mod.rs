@@ -50,7 +50,18 @@ pub fn open_or_skip(spec: &str) -> Option<Box<dyn BlockDevice>> {
             feature,
             why,
         }) => {
-            eprintln!("SKIPPED: {spec}: {backend}: {feature} unavailable here: {why}");
+            // Only the kernel refusing io_uring, or a file system refusing O_DIRECT, is a
+            // missing capability; any other Unavailable is a failure.
+            let capability = match feature.as_str() {
+                "io_uring" => "io_uring",
+                "O_DIRECT" => "o_direct",
+                _ => panic!("{spec}: {backend}: {feature} unavailable: {why}"),
+            };
+            kura_testkit::skip(
+                &format!("open {spec}"),
+                capability,
+                &format!("{backend}: {feature} unavailable here: {why}"),
+            );
             None
         }
         Err(e) => panic!("{spec}: {e}"),
