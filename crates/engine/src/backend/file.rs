@@ -305,13 +305,16 @@ impl Drop for BackingFile {
     }
 }
 
-/// Takes the lock `access` needs on `file`, without waiting; a held lock is an error naming the
-/// holder.
+/// Takes the lock `access` needs on `file`; a lock held by a live process is an error naming it
+/// at once. A lock whose holder is gone is waited for, briefly: io_uring releases the registered
+/// files of a process that exited (or crashed) from a kernel worker, a little after the exit.
 fn lock(file: &File, path: &str, access: Access) -> Result<(), OpenError> {
+    const ORPHAN_WAIT: std::time::Duration = std::time::Duration::from_secs(3);
     let how = match access {
         Access::ReadWrite => libc::LOCK_EX,
         Access::ReadOnly => libc::LOCK_SH,
     };
+    let start = std::time::Instant::now();
     loop {
         // SAFETY: flock on an fd owned by `file`, with integer flags.
         if unsafe { libc::flock(file.as_raw_fd(), how | libc::LOCK_NB) } == 0 {
@@ -321,17 +324,19 @@ fn lock(file: &File, path: &str, access: Access) -> Result<(), OpenError> {
         match errno.0 {
             libc::EINTR => continue,
             libc::EWOULDBLOCK => {
-                let holder = file
-                    .metadata()
-                    .ok()
-                    .and_then(|m| lock_holder(&m))
-                    .map_or_else(
-                        || "another process".to_string(),
-                        |pid| format!("process {pid}{}", process_name(pid)),
-                    );
+                let holder = file.metadata().ok().and_then(|m| lock_holder(&m));
+                let alive = holder
+                    .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists());
+                if !alive && start.elapsed() < ORPHAN_WAIT {
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                    continue;
+                }
                 return Err(OpenError::Locked {
                     path: path.to_string(),
-                    holder,
+                    holder: match holder {
+                        Some(pid) if alive => format!("process {pid}{}", process_name(pid)),
+                        _ => "another process".to_string(),
+                    },
                 });
             }
             _ => {
