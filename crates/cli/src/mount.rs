@@ -1,7 +1,14 @@
 //! `kura mount SPEC DIR`: AccelFS through FUSE (the fuser crate), so `ls`, `cp`, `diff` and
 //! `sha256sum` work on it. Each FUSE request maps to one call of the inode-level API of
 //! `kura_accelfs::FileSystem`; `fsync` is a journal commit. Unmounting (`fusermount3 -u DIR`,
-//! Ctrl-C or SIGTERM) commits and checkpoints before the command exits.
+//! or SIGINT, SIGTERM or SIGHUP) commits and checkpoints before the command exits 0.
+//!
+//! On a signal everything written so far is committed first, then the mount is detached: a plain
+//! unmount, or a lazy one when a program still has files open there (the session then ends when
+//! they close them). A second signal exits at once; the image stays consistent because only
+//! journal commits change its metadata, and what the first signal's commit covered is kept. The
+//! mount is `nosuid,nodev` and modes are masked to permission bits, since the image's bytes may
+//! come from anyone.
 
 use crate::dev::open_dev;
 use anyhow::Context;
@@ -70,7 +77,7 @@ impl Fuse {
                 FileType::Directory => FuseType::Directory,
                 FileType::File => FuseType::RegularFile,
             },
-            perm: m.mode,
+            perm: m.mode & 0o7777,
             nlink: if m.is_dir() { 2 } else { m.links },
             uid: self.uid,
             gid: self.gid,
@@ -341,6 +348,25 @@ impl Filesystem for Fuse {
     }
 }
 
+/// Detaches the FUSE mount on `dir`: a plain unmount, else (busy, or `lazy`) a lazy one, which
+/// takes the name away at once and ends the session when the last open file there is closed.
+fn detach(dir: &Path, lazy: bool) {
+    let unmount = |lazy: bool| {
+        let mut cmd = std::process::Command::new("fusermount3");
+        cmd.arg("-u").arg("-q");
+        if lazy {
+            cmd.arg("-z");
+        }
+        cmd.arg(dir)
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    if lazy || !unmount(false) {
+        unmount(true);
+    }
+}
+
 /// Mounts and serves until unmounted; then commits and checkpoints.
 pub fn run(args: &MountArgs) -> anyhow::Result<()> {
     let cache = kura_engine::spec::parse_size(&args.cache).map_err(anyhow::Error::msg)?;
@@ -374,6 +400,8 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         fuser::MountOption::FSName(format!("kura:{}", args.spec)),
         fuser::MountOption::Subtype("accelfs".into()),
         fuser::MountOption::DefaultPermissions,
+        fuser::MountOption::NoSuid,
+        fuser::MountOption::NoDev,
     ];
     let session = fuser::spawn_mount(fuse, &args.dir, &config).with_context(|| {
         format!(
@@ -382,21 +410,38 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         )
     })?;
     let dir = args.dir.clone();
+    // The handler lives as long as the process; it holds the file system only until the main
+    // thread takes it back for the final commit, so the device (and its lock) is dropped then.
+    let committer = std::sync::Arc::new(std::sync::Mutex::new(Some(fs.clone())));
+    let handler_fs = std::sync::Arc::clone(&committer);
+    let signals = std::sync::atomic::AtomicUsize::new(0);
     ctrlc::set_handler(move || {
-        // Unmounting ends the session loop; the main thread then finishes cleanly.
-        let _ = std::process::Command::new("fusermount3")
-            .arg("-u")
-            .arg(&dir)
-            .status();
+        if signals.fetch_add(1, std::sync::atomic::Ordering::SeqCst) > 0 {
+            eprintln!("kura mount: second signal: exiting now; the last commit is what remains");
+            detach(&dir, true);
+            std::process::exit(1);
+        }
+        eprintln!(
+            "kura mount: signal received: committing, then unmounting {}",
+            dir.display()
+        );
+        let held = handler_fs.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(Err(e)) = held.as_ref().map(FileSystem::sync) {
+            eprintln!("kura mount: commit before unmount failed: {e}");
+        }
+        drop(held);
+        // Unmounting ends the session loop; the main thread then commits again and exits.
+        detach(&dir, false);
     })
-    .context("installing the Ctrl-C handler")?;
+    .context("installing the signal handler")?;
     eprintln!(
-        "kura: AccelFS from {} mounted on {} (unmount with `fusermount3 -u {}` or Ctrl-C)",
+        "kura: AccelFS from {} mounted on {} (unmount with `fusermount3 -u {}`, Ctrl-C or SIGTERM)",
         args.spec,
         args.dir.display(),
         args.dir.display()
     );
     session.join().context("FUSE session")?;
+    committer.lock().unwrap_or_else(|p| p.into_inner()).take();
     fs.unmount().context("final commit at unmount")?;
     eprintln!("kura: {} unmounted cleanly", args.dir.display());
     Ok(())

@@ -1,0 +1,220 @@
+//! `kura mount` at its edges: SIGTERM commits what was written and leaves no stale mount (also
+//! while a program still has a file open there), and a second process cannot write the mounted
+//! image.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+fn kura(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args(args)
+        .output()
+        .expect("run kura")
+}
+
+fn ok(args: &[&str]) -> String {
+    let o = kura(args);
+    assert!(
+        o.status.success(),
+        "kura {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn mounted(dir: &Path) -> bool {
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let want = dir.to_string_lossy();
+    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&want))
+}
+
+/// Unmounts lazily if a test fails while the mount is up, so no stale mount outlives it.
+struct MountGuard<'a>(&'a Path);
+
+impl Drop for MountGuard<'_> {
+    fn drop(&mut self) {
+        if mounted(self.0) {
+            let _ = Command::new("fusermount3")
+                .args(["-u", "-z"])
+                .arg(self.0)
+                .status();
+        }
+    }
+}
+
+fn start_mount(spec: &str, mnt: &Path) -> Child {
+    let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args(["mount", spec, mnt.to_str().expect("utf8")])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start kura mount");
+    let start = Instant::now();
+    while !mounted(mnt) {
+        if let Ok(Some(status)) = server.try_wait() {
+            let mut err = String::new();
+            if let Some(mut e) = server.stderr.take() {
+                use std::io::Read;
+                let _ = e.read_to_string(&mut err);
+            }
+            panic!("kura mount exited ({status}): {err}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "mount did not appear"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server
+}
+
+fn signal(child: &Child, sig: &str) {
+    let st = Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(child.id().to_string())
+        .status()
+        .expect("kill");
+    assert!(st.success());
+}
+
+fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().expect("wait") {
+            return st;
+        }
+        if start.elapsed() > within {
+            let _ = child.kill();
+            panic!("kura mount did not exit within {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Deterministic bytes that differ per MiB, so a lost or misplaced chunk shows.
+fn pattern(len: usize) -> Vec<u8> {
+    (0..len)
+        .map(|i| ((i >> 20) as u8).wrapping_mul(37) ^ (i as u8).wrapping_mul(13))
+        .collect()
+}
+
+fn fs_image(dir: &Path, size: &str) -> String {
+    let img = dir.join("fs.img");
+    ok(&["mkfs", &format!("file:{}?size={size}", img.display())]);
+    format!("file:{}", img.display())
+}
+
+#[test]
+fn sigterm_commits_a_closed_file_and_leaves_no_stale_mount() {
+    if let Some(m) = kura_testkit::fuse_unavailable() {
+        return m.skip("sigterm_commits_a_closed_file_and_leaves_no_stale_mount");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = fs_image(dir.path(), "256M");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mut server = start_mount(&spec, &mnt);
+    let _guard = MountGuard(&mnt);
+    let data = pattern(100 << 20);
+    // Written and closed, never fsync'd: the signal's commit is what makes it durable.
+    std::fs::write(mnt.join("big.bin"), &data).expect("write through FUSE");
+    signal(&server, "TERM");
+    let status = wait_exit(&mut server, Duration::from_secs(60));
+    assert!(status.success(), "kura mount exit {status}");
+    assert!(!mounted(&mnt), "no stale mount after SIGTERM");
+    let out = kura(&["fs", "cat", &spec, "/big.bin"]);
+    assert!(out.status.success());
+    assert!(out.stdout == data, "the file is complete after remount");
+    assert!(ok(&["fsck", &spec]).contains("clean"));
+}
+
+#[test]
+fn sigterm_with_a_file_still_open_detaches_and_keeps_every_write() {
+    if let Some(m) = kura_testkit::fuse_unavailable() {
+        return m.skip("sigterm_with_a_file_still_open_detaches_and_keeps_every_write");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = fs_image(dir.path(), "64M");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mut server = start_mount(&spec, &mnt);
+    let _guard = MountGuard(&mnt);
+    let data = pattern(6 << 20);
+    let mut f = std::fs::File::create(mnt.join("open.bin")).expect("create");
+    f.write_all(&data[..3 << 20]).expect("write");
+    signal(&server, "TERM");
+    // Busy, so the mount is detached lazily: the name goes, the open file keeps working.
+    let start = Instant::now();
+    while mounted(&mnt) {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "still mounted after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    f.write_all(&data[3 << 20..])
+        .expect("write after the signal");
+    drop(f);
+    let status = wait_exit(&mut server, Duration::from_secs(60));
+    assert!(status.success(), "kura mount exit {status}");
+    let out = kura(&["fs", "cat", &spec, "/open.bin"]);
+    assert!(out.status.success());
+    assert!(out.stdout == data, "both halves are in the file");
+    assert!(ok(&["fsck", &spec]).contains("clean"));
+}
+
+#[test]
+fn a_second_process_cannot_change_a_mounted_image() {
+    if let Some(m) = kura_testkit::fuse_unavailable() {
+        return m.skip("a_second_process_cannot_change_a_mounted_image");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = fs_image(dir.path(), "64M");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let src = dir.path().join("tree");
+    std::fs::create_dir_all(src.join("a/b")).expect("mkdir");
+    for i in 0..50 {
+        std::fs::write(src.join(format!("a/b/f{i}")), pattern(10_000 + i)).expect("write");
+    }
+    let mut server = start_mount(&spec, &mnt);
+    let _guard = MountGuard(&mnt);
+    let mut mine = std::fs::File::create(mnt.join("mine.txt")).expect("create");
+    mine.write_all(b"written through the mount\n")
+        .expect("write");
+    // Committed now, so the image has no reason to change while the others are refused.
+    mine.sync_all().expect("fsync");
+    drop(mine);
+    let img = dir.path().join("fs.img");
+    let before = std::fs::read(&img).expect("read image");
+    for args in [
+        vec!["fs", "put", &spec, src.to_str().expect("utf8"), "/x", "-r"],
+        vec!["mkfs", &spec],
+        vec!["fsck", "--repair", &spec],
+    ] {
+        let out = kura(&args);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "kura {args:?} succeeded on a mounted image"
+        );
+        assert!(
+            err.contains("in use by process") && err.contains("fs.img"),
+            "kura {args:?}: {err}"
+        );
+    }
+    assert!(
+        std::fs::read(&img).expect("read image") == before,
+        "refused commands changed nothing"
+    );
+    signal(&server, "INT");
+    let status = wait_exit(&mut server, Duration::from_secs(60));
+    assert!(status.success(), "kura mount exit {status}");
+    assert!(ok(&["fsck", &spec]).contains("clean"));
+    assert_eq!(
+        ok(&["fs", "cat", &spec, "/mine.txt"]),
+        "written through the mount\n"
+    );
+}
