@@ -9,21 +9,8 @@ use kura_kv::{Db, DbOptions, Store, WriteBatch};
 use std::path::Path;
 use std::process::Command;
 
-fn plyvel_missing() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import plyvel"])
-        .output()
-    {
-        Err(e) => Some(format!("python3 not runnable: {e}")),
-        Ok(o) if !o.status.success() => Some(format!(
-            "plyvel not installed (pip install plyvel): {}",
-            String::from_utf8_lossy(&o.stderr)
-                .lines()
-                .last()
-                .unwrap_or("")
-        )),
-        Ok(_) => None,
-    }
+fn plyvel_missing() -> Option<kura_testkit::Missing> {
+    kura_testkit::python_module_missing("plyvel", "plyvel")
 }
 
 fn pairs() -> Vec<(Vec<u8>, Vec<u8>)> {
@@ -66,9 +53,8 @@ fn mounted() -> FileSystem {
 
 #[test]
 fn accelfs_database_opens_in_plyvel_and_back() {
-    if let Some(why) = plyvel_missing() {
-        eprintln!("SKIPPED accelfs_database_opens_in_plyvel_and_back: {why}");
-        return;
+    if let Some(m) = plyvel_missing() {
+        return m.skip("accelfs_database_opens_in_plyvel_and_back");
     }
     let fs = mounted();
     let opts = DbOptions {

@@ -1,7 +1,7 @@
 //! The RocksDB peer (`scripts/kv_rocksdb_peer.py`) replays traces this crate writes: a YCSB-A
 //! trace of 2,000 operations and a db_bench `readseq` trace, checked through the JSON it
 //! prints; malformed traces and a missing rocksdict fail with exit status 2. Tests that need
-//! python3 or rocksdict print `SKIPPED: <reason>` and pass when the machine lacks them.
+//! python3 or rocksdict skip visibly (`kura_testkit::skip`) when the machine lacks them.
 
 use std::fs::File;
 use std::io::BufWriter;
@@ -15,21 +15,13 @@ fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/kv_rocksdb_peer.py")
 }
 
-/// Why the tests cannot run here, if they cannot: python3 missing, or (with `rocksdict`)
-/// rocksdict missing.
-fn missing(rocksdict: bool) -> Option<String> {
-    let probe = if rocksdict {
-        "import rocksdict"
+/// What the tests cannot run without, if this machine lacks it: python3, or (with `rocksdict`)
+/// the rocksdict module. Any other failure of python3 fails the test.
+fn missing(rocksdict: bool) -> Option<kura_testkit::Missing> {
+    if rocksdict {
+        kura_testkit::python_module_missing("rocksdict", "rocksdict")
     } else {
-        "pass"
-    };
-    match Command::new("python3").args(["-c", probe]).output() {
-        Err(e) => Some(format!("python3 not runnable: {e}")),
-        Ok(out) if !out.status.success() && rocksdict => {
-            Some("rocksdict not installed (python3 -m pip install rocksdict)".to_string())
-        }
-        Ok(out) if !out.status.success() => Some("python3 fails to start".to_string()),
-        Ok(_) => None,
+        kura_testkit::missing_tool("python3", "apt-get install python3")
     }
 }
 
@@ -70,9 +62,8 @@ fn num(j: &Json, path: &[&str]) -> f64 {
 
 #[test]
 fn peer_replays_a_ycsb_a_trace() {
-    if let Some(why) = missing(true) {
-        println!("SKIPPED: {why}");
-        return;
+    if let Some(m) = missing(true) {
+        return m.skip("peer_replays_a_ycsb_a_trace");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let w = ycsb('A', 1000, 2000, 100, 7).expect("workload");
@@ -105,9 +96,8 @@ fn peer_replays_a_ycsb_a_trace() {
 
 #[test]
 fn peer_replays_readseq_and_honours_fillsync() {
-    if let Some(why) = missing(true) {
-        println!("SKIPPED: {why}");
-        return;
+    if let Some(m) = missing(true) {
+        return m.skip("peer_replays_readseq_and_honours_fillsync");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let w = db_bench("readseq", 500, 256, 1).expect("workload");
@@ -125,9 +115,8 @@ fn peer_replays_readseq_and_honours_fillsync() {
 
 #[test]
 fn peer_rejects_a_malformed_trace_with_status_2() {
-    if let Some(why) = missing(false) {
-        println!("SKIPPED: {why}");
-        return;
+    if let Some(m) = missing(false) {
+        return m.skip("peer_rejects_a_malformed_trace_with_status_2");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let bad = dir.path().join("bad.trace");
@@ -157,9 +146,8 @@ fn peer_rejects_a_malformed_trace_with_status_2() {
 
 #[test]
 fn peer_without_rocksdict_exits_2_with_a_clear_message() {
-    if let Some(why) = missing(false) {
-        println!("SKIPPED: {why}");
-        return;
+    if let Some(m) = missing(false) {
+        return m.skip("peer_without_rocksdict_exits_2_with_a_clear_message");
     }
     let dir = tempfile::tempdir().expect("tempdir");
     // A stand-in module that fails to import, first on the path.
