@@ -3,11 +3,12 @@
 //!
 //! - [`protocol`]: the wire format (fixed newstyle handshake, simple replies), pure and bounded;
 //! - [`handshake`]: the server's option haggling, over any byte stream;
-//! - [`server`]: [`serve`] named [`Export`]s with a stop handle;
+//! - [`server`]: [`serve`] named [`Export`]s over TCP (or [`serve_unix`] over a Unix socket)
+//!   with a stop handle and limits on handshakes, idle clients, peers and bytes in flight;
 //! - [`client`]: [`connect`] to an export and drive it as a [`kura_engine::BlockDevice`].
 //!
-//! - [`tls`]: `NBD_OPT_STARTTLS` with rustls (the server requires it when given a certificate;
-//!   the client asks for it when given a CA);
+//! - [`tls`]: `NBD_OPT_STARTTLS` with rustls (the server requires it when given a certificate,
+//!   and can require client certificates; the client asks for it when given a CA);
 //! - [`remote`]: the `remote:HOST:PORT/EXPORT` drive — the client with bounded waits, one
 //!   reconnect, and replay of what is safe to replay.
 //!
@@ -28,6 +29,6 @@ pub use client::{
 };
 pub use protocol::{ErrorCode, ProtocolError};
 pub use server::{
-    bind_loopback, serve, serve_tls, Export, ServeError, ServeOptions, Server, ServerStats,
-    StopHandle,
+    bind_loopback, bind_unix, serve, serve_tls, serve_unix, Export, ServeError, ServeOptions,
+    Server, ServerStats, StopHandle,
 };

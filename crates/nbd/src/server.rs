@@ -1,11 +1,22 @@
 //! The NBD server: named exports over kura devices, one thread per connection, a stop handle.
 //!
-//! [`serve`] takes a bound listener and a list of [`Export`]s and returns a running [`Server`].
+//! [`serve`] takes a bound TCP listener ([`serve_unix`] a Unix-domain one, [`bind_unix`]) and a
+//! list of [`Export`]s and returns a running [`Server`].
 //! Each export's device is owned by one driver thread (`driver.rs`) shared by all its clients.
 //! Each connection has a reader thread (handshake, then requests) and a writer thread (replies,
 //! batched into few `write` calls), so a client may pipeline requests; what one client has in
 //! flight is bounded by [`ServeOptions::max_in_flight`] requests and
-//! [`ServeOptions::max_in_flight_bytes`] bytes — the reader stops reading until replies go out.
+//! [`ServeOptions::max_in_flight_bytes`] bytes, and what all connections together have in flight
+//! by [`ServeOptions::max_total_in_flight_bytes`]: a reader that would go past either stops
+//! reading from its socket until replies go out (back-pressure; no buffer is allocated past the
+//! budget).
+//!
+//! **Limits on clients.** The handshake has a per-read timeout and a total deadline
+//! ([`ServeOptions::handshake_deadline`], enforced by a watchdog thread that cuts the socket, so
+//! a client trickling bytes cannot hold a connection slot); after `NBD_OPT_GO` a connection that
+//! sends no request for [`ServeOptions::idle_timeout`] is closed; one TCP peer address may hold
+//! at most [`ServeOptions::max_per_peer`] connections (Unix-socket clients are not capped per
+//! peer: the socket's file mode already says who may connect).
 //!
 //! Bad input never takes the server down and never touches other connections: a malformed
 //! request gets an NBD error reply (see [`crate::protocol::check_request`] for which), and what cannot
@@ -27,7 +38,10 @@ use kura_engine::BlockDevice;
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, BufWriter, Read, Write};
-use std::net::{Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -96,16 +110,24 @@ impl Export {
         self.device
     }
 
-    /// What the handshake advertises for this export.
+    /// What the handshake advertises for this export, with the protocol's default minimum block
+    /// size of 1 (see [`ServeOptions::device_min_block_size`]).
     pub fn info(&self) -> ExportInfo {
+        self.info_with(false)
+    }
+
+    /// What the handshake advertises; `device_min` advertises the device's block size as the
+    /// minimum block size instead of 1.
+    fn info_with(&self, device_min: bool) -> ExportInfo {
         let geo = self.device.geometry();
+        let min = if device_min { geo.block_size.max(1) } else { 1 };
         ExportInfo {
             name: self.name.clone(),
             description: self.description.clone(),
             size: geo.capacity_bytes(),
             flags: export_flags(self.read_only),
             block_sizes: BlockSizes {
-                min: 1,
+                min,
                 preferred: geo.block_size.max(512),
                 max_payload: MAX_PAYLOAD,
             },
@@ -146,8 +168,25 @@ pub struct ServeOptions {
     /// Payload bytes (read and write) one connection may have unanswered; a single request up
     /// to the 32 MiB payload limit is always admitted when nothing else is in flight.
     pub max_in_flight_bytes: u64,
+    /// Payload bytes all connections together may have unanswered (raised to at least the
+    /// 32 MiB payload limit, so every single request fits). A connection that would go past it
+    /// stops reading from its socket until replies free room.
+    pub max_total_in_flight_bytes: u64,
+    /// Connections one TCP peer address may have open at once; more are closed at accept.
+    pub max_per_peer: usize,
     /// Time a client has for each read of the handshake.
     pub handshake_timeout: Duration,
+    /// Time a client has for the whole handshake (TLS included), however it trickles its bytes;
+    /// then the connection is cut.
+    pub handshake_deadline: Duration,
+    /// After the handshake, a connection that sends no request for this long is closed (`None`:
+    /// never).
+    pub idle_timeout: Option<Duration>,
+    /// Advertise the device's block size as the minimum block size (`NBD_INFO_BLOCK_SIZE`) and
+    /// refuse, with `EINVAL`, unaligned requests from clients that asked for the block sizes
+    /// (and so agreed to them). Unaligned requests from clients that did not ask are still served
+    /// by read-modify-write. Off: the minimum is 1 and every client may send unaligned requests.
+    pub device_min_block_size: bool,
     /// Time a reply write may block on a client that does not read; then the connection closes.
     pub write_timeout: Duration,
     /// On stop, time connections get to finish what is in flight before they are cut.
@@ -160,7 +199,12 @@ impl Default for ServeOptions {
             max_clients: 256,
             max_in_flight: 64,
             max_in_flight_bytes: 64 << 20,
+            max_total_in_flight_bytes: 256 << 20,
+            max_per_peer: 32,
             handshake_timeout: Duration::from_secs(30),
+            handshake_deadline: Duration::from_secs(30),
+            idle_timeout: Some(Duration::from_secs(600)),
+            device_min_block_size: false,
             write_timeout: Duration::from_secs(60),
             stop_grace: Duration::from_secs(2),
         }
@@ -191,8 +235,15 @@ pub struct ServerStats {
     pub connections: u64,
     /// Connections open now.
     pub active: u64,
-    /// Connections closed at accept because `max_clients` were open.
+    /// Connections closed at accept because `max_clients` were open, or `max_per_peer` from
+    /// the same address.
     pub refused: u64,
+    /// Connections cut because their handshake outlasted `handshake_deadline`.
+    pub handshake_timeouts: u64,
+    /// Connections closed after `idle_timeout` without a request.
+    pub idle_closed: u64,
+    /// The most payload bytes all connections had in flight at once.
+    pub peak_in_flight_bytes: u64,
     /// Transmission requests received.
     pub requests: u64,
     /// Replies that carried an error.
@@ -209,6 +260,8 @@ pub struct ServerStats {
 struct Counters {
     connections: AtomicU64,
     refused: AtomicU64,
+    handshake_timeouts: AtomicU64,
+    idle_closed: AtomicU64,
     requests: AtomicU64,
     error_replies: AtomicU64,
     protocol_errors: AtomicU64,
@@ -220,19 +273,124 @@ fn bump(c: &AtomicU64, n: u64) {
     c.fetch_add(n, Ordering::Relaxed);
 }
 
-/// State shared by the accept thread, every connection and the stop handles.
+/// A connected client: TCP, or a Unix-domain socket.
+enum Sock {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl Sock {
+    fn try_clone(&self) -> io::Result<Sock> {
+        Ok(match self {
+            Sock::Tcp(s) => Sock::Tcp(s.try_clone()?),
+            Sock::Unix(s) => Sock::Unix(s.try_clone()?),
+        })
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.shutdown(how),
+            Sock::Unix(s) => s.shutdown(how),
+        }
+    }
+
+    fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_read_timeout(t),
+            Sock::Unix(s) => s.set_read_timeout(t),
+        }
+    }
+
+    fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        match self {
+            Sock::Tcp(s) => s.set_write_timeout(t),
+            Sock::Unix(s) => s.set_write_timeout(t),
+        }
+    }
+}
+
+impl Read for &Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => (&*s).read(buf),
+            Sock::Unix(s) => (&*s).read(buf),
+        }
+    }
+}
+
+impl Write for &Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Sock::Tcp(s) => (&*s).write(buf),
+            Sock::Unix(s) => (&*s).write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Read for Sock {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self).read(buf)
+    }
+}
+
+impl Write for Sock {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        (&*self).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Where the server listens, and how a stop wakes its accept thread.
+#[derive(Debug, Clone)]
+enum Endpoint {
+    Tcp(SocketAddr),
+    /// The socket file, removed when the server ends.
+    Unix(PathBuf),
+}
+
+/// One open connection as the accept thread, the watchdog and stop see it.
+struct ConnEntry {
+    /// A clone of the connection's socket, to cut it.
+    sock: Sock,
+    /// The TCP peer address (for the per-peer cap); `None` on a Unix socket.
+    peer: Option<IpAddr>,
+    /// Until the handshake ends: when the watchdog cuts the connection.
+    handshake_until: Option<Instant>,
+}
+
+/// State shared by the accept thread, the watchdog, every connection and the stop handles.
 struct Shared {
     stopping: AtomicBool,
-    addr: SocketAddr,
-    /// Open connections (clones of their sockets, to cut them on stop).
-    conns: Mutex<HashMap<u64, TcpStream>>,
+    endpoint: Endpoint,
+    /// Open connections.
+    conns: Mutex<HashMap<u64, ConnEntry>>,
     conns_changed: Condvar,
     counters: Counters,
+    /// Payload bytes in flight across all connections.
+    budget: Budget,
 }
 
 impl Shared {
-    fn conns(&self) -> MutexGuard<'_, HashMap<u64, TcpStream>> {
+    fn conns(&self) -> MutexGuard<'_, HashMap<u64, ConnEntry>> {
         self.conns.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn wait_conns<'a>(
+        &self,
+        guard: MutexGuard<'a, HashMap<u64, ConnEntry>>,
+        timeout: Duration,
+    ) -> MutexGuard<'a, HashMap<u64, ConnEntry>> {
+        match self.conns_changed.wait_timeout(guard, timeout) {
+            Ok((guard, _)) => guard,
+            Err(p) => p.into_inner().0,
+        }
     }
 }
 
@@ -249,18 +407,26 @@ impl StopHandle {
         if self.shared.stopping.swap(true, Ordering::SeqCst) {
             return;
         }
+        // The watchdog sleeps on this condition variable; it ends when it sees `stopping`.
+        self.shared.conns_changed.notify_all();
         // Wake the accept thread with a connection of our own.
-        let addr = self.shared.addr;
-        let wake = match addr {
-            SocketAddr::V4(a) if a.ip().is_unspecified() => {
-                SocketAddr::from((Ipv4Addr::LOCALHOST, a.port()))
+        match &self.shared.endpoint {
+            Endpoint::Tcp(addr) => {
+                let wake = match *addr {
+                    SocketAddr::V4(a) if a.ip().is_unspecified() => {
+                        SocketAddr::from((Ipv4Addr::LOCALHOST, a.port()))
+                    }
+                    SocketAddr::V6(a) if a.ip().is_unspecified() => {
+                        SocketAddr::from((Ipv6Addr::LOCALHOST, a.port()))
+                    }
+                    other => other,
+                };
+                let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
             }
-            SocketAddr::V6(a) if a.ip().is_unspecified() => {
-                SocketAddr::from((Ipv6Addr::LOCALHOST, a.port()))
+            Endpoint::Unix(path) => {
+                let _ = UnixStream::connect(path);
             }
-            other => other,
-        };
-        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
+        }
     }
 
     pub fn is_stopping(&self) -> bool {
@@ -271,7 +437,7 @@ impl StopHandle {
 impl fmt::Debug for StopHandle {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("StopHandle")
-            .field("addr", &self.shared.addr)
+            .field("endpoint", &self.shared.endpoint)
             .finish()
     }
 }
@@ -284,8 +450,21 @@ pub struct Server {
 
 impl Server {
     /// The address it listens on.
+    /// The TCP address it listens on; `0.0.0.0:0` for a Unix-socket server (see
+    /// [`Server::unix_path`]).
     pub fn local_addr(&self) -> SocketAddr {
-        self.shared.addr
+        match &self.shared.endpoint {
+            Endpoint::Tcp(addr) => *addr,
+            Endpoint::Unix(_) => SocketAddr::from((Ipv4Addr::UNSPECIFIED, 0)),
+        }
+    }
+
+    /// The socket file of a Unix-socket server.
+    pub fn unix_path(&self) -> Option<&Path> {
+        match &self.shared.endpoint {
+            Endpoint::Unix(path) => Some(path),
+            Endpoint::Tcp(_) => None,
+        }
     }
 
     pub fn stop_handle(&self) -> StopHandle {
@@ -301,6 +480,9 @@ impl Server {
             connections: get(&c.connections),
             active: self.shared.conns().len() as u64,
             refused: get(&c.refused),
+            handshake_timeouts: get(&c.handshake_timeouts),
+            idle_closed: get(&c.idle_closed),
+            peak_in_flight_bytes: self.shared.budget.peak(),
             requests: get(&c.requests),
             error_replies: get(&c.error_replies),
             protocol_errors: get(&c.protocol_errors),
@@ -336,7 +518,7 @@ impl Drop for Server {
 impl fmt::Debug for Server {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Server")
-            .field("addr", &self.shared.addr)
+            .field("endpoint", &self.shared.endpoint)
             .field("stats", &self.stats())
             .finish()
     }
@@ -345,6 +527,10 @@ impl fmt::Debug for Server {
 /// One export at run time: what the handshake says, what requests are judged by, where jobs go.
 struct ExportRt {
     limits: ExportLimits,
+    /// The advertised minimum block size: clients that agreed to it must align to it.
+    block_size: u64,
+    /// The device's block size (reads allocate whole device blocks).
+    device_block_size: u64,
     jobs: Sender<Job>,
 }
 
@@ -355,7 +541,77 @@ pub fn serve(
     exports: Vec<Export>,
     opts: ServeOptions,
 ) -> Result<Server, ServeError> {
-    serve_with(listener, exports, opts, None)
+    serve_with(Listener::Tcp(listener), exports, opts, None)
+}
+
+/// Like [`serve`], on a Unix-domain socket made by [`bind_unix`] (plaintext: the socket file's
+/// mode is the access control). The socket file is removed when the server ends.
+pub fn serve_unix(
+    listener: UnixListener,
+    path: impl Into<PathBuf>,
+    exports: Vec<Export>,
+    opts: ServeOptions,
+) -> Result<Server, ServeError> {
+    let path = path.into();
+    serve_with(Listener::Unix(listener, path), exports, opts, None)
+}
+
+/// Creates a Unix-domain socket at `path` that only its owner may connect to (mode 0600 from
+/// the start: the process umask is narrowed around `bind`, so no other user can connect in a
+/// window before a `chmod`). A stale socket file nobody listens on is replaced; anything else at
+/// `path` (a regular file, a directory, a socket with a live server) is refused, never removed.
+pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if UnixStream::connect(path).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!("{} is a socket another server listens on", path.display()),
+                ));
+            }
+            std::fs::remove_file(path)?;
+        }
+        Ok(_) => {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!(
+                    "{} exists and is not a socket; refusing to replace it",
+                    path.display()
+                ),
+            ))
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    // SAFETY: umask only swaps the process's file-creation mask; it cannot fail and touches no
+    // memory. Other threads creating files meanwhile get the narrower mask, which errs on the
+    // safe side.
+    let old = unsafe { libc::umask(0o177) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above; this restores the mask saved before.
+    unsafe { libc::umask(old) };
+    let listener = bound?;
+    // Belt and braces: the mode is 0600 whatever the umask did.
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// A bound listener of either kind.
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, PathBuf),
+}
+
+impl Listener {
+    /// The next connection and its TCP peer address.
+    fn accept(&self) -> io::Result<(Sock, Option<IpAddr>)> {
+        match self {
+            Listener::Tcp(l) => l
+                .accept()
+                .map(|(s, peer)| (Sock::Tcp(s), Some(peer.ip().to_canonical()))),
+            Listener::Unix(l, _) => l.accept().map(|(s, _)| (Sock::Unix(s), None)),
+        }
+    }
 }
 
 /// Like [`serve`], but every client must start TLS with `NBD_OPT_STARTTLS` before anything else
@@ -366,11 +622,11 @@ pub fn serve_tls(
     opts: ServeOptions,
     tls: Arc<rustls::ServerConfig>,
 ) -> Result<Server, ServeError> {
-    serve_with(listener, exports, opts, Some(tls))
+    serve_with(Listener::Tcp(listener), exports, opts, Some(tls))
 }
 
 fn serve_with(
-    listener: TcpListener,
+    listener: Listener,
     exports: Vec<Export>,
     opts: ServeOptions,
     tls: Option<Arc<rustls::ServerConfig>>,
@@ -378,7 +634,10 @@ fn serve_with(
     if exports.is_empty() {
         return Err(ServeError::NoExports);
     }
-    let infos: Vec<ExportInfo> = exports.iter().map(Export::info).collect();
+    let infos: Vec<ExportInfo> = exports
+        .iter()
+        .map(|e| e.info_with(opts.device_min_block_size))
+        .collect();
     for (i, e) in infos.iter().enumerate() {
         if infos[..i].iter().any(|o| o.name == e.name) {
             return Err(ServeError::DuplicateExport(e.name.clone()));
@@ -390,21 +649,31 @@ fn serve_with(
             }
         })?;
     }
-    let addr = listener.local_addr().map_err(|source| ServeError::Io {
-        what: "listener address",
-        source,
-    })?;
-    listener
-        .set_nonblocking(false)
-        .map_err(|source| ServeError::Io {
-            what: "listener mode",
-            source,
-        })?;
+    let endpoint = match &listener {
+        Listener::Tcp(l) => {
+            l.set_nonblocking(false).map_err(|source| ServeError::Io {
+                what: "listener mode",
+                source,
+            })?;
+            Endpoint::Tcp(l.local_addr().map_err(|source| ServeError::Io {
+                what: "listener address",
+                source,
+            })?)
+        }
+        Listener::Unix(l, path) => {
+            l.set_nonblocking(false).map_err(|source| ServeError::Io {
+                what: "listener mode",
+                source,
+            })?;
+            Endpoint::Unix(path.clone())
+        }
+    };
 
     let mut rts = Vec::with_capacity(exports.len());
     let mut drivers = Vec::with_capacity(exports.len());
     for (export, info) in exports.into_iter().zip(&infos) {
         let (tx, rx) = mpsc::channel();
+        let device_block_size = export.device.geometry().block_size;
         let Export {
             name,
             description,
@@ -425,16 +694,22 @@ fn serve_with(
                 read_only,
                 max_payload: MAX_PAYLOAD,
             },
+            block_size: u64::from(info.block_sizes.min.max(1)),
+            device_block_size: u64::from(device_block_size.max(1)),
             jobs: tx,
         });
     }
 
     let shared = Arc::new(Shared {
         stopping: AtomicBool::new(false),
-        addr,
+        endpoint,
         conns: Mutex::new(HashMap::new()),
         conns_changed: Condvar::new(),
         counters: Counters::default(),
+        budget: Budget::new(
+            usize::MAX,
+            opts.max_total_in_flight_bytes.max(u64::from(MAX_PAYLOAD)),
+        ),
     });
     let ctx = Arc::new(Ctx {
         shared: Arc::clone(&shared),
@@ -468,15 +743,21 @@ struct Ctx {
 
 type DriverHandle = (String, String, bool, JoinHandle<Box<dyn BlockDevice>>);
 
-fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>) -> Vec<Export> {
+fn accept_loop(listener: Listener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>) -> Vec<Export> {
     let shared = Arc::clone(&ctx.shared);
+    let watchdog_shared = Arc::clone(&shared);
+    let watchdog = thread::Builder::new()
+        .name("nbd-watchdog".into())
+        .spawn(move || watchdog(&watchdog_shared))
+        .ok();
     let mut handles: Vec<JoinHandle<()>> = Vec::new();
     let mut next_id = 0u64;
-    for incoming in listener.incoming() {
+    loop {
+        let incoming = listener.accept();
         if shared.stopping.load(Ordering::SeqCst) {
             break;
         }
-        let stream = match incoming {
+        let (stream, peer) = match incoming {
             Ok(s) => s,
             Err(_) => {
                 // Out of descriptors or a connection reset before accept: back off briefly.
@@ -489,15 +770,27 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>)
         next_id += 1;
         {
             let mut conns = shared.conns();
-            if conns.len() >= ctx.opts.max_clients {
+            let same_peer = |e: &&ConnEntry| peer.is_some() && e.peer == peer;
+            if conns.len() >= ctx.opts.max_clients
+                || conns.values().filter(same_peer).count() >= ctx.opts.max_per_peer.max(1)
+            {
                 bump(&shared.counters.refused, 1);
                 continue;
             }
-            match stream.try_clone() {
-                Ok(clone) => conns.insert(id, clone),
-                Err(_) => continue,
+            let Ok(clone) = stream.try_clone() else {
+                continue;
             };
+            conns.insert(
+                id,
+                ConnEntry {
+                    sock: clone,
+                    peer,
+                    handshake_until: Some(Instant::now() + ctx.opts.handshake_deadline),
+                },
+            );
         }
+        // The watchdog may be sleeping past this connection's deadline.
+        shared.conns_changed.notify_all();
         bump(&shared.counters.connections, 1);
         let conn_ctx = Arc::clone(&ctx);
         let spawned = thread::Builder::new()
@@ -516,29 +809,34 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>)
         }
     }
     drop(listener);
+    if let Some(w) = watchdog {
+        shared.conns_changed.notify_all();
+        let _ = w.join();
+    }
 
     // Stop: let connections finish what is in flight, then cut what is left.
-    for s in shared.conns().values() {
-        let _ = s.shutdown(Shutdown::Read);
+    for e in shared.conns().values() {
+        let _ = e.sock.shutdown(Shutdown::Read);
     }
     let deadline = Instant::now() + ctx.opts.stop_grace;
     let mut conns = shared.conns();
     while !conns.is_empty() {
         let left = deadline.saturating_duration_since(Instant::now());
         if left.is_zero() {
-            for s in conns.values() {
-                let _ = s.shutdown(Shutdown::Both);
+            for e in conns.values() {
+                let _ = e.sock.shutdown(Shutdown::Both);
             }
             break;
         }
-        conns = match shared.conns_changed.wait_timeout(conns, left) {
-            Ok((guard, _)) => guard,
-            Err(p) => p.into_inner().0,
-        };
+        conns = shared.wait_conns(conns, left);
     }
     drop(conns);
     for h in handles {
         let _ = h.join();
+    }
+    if let Endpoint::Unix(path) = &shared.endpoint {
+        // Ours since bind_unix made it; a later server may reuse the path.
+        let _ = std::fs::remove_file(path);
     }
     // Every connection is gone, so this is the last reference to the job senders: dropping it
     // lets each driver finish and hand its device back.
@@ -557,9 +855,37 @@ fn accept_loop(listener: TcpListener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>)
         .collect()
 }
 
+/// Cuts connections whose handshake outlasts its deadline, until the server stops. A socket
+/// timeout alone bounds each read, not the whole handshake: a client sending one byte just
+/// before every timeout would hold its slot for ever.
+fn watchdog(shared: &Shared) {
+    let mut conns = shared.conns();
+    while !shared.stopping.load(Ordering::SeqCst) {
+        let now = Instant::now();
+        let mut next = now + Duration::from_secs(1);
+        for e in conns.values_mut() {
+            match e.handshake_until {
+                Some(t) if t <= now => {
+                    let _ = e.sock.shutdown(Shutdown::Both);
+                    e.handshake_until = None;
+                    bump(&shared.counters.handshake_timeouts, 1);
+                }
+                Some(t) => next = next.min(t),
+                None => {}
+            }
+        }
+        let wait = next
+            .saturating_duration_since(now)
+            .max(Duration::from_millis(1));
+        conns = shared.wait_conns(conns, wait);
+    }
+}
+
 /// One client, from greeting to close.
-fn connection(stream: TcpStream, id: u64, ctx: &Ctx) {
-    let _ = stream.set_nodelay(true);
+fn connection(stream: Sock, id: u64, ctx: &Ctx) {
+    if let Sock::Tcp(s) = &stream {
+        let _ = s.set_nodelay(true);
+    }
     let _ = stream.set_read_timeout(Some(ctx.opts.handshake_timeout));
     let _ = stream.set_write_timeout(Some(ctx.opts.write_timeout));
     let mode = if ctx.tls.is_some() {
@@ -572,10 +898,21 @@ fn connection(stream: TcpStream, id: u64, ctx: &Ctx) {
         Ok(Negotiated::StartTls(resume)) => start_tls(&stream, resume, ctx),
         Err(e) => Err(e),
     };
+    // The handshake is over (one way or another): the watchdog no longer times it. If the
+    // watchdog already cut the socket, the transmission below ends at its first read.
+    if let Some(e) = ctx.shared.conns().get_mut(&id) {
+        e.handshake_until = None;
+    }
     match outcome {
-        Ok((HandshakeEnd::Transmission { export, .. }, tls)) => {
+        Ok((
+            HandshakeEnd::Transmission {
+                export,
+                block_size_agreed,
+            },
+            tls,
+        )) => {
             if let Some(rt) = ctx.rts.get(export) {
-                let _ = stream.set_read_timeout(None);
+                let _ = stream.set_read_timeout(ctx.opts.idle_timeout);
                 let halves: io::Result<(Box<dyn Read>, Box<dyn Write + Send>)> = match tls {
                     None => stream
                         .try_clone()
@@ -585,7 +922,8 @@ fn connection(stream: TcpStream, id: u64, ctx: &Ctx) {
                         .map(|(r, w)| (Box::new(r) as Box<dyn Read>, Box::new(w) as _)),
                 };
                 if let Ok((reader, writer)) = halves {
-                    transmission(reader, writer, &stream, id, rt, ctx);
+                    let strict = ctx.opts.device_min_block_size && block_size_agreed;
+                    transmission(reader, writer, &stream, id, rt, strict, ctx);
                 }
             }
         }
@@ -599,30 +937,43 @@ fn connection(stream: TcpStream, id: u64, ctx: &Ctx) {
 /// The TLS handshake after an acknowledged `NBD_OPT_STARTTLS`, then the rest of the options over
 /// the encrypted stream (still bounded by the handshake timeouts).
 fn start_tls(
-    stream: &TcpStream,
+    stream: &Sock,
     resume: Resume,
     ctx: &Ctx,
 ) -> Result<(HandshakeEnd, Option<TlsStream>), HandshakeError> {
-    let config = ctx
-        .tls
-        .clone()
-        .ok_or(HandshakeError::TlsState(TlsMode::Unavailable))?;
+    let (Some(config), Sock::Tcp(tcp)) = (ctx.tls.clone(), stream) else {
+        // STARTTLS is acknowledged only when the server has a configuration, which only TCP
+        // servers take.
+        return Err(HandshakeError::TlsState(TlsMode::Unavailable));
+    };
     let conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
-    let mut tls = TlsStream::new(conn.into(), stream.try_clone()?);
+    let mut tls = TlsStream::new(conn.into(), tcp.try_clone()?);
     tls.handshake()?;
     let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
     Ok((end, Some(tls)))
 }
 
-/// Bounds what one connection has in flight.
+/// Bounds what is in flight: requests and payload bytes, of one connection or of all.
 struct Budget {
     state: Mutex<(usize, u64)>,
     freed: Condvar,
     max_requests: usize,
     max_bytes: u64,
+    /// The most bytes ever held at once.
+    peak: AtomicU64,
 }
 
 impl Budget {
+    fn new(max_requests: usize, max_bytes: u64) -> Budget {
+        Budget {
+            state: Mutex::new((0, 0)),
+            freed: Condvar::new(),
+            max_requests: max_requests.max(1),
+            max_bytes: max_bytes.max(1),
+            peak: AtomicU64::new(0),
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, (usize, u64)> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -638,6 +989,7 @@ impl Budget {
         }
         st.0 += 1;
         st.1 += bytes;
+        self.peak.fetch_max(st.1, Ordering::Relaxed);
     }
 
     fn release(&self, bytes: u64) {
@@ -646,6 +998,33 @@ impl Budget {
         st.1 = st.1.saturating_sub(bytes);
         drop(st);
         self.freed.notify_all();
+    }
+
+    fn peak(&self) -> u64 {
+        self.peak.load(Ordering::Relaxed)
+    }
+}
+
+/// A connection's own budget and the server's, taken and given back together (own first, so a
+/// connection never holds global room while it waits on its own limit).
+struct Budgets<'a> {
+    own: &'a Budget,
+    global: &'a Budget,
+}
+
+impl Budgets<'_> {
+    fn acquire(&self, bytes: u64) {
+        self.own.acquire(bytes);
+        if bytes > 0 {
+            self.global.acquire(bytes);
+        }
+    }
+
+    fn release(&self, bytes: u64) {
+        if bytes > 0 {
+            self.global.release(bytes);
+        }
+        self.own.release(bytes);
     }
 }
 
@@ -666,36 +1045,48 @@ fn read_message<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
 
 /// The transmission phase of one connection: this thread reads requests from `input`; a writer
 /// thread sends replies through `output`. `stream` is the socket under both, to cut it.
+///
+/// `strict`: the client agreed to the advertised block sizes, so unaligned requests get `EINVAL`
+/// instead of a read-modify-write that would drain the export's queue for every client.
 fn transmission(
     input: Box<dyn Read + '_>,
     output: Box<dyn Write + Send>,
-    stream: &TcpStream,
+    stream: &Sock,
     id: u64,
     rt: &ExportRt,
+    strict: bool,
     ctx: &Ctx,
 ) {
     let counters = &ctx.shared.counters;
     let Ok(cut) = stream.try_clone() else {
         return;
     };
-    let budget = Arc::new(Budget {
-        state: Mutex::new((0, 0)),
-        freed: Condvar::new(),
-        max_requests: ctx.opts.max_in_flight.max(1),
-        max_bytes: ctx.opts.max_in_flight_bytes.max(1),
-    });
+    let budget = Arc::new(Budget::new(
+        ctx.opts.max_in_flight,
+        ctx.opts.max_in_flight_bytes,
+    ));
+    let budgets = Budgets {
+        own: &budget,
+        global: &ctx.shared.budget,
+    };
     let (tx, rx) = mpsc::channel::<Outgoing>();
     let writer_budget = Arc::clone(&budget);
     let writer_shared = Arc::clone(&ctx.shared);
     let writer = thread::Builder::new()
         .name(format!("nbd-reply-{id}"))
-        .spawn(move || write_replies(output, cut, rx, &writer_budget, &writer_shared));
+        .spawn(move || {
+            let budgets = Budgets {
+                own: &writer_budget,
+                global: &writer_shared.budget,
+            };
+            write_replies(output, cut, rx, &budgets, &writer_shared)
+        });
     let Ok(writer) = writer else {
         return;
     };
 
     let reply_now = |cookie: u64, error: Option<ErrorCode>| {
-        budget.acquire(0);
+        budgets.acquire(0);
         let _ = tx.send(Outgoing {
             cookie,
             error: error.map_or(0, ErrorCode::code),
@@ -707,8 +1098,22 @@ fn transmission(
     let mut reader = BufReader::with_capacity(IO_BUFFER, input);
     let jobs = rt.jobs.clone();
     let mut head = [0u8; REQUEST_LEN];
-    // Ends on a clean close, a read error, or a client vanishing mid-header.
-    while let Ok(true) = read_message(&mut reader, &mut head) {
+    // Ends on a clean close, a read error (the idle timeout among them), or a client vanishing
+    // mid-header.
+    loop {
+        match read_message(&mut reader, &mut head) {
+            Ok(true) => {}
+            Ok(false) => break,
+            Err(e) => {
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                ) {
+                    bump(&counters.idle_closed, 1);
+                }
+                break;
+            }
+        }
         let h = match RequestHeader::decode(&head) {
             Ok(h) => h,
             Err(_) => {
@@ -731,6 +1136,24 @@ fn transmission(
             }
             continue;
         }
+        let aligned = |v: u64| v.is_multiple_of(rt.block_size);
+        if strict
+            && matches!(
+                h.command,
+                Command::Read | Command::Write | Command::Trim | Command::WriteZeroes
+            )
+            && !(aligned(h.offset) && aligned(u64::from(h.length)))
+        {
+            // The client agreed to the minimum block size and broke it (NBD allows EINVAL).
+            reply_now(h.cookie, Some(ErrorCode::Inval));
+            let skip = u64::from(h.payload_len());
+            if skip > 0
+                && io::copy(&mut (&mut reader).take(skip), &mut io::sink()).ok() != Some(skip)
+            {
+                break;
+            }
+            continue;
+        }
         let fua = h.flags & cmd_flags::FUA != 0;
         let len = h.length;
         let (kind, cost) = match h.command {
@@ -745,14 +1168,15 @@ fn transmission(
                     offset: h.offset,
                     len,
                 },
-                u64::from(len),
+                // The driver reads whole device blocks: up to one more at each end.
+                u64::from(len) + 2 * rt.device_block_size,
             ),
             Command::Write => {
-                budget.acquire(u64::from(len));
+                budgets.acquire(u64::from(len));
                 let mut data = alloc_buf(len as usize);
                 if reader.read_exact(&mut data).is_err() {
                     // The client vanished mid-payload.
-                    budget.release(u64::from(len));
+                    budgets.release(u64::from(len));
                     break;
                 }
                 bump(&counters.bytes_in, u64::from(len));
@@ -789,7 +1213,7 @@ fn transmission(
                 continue;
             }
         };
-        budget.acquire(cost);
+        budgets.acquire(cost);
         let job = Job {
             cookie: h.cookie,
             fua,
@@ -822,9 +1246,9 @@ fn dispatch(jobs: &Sender<Job>, job: Job) {
 /// After a failed write it keeps draining (to release the budget) but sends nothing.
 fn write_replies(
     output: Box<dyn Write + Send>,
-    stream: TcpStream,
+    stream: Sock,
     rx: Receiver<Outgoing>,
-    budget: &Budget,
+    budget: &Budgets<'_>,
     shared: &Shared,
 ) {
     let counters = &shared.counters;

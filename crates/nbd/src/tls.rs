@@ -11,6 +11,7 @@
 
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, Connection, RootCertStore, ServerConfig};
 use std::io::{self, Read, Write};
 use std::net::TcpStream;
@@ -36,6 +37,8 @@ pub enum TlsError {
     Config(#[from] rustls::Error),
     #[error("{0:?} is not a valid TLS server name (a DNS name or an IP address)")]
     ServerName(String),
+    #[error("verifying client certificates: {0}")]
+    ClientVerifier(String),
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -64,16 +67,40 @@ fn certs(path: &Path, what: &'static str) -> Result<Vec<CertificateDer<'static>>
 /// A server configuration from a PEM certificate chain and a PEM private key (PKCS#8, PKCS#1 or
 /// SEC1). Clients are not asked for certificates.
 pub fn server_config(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
+    server_config_with_clients(cert, key, None)
+}
+
+/// Like [`server_config`]; with `client_ca`, every client must present a certificate signed by
+/// a CA in that PEM file (mutual TLS, checked by rustls' WebPKI client verifier). A client
+/// without one fails the TLS handshake, before any NBD option is answered, so it learns nothing
+/// about the exports.
+pub fn server_config_with_clients(
+    cert: &Path,
+    key: &Path,
+    client_ca: Option<&Path>,
+) -> Result<Arc<ServerConfig>, TlsError> {
     let chain = certs(cert, "certificates")?;
     let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Pem {
         what: "a private key",
         path: key.to_owned(),
         reason: e.to_string(),
     })?;
-    let config = ServerConfig::builder_with_provider(provider())
-        .with_safe_default_protocol_versions()?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+    let builder =
+        ServerConfig::builder_with_provider(provider()).with_safe_default_protocol_versions()?;
+    let builder = match client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let mut roots = RootCertStore::empty();
+            for c in certs(ca, "client CA certificates")? {
+                roots.add(c)?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| TlsError::ClientVerifier(e.to_string()))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let config = builder.with_single_cert(chain, key)?;
     Ok(Arc::new(config))
 }
 
