@@ -1,14 +1,20 @@
 //! `kura serve NAME=SPEC[:ro]...`: exports kura devices over NBD (newstyle fixed handshake)
-//! until Ctrl-C or SIGTERM, then lets in-flight requests finish and flushes every export.
-//! Binds to loopback unless `--listen` says otherwise. With `--tls-cert` and `--tls-key` every
-//! client must start TLS (`NBD_OPT_STARTTLS`) before anything else; without them a non-loopback
-//! address is refused unless `--insecure` acknowledges that the traffic is plaintext.
+//! until SIGINT, SIGTERM or SIGHUP, then stops accepting, lets in-flight requests finish (or
+//! cuts them after a grace period), flushes every export and exits 0; a second signal exits at
+//! once with status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
+//! (mode 0600) with `--unix`. With `--tls-cert` and `--tls-key` every client must start TLS
+//! (`NBD_OPT_STARTTLS`) before anything else, and with `--tls-ca` also present a client
+//! certificate signed by that CA; without TLS a non-loopback address is refused unless
+//! `--insecure` acknowledges that the traffic is plaintext.
 
 use anyhow::{bail, Context};
 use kura_engine::BlockingIo;
-use kura_nbd::{serve, serve_tls, Export, ServeOptions};
+use kura_nbd::{bind_unix, serve, serve_tls, serve_unix, Export, ServeOptions};
 use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
@@ -19,6 +25,11 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = kura_nbd::server::DEFAULT_ADDR)]
     listen: SocketAddr,
+    /// Listen on a Unix-domain socket at PATH instead of TCP (created mode 0600, so only this
+    /// user can connect; a stale socket is replaced, any other file is refused). Clients connect
+    /// with `nbd+unix:///EXPORT?socket=PATH`.
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tls_cert", "insecure"])]
+    unix: Option<PathBuf>,
     /// Allow a non-loopback address without TLS (the traffic is not encrypted).
     #[arg(long)]
     insecure: bool,
@@ -26,23 +37,66 @@ pub struct ServeArgs {
     /// connect with `remote:HOST:PORT/EXPORT?tls=1&ca=CA.pem`, or libnbd's
     /// `nbds://HOST:PORT/EXPORT?tls-certificates=DIR` (DIR holding ca-cert.pem).
     #[arg(long, requires = "tls_key", value_name = "PATH")]
-    tls_cert: Option<std::path::PathBuf>,
+    tls_cert: Option<PathBuf>,
     /// PEM private key (PKCS#8, PKCS#1 or SEC1) of --tls-cert.
     #[arg(long, requires = "tls_cert", value_name = "PATH")]
-    tls_key: Option<std::path::PathBuf>,
+    tls_key: Option<PathBuf>,
+    /// PEM CA certificate(s): require every client to present a certificate signed by one
+    /// (mutual TLS). A client without one is refused during the TLS handshake, before it learns
+    /// any export name. libnbd clients put client-cert.pem and client-key.pem next to
+    /// ca-cert.pem in their tls-certificates directory.
+    #[arg(long, requires = "tls_cert", value_name = "PATH")]
+    tls_ca: Option<PathBuf>,
+    /// TLS with pre-shared keys from a psktool file (`username:hexkey` lines), as nbdkit and
+    /// qemu-nbd take. Not supported yet: rustls has no external-PSK support.
+    #[arg(long, value_name = "PATH")]
+    tls_psk: Option<PathBuf>,
+    /// List each export's device spec as its description (NBD_OPT_LIST, nbdinfo). Off by
+    /// default: specs carry host paths, and listing is answered to any client that connects.
+    #[arg(long)]
+    describe: bool,
     /// Connections served at once.
     #[arg(long, default_value_t = 256)]
     max_clients: usize,
+    /// Connections one client address may have open at once (TCP only).
+    #[arg(long, default_value_t = 32)]
+    max_per_peer: usize,
+    /// Seconds a client has for the whole handshake, TLS included; then it is cut.
+    #[arg(long, default_value_t = 30, value_name = "SECS")]
+    handshake_deadline: u64,
+    /// Seconds a connection may go without sending a request before it is closed (0: never).
+    #[arg(long, default_value_t = 600, value_name = "SECS")]
+    idle_timeout: u64,
+    /// MiB of request and reply payload all connections together may have in flight (at least
+    /// 32, the largest request). Past it the server stops reading from clients until replies
+    /// go out.
+    #[arg(long, default_value_t = 256, value_name = "MIB")]
+    max_in_flight_mib: u64,
+    /// Advertise a minimum block size of 1 and serve unaligned requests from every client by
+    /// read-modify-write. By default the minimum is the device's block size, and clients that
+    /// agreed to it get EINVAL for unaligned requests, so one client's 1-byte writes cannot
+    /// serialise everyone's I/O.
+    #[arg(long)]
+    byte_granular: bool,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    if let Some(psk) = &args.tls_psk {
+        bail!(
+            "--tls-psk {} is not supported yet: kura's TLS is rustls, which implements no \
+             external pre-shared keys (TLS-PSK); use --tls-cert/--tls-key with --tls-ca for \
+             client authentication, or --unix for local clients",
+            psk.display()
+        );
+    }
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => {
-            Some(kura_nbd::tls::server_config(cert, key).context("loading the TLS certificate")?)
-        }
+        (Some(cert), Some(key)) => Some(
+            kura_nbd::tls::server_config_with_clients(cert, key, args.tls_ca.as_deref())
+                .context("loading the TLS certificates")?,
+        ),
         _ => None,
     };
-    if !args.listen.ip().is_loopback() && !args.insecure && tls.is_none() {
+    if args.unix.is_none() && !args.listen.ip().is_loopback() && !args.insecure && tls.is_none() {
         bail!(
             "{} is not a loopback address and NBD traffic would not be encrypted: give \
              --tls-cert and --tls-key, or pass --insecure to serve it in plaintext anyway",
@@ -59,37 +113,74 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             None => (spec, false),
         };
         let dev = crate::dev::open_dev(spec)?;
-        exports.push(Export::new(name, dev).read_only(ro).description(spec));
+        let description = if args.describe { spec } else { "" };
+        exports.push(
+            Export::new(name, dev)
+                .read_only(ro)
+                .description(description),
+        );
     }
-    let listener =
-        TcpListener::bind(args.listen).with_context(|| format!("listening on {}", args.listen))?;
     let opts = ServeOptions {
         max_clients: args.max_clients,
+        max_per_peer: args.max_per_peer,
+        handshake_deadline: Duration::from_secs(args.handshake_deadline.max(1)),
+        idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
+        max_total_in_flight_bytes: args.max_in_flight_mib.max(32) << 20,
+        device_min_block_size: !args.byte_granular,
         ..ServeOptions::default()
     };
     let encrypted = tls.is_some();
-    let server = match tls {
-        Some(config) => serve_tls(listener, exports, opts, config)?,
-        None => serve(listener, exports, opts)?,
+    let (server, url) = match &args.unix {
+        Some(path) => {
+            let listener =
+                bind_unix(path).with_context(|| format!("listening on {}", path.display()))?;
+            let server = serve_unix(listener, path.clone(), exports, opts)?;
+            (server, format!("nbd+unix:///?socket={}", path.display()))
+        }
+        None => {
+            let listener = TcpListener::bind(args.listen)
+                .with_context(|| format!("listening on {}", args.listen))?;
+            let server = match tls {
+                Some(config) => serve_tls(listener, exports, opts, config)?,
+                None => serve(listener, exports, opts)?,
+            };
+            let scheme = if encrypted { "nbds" } else { "nbd" };
+            let url = format!("{scheme}://{}", server.local_addr());
+            (server, url)
+        }
     };
     let (tx, rx) = mpsc::channel();
+    let signals = AtomicUsize::new(0);
     ctrlc::set_handler(move || {
+        // The first signal asks for a clean stop; a second one means the user will not wait
+        // for in-flight requests and flushes.
+        if signals.fetch_add(1, Ordering::SeqCst) > 0 {
+            eprintln!("kura: second signal; exiting without waiting");
+            std::process::exit(130);
+        }
         let _ = tx.send(());
     })
-    .context("installing the Ctrl-C handler")?;
+    .context("installing the signal handler")?;
     eprintln!(
-        "kura: serving {} export(s) on {}://{} (Ctrl-C to stop)",
+        "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",
         args.exports.len(),
-        if encrypted { "nbds" } else { "nbd" },
-        server.local_addr()
     );
     let _ = rx.recv();
     eprintln!("kura: stopping; finishing requests in flight");
+    let mut failed = Vec::new();
     for mut export in server.stop() {
         let name = export.name().to_string();
         if let Err(e) = export.device_mut().flush_all() {
             eprintln!("kura: flushing export {name}: {e}");
+            failed.push(name);
         }
     }
+    if !failed.is_empty() {
+        bail!(
+            "export(s) {} could not be flushed; their last writes may not be durable",
+            failed.join(", ")
+        );
+    }
+    eprintln!("kura: stopped; every export flushed");
     Ok(())
 }
