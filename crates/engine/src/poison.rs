@@ -49,6 +49,14 @@ impl FlushPoison {
         }
     }
 
+    /// Poisons the device for a reason other than a failed flush: a layer that lost track of
+    /// whether its writes happened (see `kura_nbd::remote`).
+    pub fn poison(&mut self, cause: String) {
+        if self.cause.is_none() {
+            self.cause = Some(cause);
+        }
+    }
+
     pub fn is_poisoned(&self) -> bool {
         self.cause.is_some()
     }

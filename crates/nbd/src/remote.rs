@@ -1,6 +1,6 @@
 //! `remote:HOST[:PORT][/EXPORT]?tls=1&ca=PATH&timeout=SECS&reconnect=0|1` — a drive served by
 //! another kura (or any NBD server), as a device kind: the [`NbdClient`] plus bounded waits, one
-//! reconnect per dropped connection, and replay of what is safe to replay.
+//! reconnect per dropped connection, and replay of what is safe to replay: reads.
 //!
 //! **Bounded waits.** Connecting and every handshake read are limited by `timeout` (10 s by
 //! default), and so is every wait for a reply and every socket write once transmitting. A server
@@ -10,21 +10,23 @@
 //!
 //! **Reconnect and replay.** When the connection drops (the server went away, a timeout cut it,
 //! a network error), every command in flight comes back from the client as `Offline`. The drive
-//! then connects again, once, and re-sends each of those commands once:
-//! - reads: always safe, they change nothing;
-//! - writes, write-zeroes and discards that were *not acknowledged*: safe to send again, because
-//!   each writes the same bytes to the same place however often it runs, and the caller cannot
-//!   rely on any order among commands in flight, so no later write of ours can be undone by the
-//!   replay. (Like every NBD client, this assumes no *other* client writes the same range at the
-//!   same time; with a second writer, a replay could overwrite its newer data.) Acknowledged
-//!   commands are never replayed;
+//! then connects again, once, and:
+//! - reads are sent again: they change nothing;
+//! - writes, write-zeroes and discards that were *not acknowledged* fail with
+//!   [`RemoteError::WritesLostInCut`] (as `DeviceError::Offline`), and the drive is poisoned:
+//!   every later mutation is refused until it is opened again; reads still work. They are never
+//!   sent again, because nothing tells the client that the old connection is dead at the server:
+//!   a cut by timeout may leave those requests in the server's socket buffer or on the network,
+//!   to run after a replay and after newer writes of ours, putting old data over new. (NBD has no
+//!   way to fence an old connection; until a server offers one, the caller decides.) Writes the
+//!   client refused before sending them, because it already knew its connection was gone, are
+//!   sent on the new connection unless the drive is poisoned;
 //! - flush: acknowledged writes that no flush covered may have lived only in the old server
 //!   session's volatile cache (a restarted server lost them). A flush on the new connection
 //!   cannot vouch for them, so a flush across a reconnect fails with
 //!   [`RemoteError::FlushAcrossReconnect`] (as `DeviceError::Offline`) unless no write was
 //!   acknowledged since the last successful flush, in which case it is simply sent again. The
-//!   failure poisons the drive as any failed flush does: mutations are refused from then on,
-//!   reads still work.
+//!   failure poisons the drive as any failed flush does.
 //!
 //! A command whose replay also fails completes with that error; if reconnecting fails, the drive
 //! is offline for good ([`RemoteError::ReconnectFailed`]). The new connection must show the same
@@ -55,6 +57,11 @@ pub enum RemoteError {
          never flushed, so whether they are durable is unknown"
     )]
     FlushAcrossReconnect { unflushed: u64 },
+    #[error(
+        "{count} write(s) in flight when the connection dropped were neither acknowledged nor \
+         sent again (the old connection may still deliver them); reopen the drive to write again"
+    )]
+    WritesLostInCut { count: u64 },
     #[error("the connection to {addr} dropped and reconnecting failed: {reason}")]
     ReconnectFailed { addr: String, reason: String },
 }
@@ -113,6 +120,8 @@ impl Target {
 pub struct RemoteStats {
     /// Successful reconnects.
     pub reconnects: u64,
+    /// Unacknowledged mutations failed (not replayed) at a reconnect.
+    pub failed_in_cut: u64,
     /// Commands sent again on a new connection.
     pub replayed: u64,
     /// Flushes failed because they spanned a reconnect with unflushed acknowledged writes.
@@ -286,7 +295,34 @@ impl Remote {
         };
         self.client = Some(client);
         self.stats.reconnects += 1;
+        let (mutations, retry): (Vec<_>, Vec<_>) = retry
+            .into_iter()
+            .partition(|(e, _)| e.op.is_mutation() && e.op != Opcode::Flush);
+        if !mutations.is_empty() {
+            let err = RemoteError::WritesLostInCut {
+                count: mutations.len() as u64,
+            };
+            let reason = err.to_string();
+            self.last_error = Some(err);
+            self.poison.poison(reason.clone());
+            self.stats.failed_in_cut += mutations.len() as u64;
+            for (e, buf) in mutations {
+                let reason = reason.clone();
+                self.finish(e, Err(DeviceError::Offline { reason }), buf);
+            }
+        }
         for (mut e, buf) in retry {
+            if e.op == Opcode::Flush && self.poison.is_poisoned() {
+                let error =
+                    self.poison
+                        .check(Opcode::Flush)
+                        .err()
+                        .unwrap_or(DeviceError::Offline {
+                            reason: "the drive is poisoned".into(),
+                        });
+                self.finish(e, Err(error), buf);
+                continue;
+            }
             if e.op == Opcode::Flush && self.lost > 0 {
                 self.refuse_flush(e);
                 continue;
@@ -381,6 +417,10 @@ impl BlockDevice for Remote {
                 self.recover(Vec::new());
                 if let Some(reason) = self.offline.clone() {
                     return Err(Rejected::new(req, DeviceError::Offline { reason }));
+                }
+                // Recovery may have failed writes of the old connection and poisoned the drive.
+                if let Err(error) = self.poison.check(req.op) {
+                    return Err(Rejected::new(req, error));
                 }
                 if req.op == Opcode::Flush && self.lost > 0 {
                     self.refuse_flush(e);

@@ -1,5 +1,7 @@
 //! The `remote:` drive: targets parsed, data through a real `kura serve` export, and recovery —
-//! commands in flight when the connection drops are replayed once on a new connection, a flush
+//! reads in flight when the connection drops are replayed once on a new connection while writes
+//! fail and poison the drive (an old connection that delivers them late cannot put old data over
+//! new data written through the drive), a flush
 //! across a reconnect fails (typed) unless nothing was written since the last good flush, and a
 //! server that stops answering gives a typed error within the timeout instead of a hang. A small
 //! TCP proxy between client and server cuts, stalls or black-holes connections on demand.
@@ -167,7 +169,7 @@ fn a_remote_drive_reads_and_writes_through_kura_serve() {
 }
 
 #[test]
-fn commands_in_flight_when_the_connection_drops_are_replayed() {
+fn reads_in_flight_at_a_drop_are_replayed_and_writes_fail_and_poison_the_drive() {
     let storage = MemDevice::new(4 << 20, QueueOptions::default()).storage();
     let server = served(&storage);
     let proxy = Proxy::new(server.local_addr());
@@ -186,6 +188,7 @@ fn commands_in_flight_when_the_connection_drops_are_replayed() {
             .unwrap();
     }
     tag += 1;
+    let read_tag = tag;
     dev.submit(Request::read(tag, 0, 16, IoBuf::zeroed(16 * 4096)))
         .unwrap();
     tag += 1;
@@ -198,29 +201,140 @@ fn commands_in_flight_when_the_connection_drops_are_replayed() {
     let done = drain(&mut dev);
     assert_eq!(done.len(), tag as usize, "every command completes once");
     for c in &done {
-        assert!(
-            c.status.is_ok(),
-            "tag {} ({}) failed: {:?}",
-            c.tag,
-            c.op,
-            c.status
-        );
-        if c.tag == 9 {
+        if c.tag == read_tag {
+            assert!(c.status.is_ok(), "the read is replayed: {:?}", c.status);
             let buf = c.buf.as_ref().expect("read buffer back");
             assert_eq!(&buf[..], &pattern(64 << 10, 1)[..], "replayed read");
+        } else {
+            assert!(c.status.is_err(), "tag {} ({}) succeeded", c.tag, c.op);
         }
     }
     let s = dev.stats();
     assert_eq!(s.reconnects, 1, "{s:?}");
-    assert_eq!(s.replayed, 10, "{s:?}");
-    // The flush was replayed: nothing acknowledged was left unflushed by the old connection.
-    assert_eq!(s.refused_flushes, 0);
-    for i in 0..8u64 {
-        let mut back = vec![0u8; 8192];
-        dev.read_blocks(100 + 2 * i, &mut back).unwrap();
-        assert_eq!(back, pattern(8192, 100 + i), "write {i} after replay");
+    assert_eq!(s.replayed, 1, "{s:?}");
+    assert_eq!(s.failed_in_cut, 8, "{s:?}");
+    assert_eq!(
+        dev.last_error(),
+        Some(&RemoteError::WritesLostInCut { count: 8 })
+    );
+    // Poisoned until reopened: no write, no flush; reads still work.
+    let err = dev.write_blocks(0, &pattern(4096, 9)).unwrap_err();
+    assert!(matches!(err, DeviceError::Poisoned { .. }), "{err}");
+    assert!(dev.flush_all().is_err());
+    let mut back = vec![0u8; 64 << 10];
+    dev.read_blocks(0, &mut back).unwrap();
+    assert_eq!(back, pattern(64 << 10, 1));
+}
+
+/// A TCP relay whose first connection's client-to-server bytes can be held back and delivered
+/// later, as a slow network path delivers an old connection's requests after a new one's.
+struct DelayingRelay {
+    addr: SocketAddr,
+    hold: Arc<AtomicU8>,
+    held: Arc<Mutex<Vec<u8>>>,
+    first_upstream: Arc<Mutex<Option<TcpStream>>>,
+}
+
+impl DelayingRelay {
+    fn new(upstream: SocketAddr) -> DelayingRelay {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("relay bind");
+        let addr = listener.local_addr().expect("relay addr");
+        let hold = Arc::new(AtomicU8::new(0));
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let first_upstream = Arc::new(Mutex::new(None));
+        let (h, b, f) = (
+            Arc::clone(&hold),
+            Arc::clone(&held),
+            Arc::clone(&first_upstream),
+        );
+        thread::spawn(move || {
+            for (n, client) in listener.incoming().enumerate() {
+                let Ok(client) = client else { continue };
+                let Ok(server) = TcpStream::connect(upstream) else {
+                    continue;
+                };
+                if n == 0 {
+                    *f.lock().expect("relay") = Some(server.try_clone().expect("clone"));
+                }
+                let (c2, s2) = (
+                    client.try_clone().expect("clone"),
+                    server.try_clone().expect("clone"),
+                );
+                let (h, b) = (Arc::clone(&h), Arc::clone(&b));
+                thread::spawn(move || {
+                    let (mut from, mut to) = (c2, s2);
+                    let mut buf = vec![0u8; 64 << 10];
+                    loop {
+                        let k = match from.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(k) => k,
+                        };
+                        if n == 0 && h.load(Ordering::SeqCst) != 0 {
+                            b.lock().expect("relay").extend_from_slice(&buf[..k]);
+                        } else if to.write_all(&buf[..k]).is_err() {
+                            break;
+                        }
+                    }
+                    // The old path stays open towards the server: the held bytes go later.
+                });
+                thread::spawn(move || pump(server, client, None));
+            }
+        });
+        DelayingRelay {
+            addr,
+            hold,
+            held,
+            first_upstream,
+        }
     }
+
+    /// Delivers what was held back to the server on the first connection.
+    fn release(&self) {
+        let bytes = std::mem::take(&mut *self.held.lock().expect("relay"));
+        if let Some(s) = self.first_upstream.lock().expect("relay").as_mut() {
+            s.write_all(&bytes).expect("deliver held bytes");
+        }
+    }
+}
+
+#[test]
+fn a_delayed_old_connection_cannot_put_old_data_over_a_newer_write() {
+    let storage = MemDevice::new(4 << 20, QueueOptions::default()).storage();
+    let server = served(&storage);
+    let relay = DelayingRelay::new(server.local_addr());
+    let mut dev = open(relay.addr, "?timeout=1");
+    dev.write_blocks(10, &pattern(4096, 1)).unwrap();
     dev.flush_all().unwrap();
+
+    // The write leaves the client but is held on the network; the drive times out and cuts.
+    relay.hold.store(1, Ordering::SeqCst);
+    let old = dev.write_blocks(10, &pattern(4096, 2));
+    assert!(
+        matches!(old, Err(DeviceError::Offline { .. })),
+        "a write lost in a cut fails: {old:?}"
+    );
+    assert_eq!(
+        dev.last_error(),
+        Some(&RemoteError::WritesLostInCut { count: 1 })
+    );
+    assert_eq!(dev.stats().replayed, 0, "the write is not replayed");
+    // Before the fix the write was replayed and the drive took newer writes, which the late
+    // delivery below then overwrote. Now the drive takes none until it is reopened.
+    let newer = dev.write_blocks(10, &pattern(4096, 3)).unwrap_err();
+    assert!(matches!(newer, DeviceError::Poisoned { .. }), "{newer}");
+    relay.release();
+    // The old request runs on the server whenever it arrives; the drive still reads.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut back = vec![0u8; 4096];
+    loop {
+        dev.read_blocks(10, &mut back).unwrap();
+        if back == pattern(4096, 2) {
+            break;
+        }
+        assert_eq!(back, pattern(4096, 1), "only the old or the held data");
+        assert!(Instant::now() < deadline, "the held write never arrived");
+        thread::sleep(Duration::from_millis(20));
+    }
 }
 
 #[test]
