@@ -16,7 +16,12 @@ fn main() {
         println!("cargo:rustc-cfg=kura_no_leveldb");
         return;
     }
-    cc::Build::new()
+    let mut build = cc::Build::new();
+    if std::env::var_os("CARGO_FEATURE_TEST_HOOKS").is_some() {
+        // kura_test_throw: tests make the bridge throw (see src/lib.rs, test_hooks).
+        build.define("KURA_TEST_HOOKS", None);
+    }
+    build
         .cpp(true)
         .file("cpp/kura_leveldb.cc")
         .flag("-std=c++17")

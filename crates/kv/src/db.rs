@@ -67,7 +67,10 @@ impl Default for DbOptions {
 
 /// Changes applied atomically by [`Db::write`].
 pub struct WriteBatch {
+    /// Null when the bridge could not make the batch; `alloc_error` then says why and
+    /// [`Db::write`] reports it.
     raw: *mut c_void,
+    alloc_error: Option<String>,
 }
 
 // SAFETY: a leveldb::WriteBatch is plain owned data; moving it between threads is fine.
@@ -80,16 +83,25 @@ impl Default for WriteBatch {
 }
 
 impl WriteBatch {
+    /// A batch that could not be made (out of memory in C++) takes changes as no-ops and its
+    /// [`Db::write`] fails with the reason.
     pub fn new() -> Self {
+        let mut err: *mut c_char = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
-        // SAFETY: returns a fresh heap object owned by this WriteBatch.
-        let raw = unsafe { ffi::kura_batch_new() };
+        // SAFETY: returns a fresh heap object owned by this WriteBatch, or null with err set.
+        let raw = unsafe { ffi::kura_batch_new(&mut err) };
         #[cfg(kura_no_leveldb)]
         let raw = std::ptr::null_mut();
-        WriteBatch { raw }
+        let alloc_error = raw.is_null().then(|| take_error(err));
+        WriteBatch { raw, alloc_error }
     }
 
+    /// A failure here (C++ out of memory) is kept in the batch and reported by [`Db::write`],
+    /// which then applies none of it.
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
+        if self.raw.is_null() {
+            return;
+        }
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: raw is a live batch; the slices are valid for the call (LevelDB copies them).
         unsafe {
@@ -105,7 +117,11 @@ impl WriteBatch {
         let _ = (key, value);
     }
 
+    /// Failures are reported as for [`WriteBatch::put`].
     pub fn delete(&mut self, key: &[u8]) {
+        if self.raw.is_null() {
+            return;
+        }
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: as in `put`.
         unsafe {
@@ -119,7 +135,8 @@ impl WriteBatch {
 impl Drop for WriteBatch {
     fn drop(&mut self) {
         #[cfg(not(kura_no_leveldb))]
-        // SAFETY: raw came from kura_batch_new and is freed once.
+        // SAFETY: raw came from kura_batch_new (or is null, which the bridge ignores) and is
+        // freed once.
         unsafe {
             ffi::kura_batch_free(self.raw)
         };
@@ -163,8 +180,18 @@ fn take_error(err: *mut c_char) -> String {
     msg
 }
 
+/// Prefixes the bridge gives messages about C++ exceptions it caught (`kOutOfMemory`,
+/// `kCppException` in `cpp/kura_leveldb.cc`); they may sit inside a LevelDB status message
+/// ("IO error: ...") when an Env method caught them.
+const BRIDGE_OOM: &str = "kura-bridge: out of memory";
+const BRIDGE_EXCEPTION: &str = "kura-bridge: C++ exception";
+
 fn classify(msg: String) -> KvError {
-    if msg.starts_with("Corruption") {
+    if msg.contains(BRIDGE_OOM) {
+        KvError::OutOfMemory(msg)
+    } else if msg.contains(BRIDGE_EXCEPTION) {
+        KvError::CppException(msg)
+    } else if msg.starts_with("Corruption") {
         KvError::Corruption(msg)
     } else if msg.contains("does not exist") || msg.starts_with("NotFound") {
         KvError::NotFound(msg)
@@ -320,7 +347,10 @@ impl Db {
     }
 
     /// Applies every change of `batch` atomically; with `sync`, durably before returning.
-    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), KvError> {
+    pub fn write(&self, mut batch: WriteBatch, sync: bool) -> Result<(), KvError> {
+        if let Some(msg) = batch.alloc_error.take() {
+            return Err(classify(msg));
+        }
         let mut err = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: both objects are live; the batch is freed by its Drop afterwards.
@@ -377,13 +407,19 @@ impl Db {
         self.get_raw(std::ptr::null(), key)
     }
 
-    pub fn snapshot(&self) -> Snapshot<'_> {
+    /// Fails only when the C++ side cannot take one (out of memory); never hands out a null
+    /// snapshot, which LevelDB would read as "the latest state".
+    pub fn snapshot(&self) -> Result<Snapshot<'_>, KvError> {
+        let mut err = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: raw is live; the snapshot is released by Snapshot's Drop, before the Db goes.
-        let raw = unsafe { ffi::kura_db_snapshot(self.raw) };
+        let raw = unsafe { ffi::kura_db_snapshot(self.raw, &mut err) };
         #[cfg(kura_no_leveldb)]
-        let raw = std::ptr::null();
-        Snapshot { db: self, raw }
+        let raw: *const c_void = std::ptr::null();
+        if raw.is_null() {
+            return Err(classify(take_error(err)));
+        }
+        Ok(Snapshot { db: self, raw })
     }
 
     /// The value of `key` as of `snapshot`.
@@ -401,25 +437,32 @@ impl Db {
         let mut out = Vec::new();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: the iterator is created, used and freed within this block, while the DB and
-        // snapshot are live; key/value slices are copied before the iterator moves.
+        // snapshot are live; key/value slices are copied before the iterator moves. A failed
+        // call makes the iterator invalid (key/value null), and its status says why.
         unsafe {
-            let it = ffi::kura_db_iter(self.raw, snap);
+            let mut err = std::ptr::null_mut();
+            let it = ffi::kura_db_iter(self.raw, snap, &mut err);
+            if it.is_null() {
+                return Err(classify(take_error(err)));
+            }
             ffi::kura_iter_seek(it, from.as_ptr() as *const c_char, from.len());
             while out.len() < limit && ffi::kura_iter_valid(it) == 1 {
                 let (mut kl, mut vl) = (0usize, 0usize);
                 let k = ffi::kura_iter_key(it, &mut kl);
+                let v = ffi::kura_iter_value(it, &mut vl);
+                if k.is_null() || v.is_null() {
+                    break;
+                }
                 let key = std::slice::from_raw_parts(k as *const u8, kl);
                 if to.is_some_and(|to| key >= to) {
                     break;
                 }
-                let v = ffi::kura_iter_value(it, &mut vl);
                 out.push((
                     key.to_vec(),
                     std::slice::from_raw_parts(v as *const u8, vl).to_vec(),
                 ));
                 ffi::kura_iter_next(it);
             }
-            let mut err = std::ptr::null_mut();
             let bad = ffi::kura_iter_status(it, &mut err);
             ffi::kura_iter_free(it);
             if bad != 0 {
@@ -452,27 +495,39 @@ impl Db {
         self.scan(&[], None, usize::MAX)
     }
 
-    /// Compacts the whole key range.
-    pub fn compact(&self) {
+    /// Compacts the whole key range. (LevelDB's CompactRange reports nothing itself; this
+    /// fails only when the C++ side threw.)
+    pub fn compact(&self) -> Result<(), KvError> {
+        let mut err = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
-        // SAFETY: raw is live.
-        unsafe {
-            ffi::kura_db_compact(self.raw)
-        };
+        // SAFETY: raw is live; err is ours.
+        let rc = unsafe { ffi::kura_db_compact(self.raw, &mut err) };
+        #[cfg(kura_no_leveldb)]
+        let rc = 1;
+        Self::check(rc, err)
     }
 
-    /// A LevelDB property, e.g. `leveldb.stats` or `leveldb.approximate-memory-usage`.
-    pub fn property(&self, name: &str) -> Option<String> {
-        let cname = CString::new(name).ok()?;
+    /// A LevelDB property, e.g. `leveldb.stats` or `leveldb.approximate-memory-usage`;
+    /// `Ok(None)` when LevelDB does not know the name.
+    pub fn property(&self, name: &str) -> Result<Option<String>, KvError> {
+        let cname = CString::new(name)
+            .map_err(|_| KvError::Invalid(format!("{name:?} contains a NUL byte")))?;
+        let mut err = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: raw is live; the result is malloc'd (or null) and freed by take_error.
-        let p = unsafe { ffi::kura_db_property(self.raw, cname.as_ptr()) };
+        let p = unsafe { ffi::kura_db_property(self.raw, cname.as_ptr(), &mut err) };
         #[cfg(kura_no_leveldb)]
         let p: *mut c_char = {
             let _ = cname;
             std::ptr::null_mut()
         };
-        (!p.is_null()).then(|| take_error(p))
+        if !p.is_null() {
+            Ok(Some(take_error(p)))
+        } else if !err.is_null() {
+            Err(classify(take_error(err)))
+        } else {
+            Ok(None)
+        }
     }
 
     /// Closes the database (LevelDB finishes background work first) and unmounts the file

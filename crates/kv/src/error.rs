@@ -24,6 +24,14 @@ pub enum KvError {
     Fs(#[from] kura_accelfs::FsError),
     #[error("invalid argument: {0}")]
     Invalid(String),
+    /// The C++ side ran out of memory (`std::bad_alloc` caught at the bridge). The call failed
+    /// as a whole; the process and the database handle go on.
+    #[error("out of memory: {0}")]
+    OutOfMemory(String),
+    /// Any other C++ exception caught at the bridge (its `what()`, or that it was not a
+    /// `std::exception`), instead of unwinding into Rust.
+    #[error("C++ exception: {0}")]
+    CppException(String),
     /// This build has no LevelDB engine (libleveldb-dev was missing at build time).
     #[error("{0}")]
     Unavailable(String),

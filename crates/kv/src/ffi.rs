@@ -4,7 +4,9 @@
 //! LevelDB calls the callbacks from its own threads (background compaction) as well as the
 //! caller's; the context is `Sync` (the file system is, and open files sit behind a mutex). No
 //! panic may unwind into C++, so each callback runs under `catch_unwind` and reports failure as
-//! an errno, keeping the message for `last_error`.
+//! an errno, keeping the message for `last_error`. In the other direction the bridge lets no C++
+//! exception out of any function declared here (nor out of the `push` callback it hands
+//! `list`): each becomes an error string, see the top of `cpp/kura_leveldb.cc`.
 
 use kura_accelfs::{File, FileSystem, FsError, OpenOptions};
 use std::cell::RefCell;
@@ -28,7 +30,7 @@ pub(crate) struct KuraFsOps {
         *mut c_void,
         *const c_char,
         *mut c_void,
-        extern "C" fn(*mut c_void, *const c_char, usize),
+        extern "C" fn(*mut c_void, *const c_char, usize) -> c_int,
     ) -> c_int,
     pub remove: extern "C" fn(*mut c_void, *const c_char) -> c_int,
     pub mkdir: extern "C" fn(*mut c_void, *const c_char) -> c_int,
@@ -87,7 +89,7 @@ extern "C" {
         vl: *mut usize,
         err: *mut *mut c_char,
     ) -> c_int;
-    pub(crate) fn kura_batch_new() -> *mut c_void;
+    pub(crate) fn kura_batch_new(err: *mut *mut c_char) -> *mut c_void;
     pub(crate) fn kura_batch_free(b: *mut c_void);
     pub(crate) fn kura_batch_put(
         b: *mut c_void,
@@ -103,9 +105,13 @@ extern "C" {
         sync: c_int,
         err: *mut *mut c_char,
     ) -> c_int;
-    pub(crate) fn kura_db_snapshot(db: *mut c_void) -> *const c_void;
+    pub(crate) fn kura_db_snapshot(db: *mut c_void, err: *mut *mut c_char) -> *const c_void;
     pub(crate) fn kura_db_release_snapshot(db: *mut c_void, s: *const c_void);
-    pub(crate) fn kura_db_iter(db: *mut c_void, snap: *const c_void) -> *mut c_void;
+    pub(crate) fn kura_db_iter(
+        db: *mut c_void,
+        snap: *const c_void,
+        err: *mut *mut c_char,
+    ) -> *mut c_void;
     pub(crate) fn kura_iter_free(it: *mut c_void);
     pub(crate) fn kura_iter_seek(it: *mut c_void, k: *const c_char, kl: usize);
     pub(crate) fn kura_iter_valid(it: *mut c_void) -> c_int;
@@ -113,8 +119,14 @@ extern "C" {
     pub(crate) fn kura_iter_key(it: *mut c_void, len: *mut usize) -> *const c_char;
     pub(crate) fn kura_iter_value(it: *mut c_void, len: *mut usize) -> *const c_char;
     pub(crate) fn kura_iter_status(it: *mut c_void, err: *mut *mut c_char) -> c_int;
-    pub(crate) fn kura_db_compact(db: *mut c_void);
-    pub(crate) fn kura_db_property(db: *mut c_void, name: *const c_char) -> *mut c_char;
+    pub(crate) fn kura_db_compact(db: *mut c_void, err: *mut *mut c_char) -> c_int;
+    pub(crate) fn kura_db_property(
+        db: *mut c_void,
+        name: *const c_char,
+        err: *mut *mut c_char,
+    ) -> *mut c_char;
+    #[cfg(feature = "test-hooks")]
+    pub(crate) fn kura_test_throw(site: c_int, kind: c_int);
 }
 
 thread_local! {
@@ -310,13 +322,18 @@ extern "C" fn cb_list(
     ctx: *mut c_void,
     dir: *const c_char,
     out: *mut c_void,
-    push: extern "C" fn(*mut c_void, *const c_char, usize),
+    push: extern "C" fn(*mut c_void, *const c_char, usize) -> c_int,
 ) -> c_int {
     guard(|| {
         // SAFETY: see `context`.
         let c = unsafe { context(ctx) };
         for e in c.fs.read_dir(&path(dir)?)? {
-            push(out, e.name.as_ptr() as *const c_char, e.name.len());
+            if push(out, e.name.as_ptr() as *const c_char, e.name.len()) != 0 {
+                // The bridge could not take the name and keeps the reason itself.
+                return Err(FsError::Invalid(
+                    "listing stopped: the bridge could not take a name".into(),
+                ));
+            }
         }
         Ok(0)
     })
@@ -366,11 +383,16 @@ extern "C" fn cb_rename(ctx: *mut c_void, from: *const c_char, to: *const c_char
 }
 
 extern "C" fn cb_last_error(_ctx: *mut c_void, buf: *mut c_char, n: usize) -> usize {
-    LAST_ERROR.with(|l| {
-        let msg = l.borrow();
-        let k = msg.len().min(n);
-        // SAFETY: `buf` has room for `n` bytes; we copy at most that.
-        unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, k) };
-        k
+    // Like every callback, it must not unwind into C++ (the thread-local may be gone during
+    // thread teardown): a panic here yields an empty message.
+    catch_unwind(|| {
+        LAST_ERROR.with(|l| {
+            let msg = l.borrow();
+            let k = msg.len().min(n);
+            // SAFETY: `buf` has room for `n` bytes; we copy at most that.
+            unsafe { std::ptr::copy_nonoverlapping(msg.as_ptr(), buf as *mut u8, k) };
+            k
+        })
     })
+    .unwrap_or(0)
 }

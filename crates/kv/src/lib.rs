@@ -13,3 +13,41 @@ mod ffi;
 
 pub use db::{Db, DbOptions, Pair, Snapshot, Store, WriteBatch};
 pub use error::KvError;
+
+/// Fault injection into the C++ bridge, compiled in only with the `test-hooks` feature (which
+/// only this crate's tests turn on): makes the bridge throw so tests can check that no C++
+/// exception reaches Rust and each becomes a [`KvError`].
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks {
+    /// Where the armed exception is thrown: the next such point on the calling thread.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Site {
+        /// The next bridge entry point (put, get, write, scan, open, ...).
+        BridgeCall = 1,
+        /// The next Env or file method LevelDB calls (open a file, read, append, ...).
+        EnvCall = 2,
+        /// The next name the Rust listing hands GetChildren (the C++ callback Rust calls).
+        ListedName = 3,
+    }
+
+    /// What is thrown.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub enum Throw {
+        BadAlloc = 1,
+        /// A `std::runtime_error("injected by kura_test_throw")`.
+        RuntimeError = 2,
+        /// An `int`: not a `std::exception`, so only `catch (...)` sees it.
+        NotStdException = 3,
+    }
+
+    /// Arms one throw of `what` at the next `site` on this thread.
+    pub fn throw_once(site: Site, what: Throw) {
+        #[cfg(not(kura_no_leveldb))]
+        // SAFETY: sets two thread-locals in the bridge; no pointers involved.
+        unsafe {
+            crate::ffi::kura_test_throw(site as std::ffi::c_int, what as std::ffi::c_int)
+        };
+        #[cfg(kura_no_leveldb)]
+        let _ = (site, what);
+    }
+}

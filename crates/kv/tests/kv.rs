@@ -130,7 +130,7 @@ fn run_model(ops: Vec<Op>, mut open: impl FnMut(bool) -> Db) -> Result<(), TestC
                 db.close().expect("close");
                 db = open(true);
             }
-            Op::Compact => db.compact(),
+            Op::Compact => db.compact().expect("compact"),
         }
     }
     let all = db.scan_all().expect("scan");
@@ -181,7 +181,7 @@ fn host_directory_store_and_snapshots_and_ranges() {
     for i in 0..2000u16 {
         db.put(&key(i), &value(i, 1)).expect("put");
     }
-    let snap = db.snapshot();
+    let snap = db.snapshot().expect("snapshot");
     db.put(&key(5), b"changed").expect("put");
     db.delete(&key(6)).expect("delete");
     assert_eq!(db.get_at(&snap, &key(5)).expect("get"), Some(value(5, 1)));
@@ -320,7 +320,7 @@ fn bad_input_is_a_clear_error() {
     for i in 0..3000u16 {
         db.put(&key(i), &value(i, 7)).expect("put");
     }
-    db.compact();
+    db.compact().expect("compact");
     db.close().expect("close");
     let tables: Vec<String> = fs
         .read_dir("/db")
@@ -426,7 +426,7 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
         for i in 0..4000u16 {
             db.put(&key(i), &value(i, 1999)).expect("put");
         }
-        db.compact();
+        db.compact().expect("compact");
         let db = Arc::new(db);
         let pass = |db: &Arc<Db>| {
             let readers: Vec<_> = (0..4u16)
