@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Installs what kura's build and tests use, and says what is still missing. Idempotent: it only
+# installs what is absent, so running it again (scripts/test.sh does, every time) is quick.
+#
+# Debian packages are installed with apt-get when this runs as root on a system that has it;
+# otherwise the missing ones are listed with the command that installs them. Python modules go
+# in with `python3 -m pip`, the rustfmt and clippy components with rustup.
+#
+# Exits 1 when something the workspace needs to *build* is missing (kura-kv compiles a C++
+# bridge against Google LevelDB); anything else missing only makes the tests that need it skip
+# (visibly: scripts/test.sh lists skips at the end, and CI=true fails them, see
+# .ci/allowed-skips).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+# Needed to build the workspace: libleveldb-dev (kura-kv's engine) and g++ (its bridge).
+BUILD_PACKAGES=(libleveldb-dev g++)
+# Needed by tests. fio: the peer of `kura bench io`; util-linux: losetup for the loop-device
+# tests; fuse3: fusermount3, which `kura mount` (fuser) and nbdfuse use; e2fsprogs: mkfs.ext4
+# and e2fsck for ext4 on a kura export. libnbd-bin (nbdinfo, nbdcopy, nbdfuse), qemu-utils,
+# nbdkit: real NBD clients and peer servers for kura-nbd's tests; openssl: test certificates
+# for NBD over TLS. minimap2, samtools: the genome pipeline's peer mapper and SAM checker;
+# ragout-examples: the real E. coli MG1655 genome. qemu-system-x86, linux-image-amd64,
+# busybox-static, cpio, kmod: the guest with an emulated NVMe controller that kura-nvme's
+# driver is tested against. python3-pip: for the Python peers below.
+TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
+  samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
+  python3 python3-pip)
+# Python modules: "module pip-name what-for".
+PYTHON_MODULES=(
+  "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
+  "plyvel plyvel Google LevelDB from Python, the interoperability peer of kura-kv's tests"
+  "rocksdict rocksdict RocksDB from Python, the peer of kura bench kv and its replay tests"
+  "pywgsim pywgsim the read simulator that defines the genome accuracy figures"
+)
+
+missing_after=()
+
+installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
+
+echo "== setup: Debian packages"
+if command -v dpkg-query >/dev/null; then
+  want=()
+  for p in "${BUILD_PACKAGES[@]}" "${TEST_PACKAGES[@]}"; do
+    installed "$p" || want+=("$p")
+  done
+  if [ ${#want[@]} -eq 0 ]; then
+    echo "all present"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "installing: ${want[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    if ! apt-get update -qq >/dev/null ||
+      ! apt-get install -y -qq --no-install-recommends "${want[@]}" >/dev/null; then
+      echo "apt-get could not install: ${want[*]}" >&2
+      exit 1
+    fi
+  else
+    echo "missing: ${want[*]}"
+    echo "  install them with: sudo apt-get install --no-install-recommends ${want[*]}"
+  fi
+  for p in "${BUILD_PACKAGES[@]}"; do
+    installed "$p" || missing_after+=("$p")
+  done
+else
+  echo "no dpkg here: install the equivalents of ${BUILD_PACKAGES[*]} (needed to build) and"
+  echo "  ${TEST_PACKAGES[*]} (used by tests) with this system's package manager"
+fi
+
+echo "== setup: Python modules"
+if command -v python3 >/dev/null; then
+  for entry in "${PYTHON_MODULES[@]}"; do
+    read -r module pip what <<<"$entry"
+    if python3 -c "import $module" >/dev/null 2>&1; then
+      continue
+    fi
+    echo "installing $pip: $what"
+    # Debian's own python3 refuses pip installs (PEP 668) unless told to.
+    python3 -m pip install -q --disable-pip-version-check "$pip" >/dev/null 2>&1 ||
+      python3 -m pip install -q --disable-pip-version-check --break-system-packages "$pip" \
+        >/dev/null 2>&1 ||
+      echo "  could not install $pip (python3 -m pip install $pip): the tests that need it skip"
+  done
+  echo "done"
+else
+  echo "python3 is missing: the Python peers' tests skip"
+fi
+
+echo "== setup: Rust components"
+if command -v rustup >/dev/null; then
+  rustup component add rustfmt clippy >/dev/null 2>&1 ||
+    echo "rustup could not add rustfmt and clippy"
+  echo "done"
+else
+  echo "no rustup: make sure cargo fmt and cargo clippy are installed"
+fi
+
+if [ ${#missing_after[@]} -gt 0 ]; then
+  echo "setup: the workspace cannot build without: ${missing_after[*]}" >&2
+  echo "  install them with: sudo apt-get install --no-install-recommends ${missing_after[*]}" >&2
+  exit 1
+fi
