@@ -3,6 +3,7 @@
 
 use crate::error::FsError;
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, DeviceError, IoBuf, Request};
+use std::collections::BTreeMap;
 
 /// One read or write of whole AccelFS blocks for [`BlockIo::batch`].
 #[derive(Debug)]
@@ -25,6 +26,12 @@ pub struct BlockIo {
     block_size: usize,
     per_block: u64,
     blocks: u64,
+    /// Set for a read-only mount: every write, zero and flush is refused with this reason, so
+    /// nothing that mount path forgets to guard can change the image.
+    read_only: Option<String>,
+    /// Blocks whose newest contents are not on the device (journal images a read-only mount
+    /// replayed in memory): every read returns these in their place.
+    overlay: BTreeMap<u64, Vec<u8>>,
 }
 
 impl BlockIo {
@@ -41,7 +48,28 @@ impl BlockIo {
             dev,
             block_size,
             per_block,
+            read_only: None,
+            overlay: BTreeMap::new(),
         })
+    }
+
+    /// From now on refuses every write, zero and flush (a read-only mount), and serves reads of
+    /// the blocks in `overlay` from it instead of the device.
+    pub fn make_read_only(&mut self, why: &str, overlay: BTreeMap<u64, Vec<u8>>) {
+        self.read_only = Some(why.to_string());
+        self.overlay = overlay;
+    }
+
+    /// Whether writes are refused.
+    pub fn is_read_only(&self) -> bool {
+        self.read_only.is_some()
+    }
+
+    fn writable(&self) -> Result<(), FsError> {
+        match &self.read_only {
+            Some(why) => Err(FsError::ReadOnly(why.clone())),
+            None => Ok(()),
+        }
     }
 
     pub fn block_size(&self) -> usize {
@@ -62,11 +90,13 @@ impl BlockIo {
         self.check(block, count)?;
         let mut out = vec![0u8; count as usize * self.block_size];
         self.dev.read_blocks(block * self.per_block, &mut out)?;
+        apply_overlay(&self.overlay, self.block_size, block, &mut out);
         Ok(out)
     }
 
     /// Writes whole blocks from `block`.
     pub fn write(&mut self, block: u64, data: &[u8]) -> Result<(), FsError> {
+        self.writable()?;
         if data.is_empty() || !data.len().is_multiple_of(self.block_size) {
             return Err(FsError::Invalid(format!(
                 "write of {} bytes is not whole {}-byte blocks",
@@ -81,6 +111,7 @@ impl BlockIo {
 
     /// Zeroes `count` blocks from `block`.
     pub fn zero(&mut self, block: u64, count: u64) -> Result<(), FsError> {
+        self.writable()?;
         self.check(block, count)?;
         self.dev
             .zero_blocks(block * self.per_block, count * self.per_block)?;
@@ -88,6 +119,7 @@ impl BlockIo {
     }
 
     pub fn flush(&mut self) -> Result<(), FsError> {
+        self.writable()?;
         self.dev.flush_all()?;
         Ok(())
     }
@@ -109,6 +141,9 @@ impl BlockIo {
         mut on_done: impl FnMut(usize, &IoBuf),
     ) -> Result<Vec<BatchOp>, FsError> {
         for op in &ops {
+            if op.write {
+                self.writable()?;
+            }
             if op.buf.is_empty() || !op.buf.len().is_multiple_of(self.block_size) {
                 return Err(FsError::Invalid(format!(
                     "batched I/O of {} bytes is not whole {}-byte blocks",
@@ -161,11 +196,16 @@ impl BlockIo {
                 break;
             }
             for c in &mut done[before..] {
-                match (&c.status, &c.buf) {
+                match (&c.status, &mut c.buf) {
                     (Err(e), _) => {
                         first_error.get_or_insert_with(|| e.clone());
                     }
-                    (Ok(()), Some(buf)) if first_error.is_none() => on_done(c.tag as usize, buf),
+                    (Ok(()), Some(buf)) if first_error.is_none() => {
+                        if let Some(op) = ops.get(c.tag as usize).filter(|op| !op.write) {
+                            apply_overlay(&self.overlay, self.block_size, op.block, buf);
+                        }
+                        on_done(c.tag as usize, buf)
+                    }
                     _ => {}
                 }
             }
@@ -268,7 +308,10 @@ impl BlockIo {
             for c in done.drain(..) {
                 match c.status {
                     Ok(()) => match c.buf {
-                        Some(buf) => {
+                        Some(mut buf) => {
+                            if let Some(Piece::Device { block, .. }) = pieces.get(c.tag as usize) {
+                                apply_overlay(&self.overlay, self.block_size, *block, &mut buf);
+                            }
                             ready.insert(c.tag as usize, Ok(buf));
                         }
                         None => {
@@ -310,5 +353,17 @@ impl BlockIo {
             )));
         }
         Ok(())
+    }
+}
+
+/// Lays `overlay`'s images over `buf`, which holds the blocks from `block` on.
+fn apply_overlay(overlay: &BTreeMap<u64, Vec<u8>>, block_size: usize, block: u64, buf: &mut [u8]) {
+    if overlay.is_empty() {
+        return;
+    }
+    let count = (buf.len() / block_size) as u64;
+    for (&b, img) in overlay.range(block..block.saturating_add(count)) {
+        let at = (b - block) as usize * block_size;
+        buf[at..at + block_size].copy_from_slice(&img[..block_size]);
     }
 }

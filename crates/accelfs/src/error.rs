@@ -66,9 +66,10 @@ pub enum FsError {
     NoSpace(String),
     #[error("{0}: file too large")]
     FileTooLarge(String),
-    /// A flush or journal commit failed earlier; nothing more is written, so nothing that was
-    /// durable can be damaged. Reads still work.
-    #[error("file system is read-only after an I/O failure: {0}")]
+    /// Nothing is written: the file system was mounted read-only
+    /// (`FileSystem::mount_read_only`), or a flush or journal commit failed earlier, so that
+    /// nothing that was durable can be damaged. Reads still work. The text says which.
+    #[error("file system is read-only: {0}")]
     ReadOnly(String),
     /// The handle was opened without the access the operation needs.
     #[error("{0}")]

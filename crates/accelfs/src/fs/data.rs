@@ -26,6 +26,17 @@ impl Inner {
         (u64::from(u32::MAX)) * self.bs as u64
     }
 
+    /// The byte ranges of file `ino` that have device blocks, below its size.
+    pub(crate) fn allocated_ranges(
+        &mut self,
+        ino: u64,
+    ) -> Result<Vec<std::ops::Range<u64>>, FsError> {
+        self.file_node(ino)?;
+        let bs = self.bs as u64;
+        let node = self.node(ino)?;
+        Ok(node.map.allocated_ranges(bs, node.inode.size))
+    }
+
     /// Reads up to `out.len()` bytes at `offset`; returns how many (0 at or past the end).
     pub(crate) fn read_at(
         &mut self,
@@ -180,6 +191,9 @@ impl Inner {
     /// since the last commit (an overwrite), writing the dirty blocks home and one flush is
     /// enough; the new times follow with the next commit. Otherwise it is a full commit.
     pub(crate) fn sync_data(&mut self, ino: u64) -> Result<(), FsError> {
+        if self.mounted_read_only && !self.closed {
+            return Ok(());
+        }
         self.writable()?;
         if self.layout_changed.contains(&ino) {
             return self.commit();
@@ -190,7 +204,7 @@ impl Inner {
             self.io.flush()
         })();
         if let Err(e) = &result {
-            self.read_only = Some(e.to_string());
+            self.read_only = Some(format!("after an I/O failure: {e}"));
         }
         result
     }

@@ -190,6 +190,15 @@ impl File {
         Ok(self.metadata()?.size)
     }
 
+    /// The byte ranges of the file that hold data, in order and merged, below its size;
+    /// everything else below the size is a hole that reads as zeroes. A copy tool writes these
+    /// ranges and leaves the rest as holes (seeking past them, then setting the length), so a
+    /// sparse file — up to 2³² blocks are legal — never turns into that many zero bytes.
+    pub fn allocated_ranges(&self) -> Result<Vec<std::ops::Range<u64>>, FsError> {
+        self.fs
+            .with_handle(self.ino, self.generation, |g| g.allocated_ranges(self.ino))
+    }
+
     pub fn is_empty(&self) -> Result<bool, FsError> {
         Ok(self.len()? == 0)
     }

@@ -30,6 +30,9 @@ use kura_engine::BlockDevice;
 use meta::Inner;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
+const READ_ONLY_MOUNT: &str = "mounted read-only";
+
 /// Tunables of a mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MountOptions {
@@ -168,8 +171,36 @@ impl FileSystem {
 
     /// Mounts the AccelFS on `dev`, replaying its journal first.
     pub fn mount(dev: Box<dyn BlockDevice>, opts: MountOptions) -> Result<FileSystem, FsError> {
+        FileSystem::mount_with(dev, opts, false)
+    }
+
+    /// Mounts the AccelFS on `dev` without ever writing to it: for inspection (`fs ls/cat/get/
+    /// stat/df`), which must leave an image exactly as it found it. Committed journal
+    /// transactions are replayed in memory only — their blocks are served from memory in place
+    /// of the stale home copies, at most `(journal length − 2) × block size` bytes (see
+    /// [`crate::layout::MAX_JOURNAL_BLOCKS`]) — and nothing is checkpointed. Every call that
+    /// would change the file system fails with [`FsError::ReadOnly`]; `sync` and `unmount`
+    /// succeed and write nothing, and neither does dropping the last handle. A damaged primary
+    /// superblock is not fatal here: the backup is used, since nothing will be written.
+    pub fn mount_read_only(
+        dev: Box<dyn BlockDevice>,
+        opts: MountOptions,
+    ) -> Result<FileSystem, FsError> {
+        FileSystem::mount_with(dev, opts, true)
+    }
+
+    /// Whether this file system was mounted with [`FileSystem::mount_read_only`].
+    pub fn is_read_only(&self) -> bool {
+        self.lock().mounted_read_only
+    }
+
+    fn mount_with(
+        dev: Box<dyn BlockDevice>,
+        opts: MountOptions,
+        read_only: bool,
+    ) -> Result<FileSystem, FsError> {
         let (sb, mut io, note) = load_superblock(dev)?;
-        if let Some(note) = note {
+        if let Some(note) = note.filter(|_| !read_only) {
             return Err(FormatError::BadSuperblock(format!(
                 "{note}; run `kura fsck --repair` to restore the primary before mounting"
             ))
@@ -188,12 +219,22 @@ impl FileSystem {
             start: l.journal_start,
             len: l.journal_len,
         };
-        let (journal, recovery) = Journal::recover(&mut io, area)?;
+        let (journal, recovery) = if read_only {
+            let (journal, recovery, replayed) = Journal::recover_in_memory(&mut io, area)?;
+            io.make_read_only(READ_ONLY_MOUNT, replayed);
+            (journal, recovery)
+        } else {
+            Journal::recover(&mut io, area)?
+        };
         let bs = l.block_size as usize;
         let blocks = read_bitmap(&mut io, &l, BlockKind::BlockBitmap)?;
         let inodes = read_bitmap(&mut io, &l, BlockKind::InodeBitmap)?;
         let alloc = alloc::Allocator::new(l, blocks, inodes);
         let mut inner = Inner::new(io, sb, journal, alloc, opts, recovery);
+        if read_only {
+            inner.read_only = Some(READ_ONLY_MOUNT.into());
+            inner.mounted_read_only = true;
+        }
         debug_assert_eq!(inner.bs, bs);
         let root = inner.node(ROOT_INODE)?;
         if root.inode.kind != Kind::Directory {
@@ -453,6 +494,11 @@ impl FileSystem {
         new_name: &[u8],
     ) -> Result<(), FsError> {
         self.lock().rename_entry(parent, name, new_parent, new_name)
+    }
+
+    /// [`File::allocated_ranges`] of file `ino`: its data ranges in bytes, holes left out.
+    pub fn allocated_ranges_ino(&self, ino: u64) -> Result<Vec<std::ops::Range<u64>>, FsError> {
+        self.lock().allocated_ranges(ino)
     }
 
     pub fn read_ino(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize, FsError> {
