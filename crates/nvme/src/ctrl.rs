@@ -4,6 +4,12 @@
 //!
 //! Every wait here is bounded: register waits by CAP.TO, admin commands by the configured admin
 //! timeout, and every loop also watches for a vanished device (all-ones reads) and CSTS.CFS.
+//!
+//! Buffers of commands the controller held are safe to reuse only once it has stopped: a reset
+//! that sees CSTS.RDY=0 after clearing CC.EN proves that. When it does not (RDY stays 1 past
+//! CAP.TO) or the device vanishes, the controller is marked failed for good: its queues leak
+//! the buffers such commands carried (counted here) instead of handing them back to the pool,
+//! and every later command and admin call fails with [`NvmeError::Failed`].
 
 use crate::bus::{Bus, DmaMem};
 use crate::cmd::{admin, Cqe, Sqe, CNS_CONTROLLER, CNS_NAMESPACE};
@@ -11,7 +17,7 @@ use crate::error::NvmeError;
 use crate::qpair::QueuePair;
 use crate::regs::{self, Cap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 /// Entries of the admin queues.
@@ -105,6 +111,20 @@ pub(crate) struct Shared {
     free_qids: Mutex<Vec<u16>>,
     /// The buffer-pool arena mapped for DMA, so its buffers move with no copy.
     arena: (u64, usize),
+    /// Why the controller is failed for good (set once, never cleared): it could not be
+    /// confirmed stopped, so it may still DMA into buffers of commands it held.
+    failed: OnceLock<String>,
+    /// Buffers leaked because of that, across all queue pairs, and their bytes.
+    leaked_buffers: AtomicU64,
+    leaked_bytes: AtomicU64,
+}
+
+/// Buffers never returned to the pool because the controller could not be confirmed stopped
+/// while it held them.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Leaked {
+    pub buffers: u64,
+    pub bytes: u64,
 }
 
 /// Waits until `CSTS & mask == want`, within `timeout`.
@@ -221,8 +241,9 @@ impl Admin {
     }
 }
 
-/// Disables the controller, programs the admin queues and enables it again.
-fn enable(bus: &dyn Bus, cap: &Cap, admin: &mut Admin) -> Result<(), NvmeError> {
+/// Clears CC.EN and waits, within CAP.TO, for CSTS.RDY=0: the controller's word that it has
+/// stopped processing its queues, and with them the DMA for their commands.
+fn disable(bus: &dyn Bus, cap: &Cap) -> Result<(), NvmeError> {
     let to = Duration::from_millis(cap.timeout_ms.max(500));
     let cc = bus.read32(regs::CC);
     if cc == u32::MAX {
@@ -231,7 +252,18 @@ fn enable(bus: &dyn Bus, cap: &Cap, admin: &mut Admin) -> Result<(), NvmeError> 
     if cc & regs::CC_EN != 0 {
         bus.write32(regs::CC, cc & !regs::CC_EN);
     }
-    wait_csts(bus, regs::CSTS_RDY, 0, to, "CSTS.RDY=0 after disabling")?;
+    wait_csts(bus, regs::CSTS_RDY, 0, to, "CSTS.RDY=0 after disabling")
+}
+
+/// Disables the controller, programs the admin queues and enables it again.
+fn enable(bus: &dyn Bus, cap: &Cap, admin: &mut Admin) -> Result<(), NvmeError> {
+    disable(bus, cap)?;
+    program_and_enable(bus, cap, admin)
+}
+
+/// Programs the admin queues of a disabled controller (CSTS.RDY=0) and enables it.
+fn program_and_enable(bus: &dyn Bus, cap: &Cap, admin: &mut Admin) -> Result<(), NvmeError> {
+    let to = Duration::from_millis(cap.timeout_ms.max(500));
     admin.qp.reset();
     bus.write32(regs::INTMS, u32::MAX);
     bus.write32(regs::AQA, regs::aqa(u32::from(ADMIN_ENTRIES)));
@@ -309,6 +341,9 @@ impl Shared {
             generation: AtomicU64::new(0),
             free_qids: Mutex::new(free_qids),
             arena,
+            failed: OnceLock::new(),
+            leaked_buffers: AtomicU64::new(0),
+            leaked_bytes: AtomicU64::new(0),
         }))
     }
 
@@ -406,6 +441,46 @@ impl Shared {
         self.admin.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// The admin queue, unless the controller is failed (then nothing is sent to it).
+    fn live_admin(&self) -> Result<MutexGuard<'_, Admin>, NvmeError> {
+        let a = self.admin();
+        match self.failed_error() {
+            Some(e) => Err(e),
+            None => Ok(a),
+        }
+    }
+
+    /// Why the controller is failed for good, if it is.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.get().map(String::as_str)
+    }
+
+    /// The error every call on a failed controller returns.
+    pub fn failed_error(&self) -> Option<NvmeError> {
+        self.failed().map(|reason| NvmeError::Failed {
+            reason: reason.to_string(),
+        })
+    }
+
+    /// Marks the controller failed for good (the first reason is kept): it could not be
+    /// confirmed stopped, so buffers of commands it holds must never be reused.
+    pub fn mark_failed(&self, reason: String) {
+        let _ = self.failed.set(reason);
+    }
+
+    /// Counts buffers a queue pair leaked because the controller is failed.
+    pub fn note_leaked(&self, buffers: u64, bytes: u64) {
+        self.leaked_buffers.fetch_add(buffers, Ordering::Relaxed);
+        self.leaked_bytes.fetch_add(bytes, Ordering::Relaxed);
+    }
+
+    pub fn leaked(&self) -> Leaked {
+        Leaked {
+            buffers: self.leaked_buffers.load(Ordering::Relaxed),
+            bytes: self.leaked_bytes.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn generation(&self) -> u64 {
         self.generation.load(Ordering::Acquire)
     }
@@ -432,7 +507,7 @@ impl Shared {
 
     /// Creates I/O queue pair `qp` on the controller (completion queue first).
     pub fn create_io_queue(&self, qp: &QueuePair) -> Result<(), NvmeError> {
-        let mut a = self.admin();
+        let mut a = self.live_admin()?;
         let t = self.opts.admin_timeout;
         a.execute(
             &*self.bus,
@@ -459,7 +534,7 @@ impl Shared {
 
     /// Deletes I/O queue pair `qid` (submission queue first, which aborts what is in it).
     pub fn delete_io_queue(&self, qid: u16) -> Result<(), NvmeError> {
-        let mut a = self.admin();
+        let mut a = self.live_admin()?;
         let t = self.opts.admin_timeout;
         a.execute(
             &*self.bus,
@@ -478,7 +553,7 @@ impl Shared {
 
     /// Asks the controller to abort command `cid` of queue `sqid`. Ok(true) when it says it did.
     pub fn abort(&self, sqid: u16, cid: u16) -> Result<bool, NvmeError> {
-        let cqe = self.admin().execute(
+        let cqe = self.live_admin()?.execute(
             &*self.bus,
             Sqe::abort(sqid, cid),
             self.opts.admin_timeout,
@@ -489,21 +564,35 @@ impl Shared {
 
     /// Resets the controller (disable, enable, queue count) and invalidates every I/O queue
     /// created before, which re-create themselves on their next call.
+    ///
+    /// Queue pairs hand the buffers of commands lost in the reset back only when the controller
+    /// confirmed it stopped (CSTS.RDY=0). When it does not within CAP.TO, it is marked failed
+    /// (before the generation moves, so every queue pair sees it when it notices the reset),
+    /// and this returns [`NvmeError::Failed`].
     pub fn reset(&self, seen_generation: u64) -> Result<(), NvmeError> {
-        let mut a = self.admin();
+        let mut a = self.live_admin()?;
         if self.generation() != seen_generation {
             // Another queue pair reset the controller while this one waited for the lock.
             return Ok(());
         }
-        let result = enable(&*self.bus, &self.info.cap, &mut a)
-            .and_then(|()| Self::set_queue_count(&*self.bus, &mut a, self.opts).map(|_| ()));
+        let result = match disable(&*self.bus, &self.info.cap) {
+            Ok(()) => program_and_enable(&*self.bus, &self.info.cap, &mut a)
+                .and_then(|()| Self::set_queue_count(&*self.bus, &mut a, self.opts).map(|_| ())),
+            Err(e) => {
+                self.mark_failed(format!(
+                    "a reset could not confirm it stopped ({e}); it may still write to the \
+                     buffers of commands it held, which are leaked"
+                ));
+                Err(self.failed_error().unwrap_or(e))
+            }
+        };
         self.generation.fetch_add(1, Ordering::AcqRel);
         result
     }
 
     /// Identify controller again, as a health check after a reset (returns the serial number).
     pub fn identify_serial(&self) -> Result<String, NvmeError> {
-        let mut a = self.admin();
+        let mut a = self.live_admin()?;
         a.page.zero();
         let iova = a.page.iova(0);
         a.execute(

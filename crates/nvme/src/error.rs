@@ -30,6 +30,11 @@ pub enum NvmeError {
     /// The controller lacks something the driver needs.
     #[error("controller not usable: {0}")]
     Unsupported(String),
+    /// The controller is failed for good: it could not be confirmed stopped (a reset saw no
+    /// CSTS.RDY=0 within CAP.TO, or it vanished), so buffers of commands it held were leaked
+    /// rather than reused, and nothing more is sent to it. Open the device again to retry.
+    #[error("controller failed: {reason}")]
+    Failed { reason: String },
     /// A VFIO or memory-mapping system call failed.
     #[error("{what}: {errno}")]
     Os { what: String, errno: Errno },

@@ -25,7 +25,7 @@ pub mod sim;
 pub mod status;
 pub mod vfio;
 
-pub use ctrl::{ControllerInfo, CtrlOptions, NamespaceInfo};
+pub use ctrl::{ControllerInfo, CtrlOptions, Leaked, NamespaceInfo};
 pub use error::NvmeError;
 pub use open::{open_nvme_kind, open_sim, NVME_KINDS};
 pub use queue::{NvmeQueue, QueueStats};

@@ -7,6 +7,12 @@
 //! reset under it. Buffers outside the DMA-mapped buffer-pool arena are bounced through a pool
 //! buffer. A command outstanding longer than the I/O timeout is aborted; if the abort does not
 //! bring it back, the controller is reset and every queue pair re-creates itself.
+//!
+//! Commands lost in a reset complete with an error. Their buffers go back to their owners (and
+//! so to the pool) only when the reset confirmed the controller stopped; when the controller is
+//! failed instead (see [`crate::ctrl`]), every buffer the device was given for them, request
+//! buffers in DMA memory and bounce buffers, is leaked and counted, and the request completes
+//! without it.
 
 use crate::bus::DmaMem;
 use crate::cmd::{io, Cqe, Sqe};
@@ -60,6 +66,9 @@ struct Slot {
     /// Commands of this request not yet completed.
     remaining: u32,
     status: DeviceResult<()>,
+    /// The device was given this request's memory and cannot be confirmed stopped: its DMA
+    /// buffers are leaked when it completes.
+    leak: bool,
 }
 
 #[derive(Clone, Copy)]
@@ -75,6 +84,8 @@ pub struct QueueStats {
     pub bounced: u64,
     pub aborts: u64,
     pub resets: u64,
+    /// Buffers this queue pair leaked because the controller could not be confirmed stopped.
+    pub leaked_buffers: u64,
 }
 
 /// One polled NVMe I/O queue pair.
@@ -180,6 +191,9 @@ impl NvmeQueue {
 
     /// Another I/O queue pair on the same controller, for another thread.
     pub fn new_queue(&self) -> Result<NvmeQueue, NvmeError> {
+        if let Some(e) = self.sh.failed_error() {
+            return Err(e);
+        }
         let qid = self.sh.take_qid().ok_or_else(|| {
             NvmeError::Unsupported(format!(
                 "all {} I/O queues granted by the controller are in use",
@@ -208,6 +222,17 @@ impl NvmeQueue {
 
     pub fn stats(&self) -> QueueStats {
         self.stats
+    }
+
+    /// Why the controller is failed for good, if it is; every command then fails.
+    pub fn failed(&self) -> Option<&str> {
+        self.sh.failed()
+    }
+
+    /// Buffers leaked, across this controller's queue pairs, because it could not be confirmed
+    /// stopped while it held them.
+    pub fn leaked(&self) -> crate::ctrl::Leaked {
+        self.sh.leaked()
     }
 
     /// Resets the controller now (as a timeout would); every queue pair re-creates itself.
@@ -275,6 +300,7 @@ impl NvmeQueue {
             bounce,
             remaining,
             status: Ok(()),
+            leak: false,
         };
         match self.free_slots.pop() {
             Some(i) => {
@@ -474,6 +500,9 @@ impl NvmeQueue {
             return;
         };
         self.free_slots.push(slot);
+        if s.leak {
+            self.leak_buffers(&mut s);
+        }
         if s.req.op == Opcode::Read && s.status.is_ok() {
             if let (Some(b), Some(dst)) = (s.bounce.as_ref(), s.req.buf.as_mut()) {
                 let n = dst.len().min(b.len());
@@ -517,8 +546,38 @@ impl NvmeQueue {
         n
     }
 
-    /// Fails every command still owned by the device or waiting for it with `err`.
-    fn fail_all(&mut self, err: &DeviceError) {
+    /// Forgets the buffers of `s` the device could reach (bounce buffer, request buffer in the
+    /// DMA arena), so they never return to the pool while it may still write to them.
+    fn leak_buffers(&mut self, s: &mut Slot) {
+        let mut leaked = Vec::new();
+        leaked.extend(s.bounce.take());
+        let dma = s
+            .req
+            .buf
+            .as_ref()
+            .is_some_and(|b| self.sh.is_dma(b.as_ptr() as u64, b.capacity()));
+        if dma {
+            leaked.extend(s.req.buf.take());
+        }
+        let bytes: usize = leaked.iter().map(IoBuf::capacity).sum();
+        self.stats.leaked_buffers += leaked.len() as u64;
+        self.sh.note_leaked(leaked.len() as u64, bytes as u64);
+        for b in leaked {
+            std::mem::forget(b);
+        }
+    }
+
+    /// Fails every command still owned by the device or waiting for it with `err`. With
+    /// `leak`, the device cannot be confirmed stopped: requests with a command on it lose their
+    /// DMA buffers (see `leak_buffers`); requests it never saw get theirs back.
+    fn fail_all(&mut self, err: &DeviceError, leak: bool) {
+        if leak {
+            for cmd in self.cmds.iter().flatten() {
+                if let Some(s) = self.slots[cmd.slot].as_mut() {
+                    s.leak = true;
+                }
+            }
+        }
         for cid in 0..self.cmds.len() {
             if let Some(cmd) = self.cmds[cid].take() {
                 self.cids.give(cid as u16);
@@ -531,16 +590,25 @@ impl NvmeQueue {
     }
 
     /// After a controller reset (by this or another queue pair): fail what was in flight and
-    /// create the queue pair again.
+    /// create the queue pair again; or, when the reset left the controller failed, fail it with
+    /// its buffers leaked and stay broken.
     fn recover(&mut self) {
         if self.sh.generation() == self.generation {
             return;
         }
-        self.fail_all(&DeviceError::Io {
-            op: Opcode::Read,
-            lba: 0,
-            errno: Errno(libc::ECANCELED),
-        });
+        if let Some(e) = self.sh.failed_error() {
+            self.generation = self.sh.generation();
+            self.go_offline(e.to_string());
+            return;
+        }
+        self.fail_all(
+            &DeviceError::Io {
+                op: Opcode::Read,
+                lba: 0,
+                errno: Errno(libc::ECANCELED),
+            },
+            false,
+        );
         self.qp.reset();
         self.generation = self.sh.generation();
         if let Err(e) = self.sh.create_io_queue(&self.qp) {
@@ -551,12 +619,22 @@ impl NvmeQueue {
         }
     }
 
+    /// Fails everything and refuses all later work; buffers the device holds are leaked when
+    /// the controller is failed (not confirmed stopped).
     fn go_offline(&mut self, reason: String) {
         let err = DeviceError::Offline {
             reason: reason.clone(),
         };
-        self.fail_all(&err);
+        let leak = self.sh.failed().is_some();
+        self.fail_all(&err, leak);
         self.broken = Some(reason);
+    }
+
+    /// The device left the bus: nothing confirms it stopped (a link that comes back may finish
+    /// its DMA), so the controller is failed for good.
+    fn vanished(&mut self) {
+        self.sh.mark_failed(NvmeError::Vanished.to_string());
+        self.go_offline(NvmeError::Vanished.to_string());
     }
 
     /// Checks the oldest command against the I/O timeout: abort, then reset if that fails.
@@ -575,7 +653,7 @@ impl NvmeQueue {
         self.stats.aborts += 1;
         let aborted = self.sh.abort(self.qp.qid, cid);
         if let Err(NvmeError::Vanished) = aborted {
-            self.go_offline(NvmeError::Vanished.to_string());
+            self.vanished();
             return;
         }
         if matches!(aborted, Ok(true)) {
@@ -610,7 +688,7 @@ impl NvmeQueue {
     fn check_health(&mut self) {
         let csts = self.sh.bus.read32(regs::CSTS);
         if csts == u32::MAX {
-            self.go_offline(NvmeError::Vanished.to_string());
+            self.vanished();
         } else if csts & regs::CSTS_CFS != 0 {
             self.stats.resets += 1;
             let reset = self.sh.reset(self.generation);
@@ -638,6 +716,10 @@ impl BlockDevice for NvmeQueue {
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let req = req.admit(&self.geo, self.in_flight)?;
+        self.recover();
+        if let Some(e) = self.sh.failed_error() {
+            return Err(Rejected::new(req, e.into()));
+        }
         if let Some(reason) = &self.broken {
             return Err(Rejected::new(
                 req,
@@ -646,7 +728,6 @@ impl BlockDevice for NvmeQueue {
                 },
             ));
         }
-        self.recover();
         if let Err(e) = self.poison.check(req.op) {
             self.in_flight += 1;
             self.done.push(Completion::of(req, Err(e)));
@@ -713,16 +794,21 @@ impl BlockDevice for NvmeQueue {
 
 impl Drop for NvmeQueue {
     fn drop(&mut self) {
-        let live = self.broken.is_none() && self.sh.generation() == self.generation;
-        if live
-            && self.sh.delete_io_queue(self.qp.qid).is_err()
-            && self.cmds.iter().any(Option::is_some)
-        {
-            // The controller may still write into these buffers: leak them rather than free
-            // memory a device can reach.
-            for s in self.slots.drain(..) {
-                std::mem::forget(s);
-            }
+        let outstanding = self.cmds.iter().any(Option::is_some);
+        let failed = self.sh.failed().is_some();
+        let live = !failed && self.broken.is_none() && self.sh.generation() == self.generation;
+        let deleted = live && self.sh.delete_io_queue(self.qp.qid).is_ok();
+        // Commands still on the device are safe to drop only when deleting the queue aborted
+        // them, or a reset since confirmed the controller stopped (not live, not failed).
+        if outstanding && (failed || (live && !deleted)) {
+            self.fail_all(
+                &DeviceError::Offline {
+                    reason: "queue pair dropped with commands on a controller that may still \
+                             run them"
+                        .into(),
+                },
+                true,
+            );
         }
         self.sh.give_qid(self.qp.qid);
     }

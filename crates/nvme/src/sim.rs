@@ -6,7 +6,8 @@
 //! mapped (as an IOMMU would); any other address fails the command with a data transfer error
 //! and is counted in [`SimStats::dma_faults`]. Commands run when their doorbell is written. Tests
 //! can make it swallow commands (timeouts), ignore aborts, fail the next command with any status,
-//! never become ready, or vanish (registers read all ones).
+//! never become ready, ignore being disabled (CSTS.RDY stays 1 and it keeps what it holds), or
+//! vanish (registers read all ones).
 
 use crate::bus::Bus;
 use crate::cmd::{admin, io, Cqe, Sqe, CQE_SIZE, SQE_SIZE};
@@ -99,6 +100,7 @@ struct State {
     hang_io: bool,
     ignore_abort: bool,
     never_ready: bool,
+    stuck_enabled: bool,
     vanished: bool,
     fail_next: Option<NvmeStatus>,
     stats: SimStats,
@@ -128,6 +130,7 @@ impl SimController {
                 hang_io: false,
                 ignore_abort: false,
                 never_ready: false,
+                stuck_enabled: false,
                 vanished: false,
                 fail_next: None,
                 stats: SimStats::default(),
@@ -152,6 +155,17 @@ impl SimController {
     /// CSTS.RDY never becomes 1 after enabling while set.
     pub fn set_never_ready(&self, on: bool) {
         self.lock().never_ready = on;
+    }
+
+    /// While set, clearing CC.EN does nothing: CSTS.RDY stays 1 and the controller keeps its
+    /// queues and the commands it holds, as a hung controller would (it may still DMA).
+    pub fn set_stuck_enabled(&self, on: bool) {
+        self.lock().stuck_enabled = on;
+    }
+
+    /// I/O commands it accepted and holds uncompleted (see [`SimController::set_hang_io`]).
+    pub fn held_commands(&self) -> usize {
+        self.lock().held.len()
     }
 
     /// The next I/O command completes with `status`.
@@ -251,6 +265,8 @@ impl State {
             if !self.never_ready {
                 self.csts |= regs::CSTS_RDY;
             }
+        } else if was && !now && self.stuck_enabled {
+            // Ignores the disable: still running, RDY stays 1.
         } else if was && !now {
             self.sqs.iter_mut().for_each(|q| *q = None);
             self.cqs.iter_mut().for_each(|q| *q = None);
