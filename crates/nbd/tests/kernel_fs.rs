@@ -1,11 +1,11 @@
 //! A real kernel file system on a kura NBD export: the export is exposed as a file by
 //! `nbdfuse`, attached with `losetup`, formatted with `mkfs.ext4`, mounted, filled with a tree,
 //! unmounted, and `e2fsck -f` must find it clean. The kernel here has no NBD driver, hence
-//! nbdfuse + loop. Needs root, /dev/fuse, loop devices and the tools; skipped visibly otherwise.
+//! nbdfuse + loop. Needs root, /dev/fuse, loop devices and the tools; skipped visibly
+//! (`kura_testkit::skip`) only when one of them is missing.
 
 use kura_nbd::{serve, Export, ServeOptions};
 use std::net::TcpListener;
-use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -25,35 +25,21 @@ fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
     }
 }
 
-fn missing() -> Option<String> {
-    // Root check without libc: a file we create belongs to our uid.
-    let probe = tempfile::NamedTempFile::new().ok()?;
-    let uid = std::os::unix::fs::MetadataExt::uid(&probe.as_file().metadata().ok()?);
-    if uid != 0 {
-        return Some("not root (losetup and mount need it)".into());
-    }
-    if !Path::new("/dev/fuse").exists() {
-        return Some("/dev/fuse missing".into());
-    }
-    for tool in ["nbdfuse", "losetup", "mkfs.ext4", "e2fsck", "fusermount3"] {
-        if Command::new("sh")
-            .args(["-c", &format!("command -v {tool}")])
-            .stdout(Stdio::null())
-            .status()
-            .map(|s| !s.success())
-            .unwrap_or(true)
-        {
-            return Some(format!("{tool} is not installed"));
-        }
-    }
-    None
+/// What this test cannot run without, if this machine lacks it: root, loop devices, FUSE and the
+/// tools. With all of them present, any failure below is a test failure.
+fn missing() -> Option<kura_testkit::Missing> {
+    kura_testkit::loop_unavailable()
+        .or_else(kura_testkit::fuse_unavailable)
+        .or_else(|| kura_testkit::missing_tool("nbdfuse", "apt-get install libnbd-bin"))
+        .or_else(|| kura_testkit::missing_tool("mkfs.ext4", "apt-get install e2fsprogs"))
+        .or_else(|| kura_testkit::missing_tool("e2fsck", "apt-get install e2fsprogs"))
+        .or_else(|| kura_testkit::missing_tool("mount", "apt-get install mount"))
 }
 
 #[test]
 fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
-    if let Some(why) = missing() {
-        eprintln!("SKIPPED ext4_on_a_kura_export: {why}");
-        return;
+    if let Some(m) = missing() {
+        return m.skip("ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean");
     }
     let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
     let port = listener.local_addr().expect("addr").port();
@@ -79,8 +65,11 @@ fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
     let start = Instant::now();
     while !image.exists() {
         if let Ok(Some(st)) = nbdfuse.try_wait() {
-            eprintln!("SKIPPED ext4_on_a_kura_export: nbdfuse exited ({st})");
-            return;
+            let mut err = String::new();
+            if let Some(mut e) = nbdfuse.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut e, &mut err);
+            }
+            panic!("nbdfuse exited ({st}) although FUSE and the tools are here: {err}");
         }
         assert!(
             start.elapsed() < Duration::from_secs(20),
@@ -94,8 +83,7 @@ fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
         Err(e) => {
             let _ = run("fusermount3", &["-u", fuse_dir.to_str().expect("utf8")]);
             let _ = nbdfuse.wait();
-            eprintln!("SKIPPED ext4_on_a_kura_export: no loop device here ({e})");
-            return;
+            panic!("losetup failed although root and /dev/loop-control are here: {e}");
         }
     };
     let outcome = (|| -> Result<String, String> {

@@ -340,8 +340,11 @@ fn bad_tls_material_is_a_typed_error() {
 #[test]
 fn nbdinfo_reads_the_export_over_tls() {
     let Some(nbdinfo) = tool("nbdinfo") else {
-        eprintln!("SKIPPED: nbdinfo is not installed");
-        return;
+        return kura_testkit::skip(
+            "nbdinfo_reads_the_export_over_tls",
+            "nbdinfo",
+            "nbdinfo is not on PATH (apt-get install libnbd-bin)",
+        );
     };
     let certs = Certs::new();
     let (disk, _) = mem_disk(3 << 20);
@@ -360,8 +363,11 @@ fn nbdinfo_reads_the_export_over_tls() {
     if !out.status.success()
         && (stderr.contains("not compiled with TLS") || stderr.contains("local file access"))
     {
-        eprintln!("SKIPPED: this nbdinfo cannot use TLS certificates from a URI: {stderr}");
-        return;
+        return kura_testkit::skip(
+            "nbdinfo_reads_the_export_over_tls",
+            "nbdinfo-tls",
+            &format!("this nbdinfo cannot use TLS certificates from a URI: {stderr}"),
+        );
     }
     assert!(out.status.success(), "nbdinfo over TLS failed: {stderr}");
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo JSON");
@@ -393,7 +399,11 @@ fn nbdinfo_reads_the_export_over_tls() {
             "nbdcopy round trip over TLS changed the bytes"
         );
     } else {
-        eprintln!("SKIPPED: nbdcopy is not installed (TLS copy in and out)");
+        kura_testkit::skip(
+            "nbdinfo_reads_the_export_over_tls (the nbdcopy copy in and out)",
+            "nbdcopy",
+            "nbdcopy is not on PATH (apt-get install libnbd-bin)",
+        );
     }
 
     // Without TLS, nbdinfo is refused.
