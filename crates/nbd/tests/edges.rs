@@ -73,7 +73,7 @@ fn first_successful_read(addr: SocketAddr, limit: Duration) -> Duration {
                     }
                     .encode(),
                 )
-                .unwrap(),
+                .expect("edges test"),
             )?;
             loop {
                 let (h, _) = r.option_reply()?;
@@ -121,7 +121,7 @@ fn slow_loris_handshakes_and_idle_clients_do_not_starve_a_new_client() {
         r.greet();
         let stop = Arc::clone(&stop);
         trickles.push(thread::spawn(move || {
-            let bytes = protocol::encode_option(Opt::List, &[]).unwrap();
+            let bytes = protocol::encode_option(Opt::List, &[]).expect("edges test");
             let start = Instant::now();
             for b in bytes.iter().cycle() {
                 if stop.load(Ordering::SeqCst) || r.send(&[*b]).is_err() {
@@ -148,7 +148,10 @@ fn slow_loris_handshakes_and_idle_clients_do_not_starve_a_new_client() {
     }
     let stats = server.stats();
     stop.store(true, Ordering::SeqCst);
-    let held: Vec<Duration> = trickles.into_iter().map(|t| t.join().unwrap()).collect();
+    let held: Vec<Duration> = trickles
+        .into_iter()
+        .map(|t| t.join().expect("edges test"))
+        .collect();
     println!(
         "new client served after {waited:?}; slow-loris clients held their slots {held:?}; \
          stats {stats:?}"
@@ -210,17 +213,17 @@ fn one_clients_byte_writes_do_not_stall_anothers_reads() {
     let server = serve_on_loopback(vec![Export::new("disk", dev)], opts);
     let addr = server.local_addr();
     // What a client that asks for the block sizes is told, and held to.
-    let info = kura_nbd::export_info(addr, "disk").unwrap();
+    let info = kura_nbd::export_info(addr, "disk").expect("edges test");
     assert_eq!(
-        info.block_sizes.unwrap().min,
+        info.block_sizes.expect("edges test").min,
         4096,
         "minimum = device block"
     );
     let (mut strict, _) = Raw::open(addr, "disk"); // asks for NBD_INFO_BLOCK_SIZE
     strict.request(Command::Write, 0, 1, 10, 1);
-    strict.send(&[7]).unwrap();
+    strict.send(&[7]).expect("edges test");
     assert_eq!(
-        strict.reply().unwrap().error,
+        strict.reply().expect("edges test").error,
         22,
         "EINVAL for a 1-byte write"
     );
@@ -232,12 +235,14 @@ fn one_clients_byte_writes_do_not_stall_anothers_reads() {
     strict.write_at(0, &[9u8; 4096], 0); // aligned still works on the same connection
 
     // Read latency of the other client alone, for the record.
-    let mut reader = connect(addr, "disk").unwrap();
+    let mut reader = connect(addr, "disk").expect("edges test");
     let mut buf = vec![0u8; 64 << 10];
     let mut alone = Vec::new();
     for i in 0..500u64 {
         let t = Instant::now();
-        reader.read_blocks(i * 16 % 2048, &mut buf).unwrap();
+        reader
+            .read_blocks(i * 16 % 2048, &mut buf)
+            .expect("edges test");
         alone.push(t.elapsed());
     }
     alone.sort();
@@ -266,11 +271,11 @@ fn one_clients_byte_writes_do_not_stall_anothers_reads() {
                     wire.extend_from_slice(&h.encode());
                     wire.push((written + i) as u8 | 1);
                 }
-                r.send(&wire).unwrap();
+                r.send(&wire).expect("edges test");
                 for _ in 0..32 {
                     let mut h = [0u8; SIMPLE_REPLY_LEN];
-                    r.s.read_exact(&mut h).unwrap();
-                    let reply = protocol::SimpleReply::decode(&h).unwrap();
+                    r.s.read_exact(&mut h).expect("edges test");
+                    let reply = protocol::SimpleReply::decode(&h).expect("edges test");
                     assert_eq!(reply.error, 0);
                 }
                 written += 32;
@@ -284,15 +289,15 @@ fn one_clients_byte_writes_do_not_stall_anothers_reads() {
     while start.elapsed() < Duration::from_secs(3) || lat.len() < 200 {
         let lba = (lat.len() as u64 * 16) % 2048;
         let t = Instant::now();
-        reader.read_blocks(lba, &mut buf).unwrap();
+        reader.read_blocks(lba, &mut buf).expect("edges test");
         lat.push(t.elapsed());
     }
     stop.store(true, Ordering::SeqCst);
-    let written = hammer.join().unwrap();
+    let written = hammer.join().expect("edges test");
     lat.sort();
     let p50 = lat[lat.len() / 2];
     let p99 = lat[lat.len() * 99 / 100];
-    let max = *lat.last().unwrap();
+    let max = *lat.last().expect("edges test");
     println!(
         "64 KiB reads alone: p50 {:?}, max {:?}; {} reads during {written} one-byte writes: \
          p50 {p50:?}, p99 {p99:?}, max {max:?}",
@@ -303,7 +308,7 @@ fn one_clients_byte_writes_do_not_stall_anothers_reads() {
     assert!(written > 0, "the byte writer made progress");
     assert!(max < Duration::from_secs(5), "a read stalled for {max:?}");
     // The byte writes landed where they were sent.
-    let disk = storage.lock().unwrap();
+    let disk = storage.lock().expect("edges test");
     for i in [0, written / 2, written - 1] {
         let off = (8 * MIB + i * 4099 % (32 * MIB)) as usize;
         assert_eq!(disk[off], i as u8 | 1, "byte write {i}");
@@ -323,20 +328,22 @@ fn reads_never_return_bytes_another_request_left_in_a_pool_buffer() {
     );
     let addr = server.local_addr();
     let block: Vec<u8> = secret.iter().cycle().take(MIB as usize).copied().collect();
-    let mut b = connect(addr, "b").unwrap();
-    let mut a = connect(addr, "a").unwrap();
+    let mut b = connect(addr, "b").expect("edges test");
+    let mut a = connect(addr, "a").expect("edges test");
     let (mut raw_a, _) = Raw::open(addr, "a");
     let mut back = vec![0xAAu8; MIB as usize];
     for round in 0..24u64 {
         // Fill pool buffers with the secret: writes through b, and reads of it back.
         for i in 0..8 {
-            b.write_blocks((round * 8 + i) % 16 * 256, &block).unwrap();
+            b.write_blocks((round * 8 + i) % 16 * 256, &block)
+                .expect("edges test");
         }
-        b.read_blocks(round % 16 * 256, &mut back).unwrap();
+        b.read_blocks(round % 16 * 256, &mut back)
+            .expect("edges test");
         assert_eq!(back, block);
         // Then a: big reads, small reads, unaligned reads: all zeroes.
         back.fill(0xAA);
-        a.read_blocks(round * 256, &mut back).unwrap();
+        a.read_blocks(round * 256, &mut back).expect("edges test");
         assert!(
             back.iter().all(|&x| x == 0),
             "round {round}: a 1 MiB read of null: leaked"
@@ -357,18 +364,18 @@ fn reads_never_return_bytes_another_request_left_in_a_pool_buffer() {
 
 #[test]
 fn unix_socket_is_private_and_never_clobbers_a_file() {
-    let dir = tempfile::tempdir().unwrap();
+    let dir = tempfile::tempdir().expect("edges test");
     let path = dir.path().join("nbd.sock");
     // A regular file in the way is refused and left as it was.
-    std::fs::write(&path, b"precious").unwrap();
+    std::fs::write(&path, b"precious").expect("edges test");
     let err = bind_unix(&path).unwrap_err();
     assert!(err.to_string().contains("not a socket"), "{err}");
-    assert_eq!(std::fs::read(&path).unwrap(), b"precious");
-    std::fs::remove_file(&path).unwrap();
+    assert_eq!(std::fs::read(&path).expect("edges test"), b"precious");
+    std::fs::remove_file(&path).expect("edges test");
 
     let (dev, storage) = mem_disk(4 * MIB);
-    let listener = bind_unix(&path).unwrap();
-    let meta = std::fs::symlink_metadata(&path).unwrap();
+    let listener = bind_unix(&path).expect("edges test");
+    let meta = std::fs::symlink_metadata(&path).expect("edges test");
     assert!(meta.file_type().is_socket());
     assert_eq!(meta.permissions().mode() & 0o777, 0o600, "created 0600");
     let server = serve_unix(
@@ -377,22 +384,23 @@ fn unix_socket_is_private_and_never_clobbers_a_file() {
         vec![Export::new("disk", dev)],
         ServeOptions::default(),
     )
-    .unwrap();
+    .expect("edges test");
     assert_eq!(server.unix_path(), Some(path.as_path()));
     // A second server on the same live socket is refused.
     assert!(bind_unix(&path).is_err(), "a live socket is not replaced");
 
     // A raw client over the socket.
-    let mut s = std::os::unix::net::UnixStream::connect(&path).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut s = std::os::unix::net::UnixStream::connect(&path).expect("edges test");
+    s.set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("edges test");
     let mut g = [0u8; protocol::GREETING_LEN];
-    s.read_exact(&mut g).unwrap();
+    s.read_exact(&mut g).expect("edges test");
     s.write_all(&protocol::client_flags::FIXED_NEWSTYLE.to_be_bytes())
-        .unwrap();
-    s.write_all(&protocol::encode_option(Opt::ExportName, b"disk").unwrap())
-        .unwrap();
+        .expect("edges test");
+    s.write_all(&protocol::encode_option(Opt::ExportName, b"disk").expect("edges test"))
+        .expect("edges test");
     let mut reply = [0u8; 8 + 2 + 124];
-    s.read_exact(&mut reply).unwrap();
+    s.read_exact(&mut reply).expect("edges test");
     let data = pattern(4096, 3);
     let h = RequestHeader {
         flags: cmd_flags::FUA,
@@ -401,12 +409,15 @@ fn unix_socket_is_private_and_never_clobbers_a_file() {
         offset: 4096,
         length: 4096,
     };
-    s.write_all(&h.encode()).unwrap();
-    s.write_all(&data).unwrap();
+    s.write_all(&h.encode()).expect("edges test");
+    s.write_all(&data).expect("edges test");
     let mut r = [0u8; SIMPLE_REPLY_LEN];
-    s.read_exact(&mut r).unwrap();
-    assert_eq!(protocol::SimpleReply::decode(&r).unwrap().error, 0);
-    assert_eq!(&storage.lock().unwrap()[4096..8192], &data[..]);
+    s.read_exact(&mut r).expect("edges test");
+    assert_eq!(
+        protocol::SimpleReply::decode(&r).expect("edges test").error,
+        0
+    );
+    assert_eq!(&storage.lock().expect("edges test")[4096..8192], &data[..]);
     drop(s);
 
     // nbdinfo over the socket, when installed.
@@ -415,13 +426,13 @@ fn unix_socket_is_private_and_never_clobbers_a_file() {
         let out = Process::new(nbdinfo)
             .args(["--json", &uri])
             .output()
-            .unwrap();
+            .expect("edges test");
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(
             out.status.success(),
             "nbdinfo over the Unix socket: {stderr}"
         );
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("edges test");
         assert_eq!(json["exports"][0]["export-size"], 4 * MIB, "{json}");
     } else {
         eprintln!("SKIPPED nbdinfo part of unix_socket_is_private: nbdinfo is not installed");
@@ -437,13 +448,13 @@ struct Pki {
 }
 
 fn ca(name: &str) -> (rcgen::Certificate, rcgen::KeyPair) {
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    let key = rcgen::KeyPair::generate().expect("edges test");
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("edges test");
     params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, name);
-    (params.self_signed(&key).unwrap(), key)
+    (params.self_signed(&key).expect("edges test"), key)
 }
 
 fn leaf(
@@ -451,10 +462,10 @@ fn leaf(
     client: bool,
     issuer: &(rcgen::Certificate, rcgen::KeyPair),
 ) -> (String, String) {
-    let key = rcgen::KeyPair::generate().unwrap();
+    let key = rcgen::KeyPair::generate().expect("edges test");
     let mut params =
         rcgen::CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-            .unwrap();
+            .expect("edges test");
     params.extended_key_usages = vec![if client {
         rcgen::ExtendedKeyUsagePurpose::ClientAuth
     } else {
@@ -463,19 +474,21 @@ fn leaf(
     params
         .distinguished_name
         .push(rcgen::DnType::CommonName, names[0]);
-    let cert = params.signed_by(&key, &issuer.0, &issuer.1).unwrap();
+    let cert = params
+        .signed_by(&key, &issuer.0, &issuer.1)
+        .expect("edges test");
     (cert.pem(), key.serialize_pem())
 }
 
 impl Pki {
     fn new() -> Pki {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = tempfile::tempdir().expect("edges test");
         let root = ca("kura test CA");
         let other = ca("some other CA");
         let write = |rel: &str, text: &str| {
             let p = dir.path().join(rel);
-            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-            std::fs::write(p, text).unwrap();
+            std::fs::create_dir_all(p.parent().expect("edges test")).expect("edges test");
+            std::fs::write(p, text).expect("edges test");
         };
         let (cert, key) = leaf(&["localhost", "127.0.0.1"], false, &root);
         write("server/server-cert.pem", &cert);
@@ -509,19 +522,20 @@ fn mutual_tls_refuses_clients_without_a_trusted_certificate() {
         &pki.path("server/server-key.pem"),
         Some(&pki.path("server/ca-cert.pem")),
     )
-    .unwrap();
+    .expect("edges test");
     let (dev, _) = mem_disk(4 * MIB);
     let server = serve_tls(
-        bind_loopback(0).unwrap(),
+        bind_loopback(0).expect("edges test"),
         vec![Export::new("secret-export-name", dev)],
         ServeOptions::default(),
         config,
     )
-    .unwrap();
+    .expect("edges test");
     let port = server.local_addr().port();
 
     // The kura client has no client certificate: refused in the TLS handshake.
-    let tls = kura_nbd::tls::ClientTls::new(&pki.path("none/ca-cert.pem"), "localhost").unwrap();
+    let tls = kura_nbd::tls::ClientTls::new(&pki.path("none/ca-cert.pem"), "localhost")
+        .expect("edges test");
     let refused = kura_nbd::connect_with(
         server.local_addr(),
         "secret-export-name",
@@ -548,7 +562,7 @@ fn mutual_tls_refuses_clients_without_a_trusted_certificate() {
         Process::new(&nbdinfo)
             .args(["--list", "--json", &uri])
             .output()
-            .unwrap()
+            .expect("edges test")
     };
     let good = list("good");
     let stderr = String::from_utf8_lossy(&good.stderr);
