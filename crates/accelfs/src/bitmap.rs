@@ -57,11 +57,68 @@ impl Bitmap {
         was
     }
 
-    /// Sets or clears `count` bits from `start`.
+    /// Sets or clears `count` bits from `start` (a word at a time: ranges can be as long as the
+    /// device). Bits past the end are ignored.
     pub fn set_range(&mut self, start: u64, count: u64, value: bool) {
-        for bit in start..start.saturating_add(count).min(self.len) {
-            self.set(bit, value);
+        let end = start.saturating_add(count).min(self.len);
+        let mut bit = start;
+        while bit < end {
+            let (word, mask, next) = Self::word_mask(bit, end);
+            let w = &mut self.words[word];
+            let before = u64::from((*w & mask).count_ones());
+            if value {
+                *w |= mask;
+                self.ones += u64::from(mask.count_ones()) - before;
+            } else {
+                *w &= !mask;
+                self.ones -= before;
+            }
+            bit = next;
         }
+    }
+
+    /// Bits set among `count` bits from `start`.
+    pub fn count_range(&self, start: u64, count: u64) -> u64 {
+        let end = start.saturating_add(count).min(self.len);
+        let mut bit = start;
+        let mut n = 0;
+        while bit < end {
+            let (word, mask, next) = Self::word_mask(bit, end);
+            n += u64::from((self.words[word] & mask).count_ones());
+            bit = next;
+        }
+        n
+    }
+
+    /// The first bit in `from..end` that is `value`.
+    pub fn first_in(&self, from: u64, end: u64, value: bool) -> Option<u64> {
+        let end = end.min(self.len);
+        let mut bit = from;
+        while bit < end {
+            let (word, mask, next) = Self::word_mask(bit, end);
+            let w = if value {
+                self.words[word]
+            } else {
+                !self.words[word]
+            };
+            let hits = w & mask;
+            if hits != 0 {
+                return Some(word as u64 * 64 + u64::from(hits.trailing_zeros()));
+            }
+            bit = next;
+        }
+        None
+    }
+
+    /// The word holding `bit`, the mask of its bits from `bit` up to `end`, and the first bit
+    /// after them.
+    fn word_mask(bit: u64, end: u64) -> (usize, u64, u64) {
+        let word = bit / 64;
+        let word_end = ((word + 1) * 64).min(end);
+        let lo = bit % 64;
+        let n = word_end - bit;
+        let mask = if n == 64 { !0 } else { ((1u64 << n) - 1) << lo };
+        (word as usize, mask, word_end)
     }
 
     /// The first clear bit at or after `from`, wrapping around once.
@@ -233,6 +290,27 @@ mod tests {
                 prop_assert!((start..start + len).all(|i| !model[i as usize]));
             } else {
                 prop_assert!(model.iter().all(|&x| x));
+            }
+        }
+
+        #[test]
+        fn range_operations_match_bit_by_bit(ranges in proptest::collection::vec((0u64..520, 0u64..200, any::<bool>()), 0..20), q in (0u64..520, 0u64..520)) {
+            let mut b = Bitmap::new(500);
+            let mut model = vec![false; 500];
+            for (start, count, v) in ranges {
+                b.set_range(start, count, v);
+                for i in start..(start + count).min(500) {
+                    model[i as usize] = v;
+                }
+                prop_assert_eq!(b.count_ones(), model.iter().filter(|&&x| x).count() as u64);
+            }
+            let (from, count) = q;
+            let end = (from + count).min(500);
+            let want = (from..end).filter(|&i| model[i as usize]).count() as u64;
+            prop_assert_eq!(b.count_range(from, count), want);
+            for value in [true, false] {
+                let first = (from..end).find(|&i| model[i as usize] == value);
+                prop_assert_eq!(b.first_in(from, from + count, value), first);
             }
         }
     }

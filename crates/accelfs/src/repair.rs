@@ -104,7 +104,7 @@ struct Repairer {
     maps: HashMap<u64, Vec<Extent>>,
     chains: HashMap<u64, Vec<u64>>,
     /// Blocks of an inode that an earlier owner claimed first.
-    shared: HashMap<u64, HashSet<u64>>,
+    shared: HashMap<u64, SharedBlocks>,
     /// Blocks in use: metadata regions, the backup superblock, and every inode's blocks.
     claimed: Bitmap,
     dirs: BTreeMap<u64, Vec<DirBlock>>,
@@ -112,6 +112,55 @@ struct Repairer {
     lost_found: Option<Option<u64>>,
     owner_lookups: usize,
     now: u64,
+}
+
+/// Blocks an inode shares with an earlier owner, as runs: a crafted image can point many
+/// inodes at the whole device, and a set of single blocks would then outgrow memory.
+#[derive(Debug, Default)]
+struct SharedBlocks {
+    /// Start → end of each run.
+    runs: BTreeMap<u64, u64>,
+}
+
+impl SharedBlocks {
+    fn add(&mut self, start: u64, end: u64) {
+        match self.runs.range_mut(..=start).next_back() {
+            Some((_, e)) if *e == start => *e = end,
+            _ => {
+                self.runs.insert(start, end);
+            }
+        }
+    }
+
+    fn contains(&self, block: &u64) -> bool {
+        self.runs
+            .range(..=*block)
+            .next_back()
+            .is_some_and(|(_, &end)| end > *block)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.runs.is_empty()
+    }
+
+    /// The parts of `start..end` outside every run.
+    fn outside(&self, start: u64, end: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut at = start;
+        if let Some((_, &e)) = self.runs.range(..=start).next_back() {
+            at = at.max(e);
+        }
+        for (&s, &e) in self.runs.range(start..end) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < end {
+            out.push((at, end));
+        }
+        out
+    }
 }
 
 fn kind_name(kind: Kind) -> &'static str {
@@ -487,31 +536,75 @@ impl Repairer {
             }
             let chain = self.chains.get(&ino).cloned().unwrap_or_default();
             let extents = self.maps.get(&ino).cloned().unwrap_or_default();
+            // Whole extents are claimed a word at a time, and blocks claimed before are found
+            // as runs: the cost stays linear in the device (not in blocks times inodes) even
+            // when a crafted image points every inode at the same blocks.
             let mut twice = Vec::new();
+            let mut count = 0u64;
+            let mut shared = SharedBlocks::default();
             for b in chain {
                 if self.claimed.set(b, true) {
+                    count += 1;
                     twice.push(b);
+                    shared.add(b, b + 1);
                 }
             }
             for e in &extents {
-                for b in e.physical..e.physical + u64::from(e.length) {
-                    if self.claimed.set(b, true) {
-                        twice.push(b);
-                    }
+                let (start, end) = (e.physical, e.physical + u64::from(e.length));
+                let mut at = start;
+                while let Some(first) = self.claimed.first_in(at, end, true) {
+                    let after = self.claimed.first_in(first, end, false).unwrap_or(end);
+                    count += after - first;
+                    twice.extend((first..after).take((EXAMPLES + 1).saturating_sub(twice.len())));
+                    shared.add(first, after);
+                    at = after;
                 }
+                self.claimed.set_range(start, end - start, true);
             }
-            if !twice.is_empty() {
+            if count > 0 {
                 let owner = self.owner_of(twice[0], ino);
+                let mut listed = examples(&twice[..twice.len().min(EXAMPLES)]);
+                if count > EXAMPLES as u64 {
+                    listed = format!("{listed}, and {} more", count - EXAMPLES as u64);
+                }
                 self.unrepairable(format!(
-                    "inode {ino} uses {} block(s) claimed before it ({}; block {} is also claimed by {owner}); left with both owners",
-                    twice.len(),
-                    examples(&twice),
+                    "inode {ino} uses {count} block(s) claimed before it ({listed}; block {} is also claimed by {owner}); left with both owners",
                     twice[0]
                 ));
-                self.shared.entry(ino).or_default().extend(twice);
+                self.shared.insert(ino, shared);
             }
+            self.fix_impossible_size(ino);
         }
         Ok(())
+    }
+
+    /// A size no file or directory of this layout can have (mount refuses the inode, see
+    /// `Layout::inode_problem`) becomes the end of the inode's data.
+    fn fix_impossible_size(&mut self, ino: u64) {
+        let bs = self.bs as u64;
+        let end = self
+            .maps
+            .get(&ino)
+            .and_then(|m| m.last())
+            .map_or(0, |e| e.end() * bs);
+        let (l, Some(inode)) = (self.l, self.inodes.get_mut(&ino)) else {
+            return;
+        };
+        let impossible = match inode.kind {
+            Kind::File => inode.size > l.max_file_bytes(),
+            Kind::Directory => {
+                !inode.size.is_multiple_of(bs) || inode.size / bs > l.max_dir_blocks()
+            }
+            Kind::Free => false,
+        };
+        if impossible {
+            let old = inode.size;
+            inode.size = end;
+            self.dirty.insert(ino);
+            self.fixed(format!(
+                "inode {ino}: its size {old} was impossible for this file system; set it to {end}, the end of its data"
+            ));
+        }
     }
 
     /// Who else claims `block` (for messages).
@@ -628,10 +721,8 @@ impl Repairer {
             }
         }
         for e in extents {
-            for b in e.physical..e.physical + u64::from(e.length) {
-                if !shared.contains(&b) {
-                    self.claimed.set(b, false);
-                }
+            for (start, end) in shared.outside(e.physical, e.physical + u64::from(e.length)) {
+                self.claimed.set_range(start, end - start, false);
             }
         }
         self.inodes.remove(&ino);
@@ -1483,6 +1574,65 @@ mod tests {
         let report = repair_until_clean(&storage);
         assert!(
             report.fixed[0].contains(&format!("backup superblock (block {backup})")),
+            "{:?}",
+            report.fixed
+        );
+    }
+
+    #[test]
+    fn shared_block_runs_answer_membership_and_complements() {
+        let mut s = SharedBlocks::default();
+        s.add(10, 12);
+        s.add(12, 15);
+        s.add(20, 21);
+        assert_eq!(s.runs.len(), 2, "adjacent runs merge");
+        assert!(s.contains(&10) && s.contains(&14) && s.contains(&20));
+        assert!(!s.contains(&15) && !s.contains(&9) && !s.contains(&21));
+        assert_eq!(s.outside(0, 30), vec![(0, 10), (15, 20), (21, 30)]);
+        assert_eq!(s.outside(11, 13), vec![]);
+        assert_eq!(s.outside(13, 22), vec![(15, 20), (21, 22)]);
+    }
+
+    #[test]
+    fn many_inodes_mapping_the_whole_data_region_and_an_impossible_size_are_bounded() {
+        let (storage, l) = formatted(64 << 20, 4096);
+        // Inodes 5..69 each map every data block (one extent), unlisted: before, repair walked
+        // and recorded every block of every inode; and inode 5 says it is 2^62 bytes long.
+        let whole = u32::try_from(l.data_blocks() - 1).expect("small device");
+        for ino in 5..69 {
+            let mut f = file_inode(ROOT_INODE, l.data_start + 1);
+            f.inline[0].length = whole;
+            f.blocks = u64::from(whole);
+            if ino == 5 {
+                f.size = 1 << 62;
+            }
+            put_inode(&storage, &l, ino, &f);
+            set_bit(
+                &storage,
+                &l,
+                l.inode_bitmap_start,
+                BlockKind::InodeBitmap,
+                ino,
+                true,
+            );
+        }
+        let started = std::time::Instant::now();
+        let report = repair(reopen(&storage)).expect("repair");
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(20),
+            "repair took {:?}",
+            started.elapsed()
+        );
+        assert!(
+            report
+                .unrepairable
+                .iter()
+                .any(|p| p.contains("left with both owners") && p.contains("more")),
+            "{:?}",
+            report.unrepairable
+        );
+        assert!(
+            report.fixed.iter().any(|p| p.contains("inode 5: its size")),
             "{:?}",
             report.fixed
         );

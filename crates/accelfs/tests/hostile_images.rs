@@ -478,23 +478,36 @@ fn exercise(image: Vec<u8>) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    // KURA_HOSTILE_CASES raises the count for a soak.
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("KURA_HOSTILE_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_damage_is_an_error_never_a_panic_or_a_hang(
         edits in proptest::collection::vec((any::<u64>(), any::<u8>(), any::<bool>()), 1..6),
     ) {
-        static BASE: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-        let mut image = BASE.get_or_init(fuzz_base).clone();
+        static BASE: std::sync::OnceLock<(Vec<u8>, Vec<usize>)> = std::sync::OnceLock::new();
+        let (base, targets) = BASE.get_or_init(|| {
+            let image = fuzz_base();
+            // Edits go to blocks that hold something (metadata, the journal's records, the
+            // tree's first data): zero blocks in the journal or free space reach no decoder.
+            let targets = (0..image.len() / BS)
+                .filter(|&b| image[b * BS..(b + 1) * BS].iter().any(|&x| x != 0))
+                .collect();
+            (image, targets)
+        });
+        let mut image = base.clone();
         let l = Superblock::decode(&image[..BS], 0).expect("superblock").layout;
-        // Metadata lives below the data region plus the few blocks the populated tree uses:
-        // aim most edits there, where they reach the decoders.
-        let hot = (l.data_start + 64) as usize * BS;
-        for (at, value, reseal) in edits {
-            let at = (at % hot as u64) as usize;
-            image[at] ^= value.max(1);
+        for (pick, value, reseal) in edits {
+            let block = targets[(pick % targets.len() as u64) as usize];
+            // Headers, inodes and records sit early in their blocks: aim half the edits at the
+            // first 512 bytes.
+            let within = (pick >> 32) as usize % if pick & 1 == 0 { 512 } else { BS };
+            image[block * BS + within] ^= value.max(1);
             if reseal {
-                reseal_block(&mut image, at / BS, &l);
+                reseal_block(&mut image, block, &l);
             }
         }
         within(CASE_SECONDS, move || exercise(image));
