@@ -200,7 +200,8 @@ impl Default for ServeOptions {
             max_in_flight: 64,
             max_in_flight_bytes: 64 << 20,
             max_total_in_flight_bytes: 256 << 20,
-            max_per_peer: 32,
+            // Off in effect (as many as max_clients) for embedders; `kura serve` sets 32.
+            max_per_peer: 256,
             handshake_timeout: Duration::from_secs(30),
             handshake_deadline: Duration::from_secs(30),
             idle_timeout: Some(Duration::from_secs(600)),
