@@ -17,6 +17,8 @@ use std::collections::{HashMap, HashSet, VecDeque};
 
 /// Blocks listed one by one for each kind of block-bitmap mismatch; the rest are counted.
 const LISTED_BLOCKS: u64 = 1000;
+/// Blocks claimed twice whose other owner is looked for by name (each lookup scans the maps).
+const OWNER_LOOKUPS: usize = 100;
 
 /// What fsck found.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -250,7 +252,12 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
     claimed.set_range(0, l.data_start, true);
     claimed.set(l.backup_superblock(), true);
     let mut maps: HashMap<u64, ExtentMap> = HashMap::new();
-    let mut owners: HashMap<u64, u64> = HashMap::new();
+    // Who claimed what, for naming the other owner of a block claimed twice: each inode's
+    // extent blocks, and the maps of inodes whose claims stopped at a shared block (a per-block
+    // owner table would let one crafted inode that maps the whole device fill memory).
+    let mut chains: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut stopped: HashMap<u64, ExtentMap> = HashMap::new();
+    let mut lookups = 0usize;
     let mut inos: Vec<u64> = inodes.keys().copied().collect();
     inos.sort_unstable();
     for &ino in &inos {
@@ -284,15 +291,31 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
                 shared = Some((block, what));
                 break;
             }
-            owners.insert(block, ino);
         }
+        chains.insert(ino, extent_blocks.clone());
         if let Some((block, what)) = shared {
-            let other = owners
-                .get(&block)
-                .map_or("metadata".to_string(), |o| format!("inode {o}"));
+            let other = if block < l.data_start || block == l.backup_superblock() {
+                "metadata".to_string()
+            } else if lookups >= OWNER_LOOKUPS {
+                "another inode".to_string()
+            } else {
+                lookups += 1;
+                let covers = |m: &ExtentMap| m.first_mapped_of(&[block]).is_some();
+                let mut earlier: Vec<u64> = chains.keys().copied().filter(|&o| o != ino).collect();
+                earlier.sort_unstable();
+                earlier
+                    .into_iter()
+                    .find(|o| {
+                        chains[o].contains(&block)
+                            || maps.get(o).is_some_and(covers)
+                            || stopped.get(o).is_some_and(covers)
+                    })
+                    .map_or("another inode".to_string(), |o| format!("inode {o}"))
+            };
             r.problems.push(format!(
                 "block {block} ({what} of inode {ino}) is also claimed by {other}; the rest of inode {ino}'s blocks were not checked"
             ));
+            stopped.insert(ino, map);
             continue;
         }
         let counted = map.mapped_blocks() + extent_blocks.len() as u64;
