@@ -82,7 +82,7 @@ pub struct BackingFile {
 impl BackingFile {
     /// Opens `path` and locks it for `access` (see the module docs). With `create_size`, a
     /// missing file is created with that length and a shorter regular file is grown to it (never
-    /// shrunk); a read-only open cannot do either.
+    /// shrunk); a read-only open cannot do either, so there `size=` must already be met.
     pub fn open(
         path: &str,
         direct: DirectMode,
@@ -93,11 +93,26 @@ impl BackingFile {
             path: path.to_string(),
             errno: Errno::from_io(&e),
         };
-        if create_size.is_some() && access == Access::ReadOnly {
-            return Err(OpenError::Invalid(format!(
-                "{path}: size= creates or grows an image, which a read-only open (ro=1) cannot do"
-            )));
-        }
+        let create_size = match (create_size, access) {
+            // Read-only, size= can only be met by what is there.
+            (Some(size), Access::ReadOnly) => {
+                let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+                    std::io::ErrorKind::NotFound => OpenError::Invalid(format!(
+                        "{path} does not exist, and a read-only open (ro=1) cannot create it"
+                    )),
+                    _ => os(e),
+                })?;
+                if meta.file_type().is_file() && meta.len() < size {
+                    return Err(OpenError::Invalid(format!(
+                        "{path} holds {} bytes, less than size={size}, and a read-only open \
+                         (ro=1) cannot grow it",
+                        meta.len()
+                    )));
+                }
+                None
+            }
+            (size, _) => size,
+        };
         // Lock before growing, so that a refused open changes nothing.
         if let Some(size) = create_size {
             let f = OpenOptions::new()
