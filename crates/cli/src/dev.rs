@@ -246,7 +246,31 @@ pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     }
     let parsed = kura_engine::Spec::parse(spec)
         .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
-    open_any(&parsed).with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))
+    open_any(&parsed).with_context(|| format!("opening `{spec}`"))
+}
+
+/// Opens `spec` for reading only: every image file or block device in it is opened `ro=1`
+/// (`O_RDONLY` and a shared lock, so inspection runs beside other readers, never beside a writer,
+/// and can never change the image). Other kinds are opened as they are.
+pub fn open_dev_read_only(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
+    if spec.starts_with("nbd://") {
+        return open_dev(spec);
+    }
+    let mut parsed = kura_engine::Spec::parse(spec)
+        .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
+    mark_read_only(&mut parsed);
+    open_any(&parsed).with_context(|| format!("opening `{spec}` read-only"))
+}
+
+/// Adds `ro=1` to every file-backed leaf of `spec` that does not say otherwise.
+fn mark_read_only(spec: &mut kura_engine::Spec) {
+    const FILE_BACKED: &[&str] = &["file", "uring", "sync", "redirect"];
+    if FILE_BACKED.contains(&spec.kind.as_str()) && spec.option("ro").is_none() {
+        spec.options.push(("ro".into(), "1".into()));
+    }
+    for child in &mut spec.children {
+        mark_read_only(child);
+    }
 }
 
 /// Every kind the CLI knows, nested to any depth: the virtual drives (`kura-vdrive`), NBD

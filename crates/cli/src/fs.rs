@@ -1,6 +1,6 @@
 //! `kura mkfs` and `kura fsck`: format a device with AccelFS and check one.
 
-use crate::dev::open_dev;
+use crate::dev::{open_dev, open_dev_read_only};
 use anyhow::Context;
 use kura_accelfs::blockio::BlockIo;
 use kura_accelfs::{fsck, mkfs, MkfsOptions};
@@ -90,7 +90,9 @@ pub fn run_fsck(args: &FsckArgs) -> i32 {
             }
         }
     }
-    let dev = match open_dev(&args.spec) {
+    // Checking never writes: the image is opened read-only (beside other readers, never beside
+    // a writer) and the journal is replayed in memory.
+    let dev = match open_dev_read_only(&args.spec) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("kura fsck: {e:#}");

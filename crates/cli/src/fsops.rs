@@ -1,8 +1,16 @@
 //! `kura fs ls|put|get|cat|rm|mkdir|stat|df`: file tools on an AccelFS device without mounting it
-//! through the kernel. Each command mounts the device (replaying its journal), does its work, and
-//! unmounts (commit + checkpoint), so the image is clean whenever the command has returned.
+//! through the kernel. Commands that change the file system (`put`, `rm`, `mkdir`) mount the
+//! device (replaying its journal), do their work and unmount (commit + checkpoint), so the image
+//! is clean whenever the command has returned. Inspection (`ls`, `get`, `cat`, `stat`, `df`) opens
+//! the image read-only and replays the journal in memory: looking never changes a byte, and it
+//! runs beside other readers but not beside a writer such as `kura mount`.
+//!
+//! `put`, `get` and `rm -r` stop at the next file or chunk on SIGINT, SIGTERM or SIGHUP, keep
+//! what is complete (a half-copied file is removed), commit, and say what was kept
+//! ([`crate::interrupt`]). `get` writes holes as holes.
 
-use crate::dev::open_dev;
+use crate::dev::{open_dev, open_dev_read_only};
+use crate::interrupt::{Interrupt, Interrupted};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, FileType, Metadata, MountOptions};
@@ -73,6 +81,19 @@ fn mount(spec: &str) -> anyhow::Result<FileSystem> {
         .with_context(|| format!("mounting AccelFS from {spec}"))
 }
 
+fn mount_read_only(spec: &str) -> anyhow::Result<FileSystem> {
+    let dev = open_dev_read_only(spec)?;
+    FileSystem::mount_read_only(dev, MountOptions::default())
+        .with_context(|| format!("mounting AccelFS read-only from {spec}"))
+}
+
+/// What a long copy or removal has done so far, for the message when it is interrupted.
+#[derive(Default)]
+struct Done {
+    files: u64,
+    bytes: u64,
+}
+
 pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
     let spec = match &cmd {
         FsCommand::Ls { spec, .. }
@@ -84,13 +105,27 @@ pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
         | FsCommand::Stat { spec, .. }
         | FsCommand::Df { spec } => spec.clone(),
     };
+    let inspect = matches!(
+        cmd,
+        FsCommand::Ls { .. }
+            | FsCommand::Get { .. }
+            | FsCommand::Cat { .. }
+            | FsCommand::Stat { .. }
+            | FsCommand::Df { .. }
+    );
+    let stop = Interrupt::install()?;
+    if inspect {
+        // Nothing to commit: dropping a read-only mount writes nothing.
+        let fs = mount_read_only(&spec)?;
+        return execute(&fs, cmd, &stop);
+    }
     let fs = mount(&spec)?;
-    let result = execute(&fs, cmd);
+    let result = execute(&fs, cmd, &stop);
     let closed = fs.unmount().context("unmounting (final commit)");
     result.and(closed)
 }
 
-fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
+fn execute(fs: &FileSystem, cmd: FsCommand, stop: &Interrupt) -> anyhow::Result<()> {
     match cmd {
         FsCommand::Ls {
             path,
@@ -123,9 +158,12 @@ fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
                 meta.len()
             };
             let bar = progress(total, "put");
-            put(fs, &local, &dest, &bar)?;
+            let mut done = Done::default();
+            let copied = put(fs, &local, &dest, &bar, stop, &mut done);
             bar.finish_and_clear();
+            // Whatever happened, what was copied completely is committed.
             fs.sync().context("sync")?;
+            copied?;
             eprintln!("copied {} into {dest}", human(total));
             Ok(())
         }
@@ -150,9 +188,10 @@ fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
                 bail!("{src} is a directory (use -r)");
             }
             let bar = progress(fs_tree_bytes(fs, &src)?, "get");
-            get(fs, &src, &local, &bar)?;
+            let mut done = Done::default();
+            let copied = get(fs, &src, &local, &bar, stop, &mut done);
             bar.finish_and_clear();
-            Ok(())
+            copied
         }
         FsCommand::Cat { path, .. } => {
             let f = fs.open(&path)?;
@@ -176,7 +215,10 @@ fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
             let m = fs.metadata(&path)?;
             if m.is_dir() {
                 if recursive {
-                    remove_tree(fs, &path)?;
+                    let mut done = Done::default();
+                    let removed = remove_tree(fs, &path, stop, &mut done);
+                    fs.sync().context("sync")?;
+                    removed?;
                 } else {
                     fs.remove_dir(&path)?;
                 }
@@ -373,7 +415,14 @@ fn fs_tree_bytes(fs: &FileSystem, p: &str) -> anyhow::Result<u64> {
     Ok(total)
 }
 
-fn put(fs: &FileSystem, local: &Path, dest: &str, bar: &ProgressBar) -> anyhow::Result<()> {
+fn put(
+    fs: &FileSystem,
+    local: &Path,
+    dest: &str,
+    bar: &ProgressBar,
+    stop: &Interrupt,
+    done: &mut Done,
+) -> anyhow::Result<()> {
     let m = std::fs::symlink_metadata(local)?;
     if m.is_dir() {
         match fs.mkdir(dest) {
@@ -388,7 +437,7 @@ fn put(fs: &FileSystem, local: &Path, dest: &str, bar: &ProgressBar) -> anyhow::
             let Some(name) = name.to_str() else {
                 bail!("{}: file name is not UTF-8", e.path().display());
             };
-            put(fs, &e.path(), &join(dest, name), bar)?;
+            put(fs, &e.path(), &join(dest, name), bar, stop, done)?;
         }
         return Ok(());
     }
@@ -402,6 +451,19 @@ fn put(fs: &FileSystem, local: &Path, dest: &str, bar: &ProgressBar) -> anyhow::
     let mut buf = vec![0u8; CHUNK];
     let mut at = 0u64;
     loop {
+        if let Err(stopped) = stop.check(String::new) {
+            drop(f);
+            fs.remove_file(dest)?;
+            return Err(Interrupted {
+                kept: format!(
+                    "{} file(s), {}, copied completely and committed; the partial {dest} was removed",
+                    done.files,
+                    human(done.bytes)
+                ),
+                ..stopped
+            }
+            .into());
+        }
         let n = read_full(&mut src, &mut buf)?;
         if n == 0 {
             break;
@@ -410,6 +472,8 @@ fn put(fs: &FileSystem, local: &Path, dest: &str, bar: &ProgressBar) -> anyhow::
         at += n as u64;
         bar.inc(n as u64);
     }
+    done.files += 1;
+    done.bytes += at;
     Ok(())
 }
 
@@ -424,41 +488,87 @@ fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-fn get(fs: &FileSystem, src: &str, local: &Path, bar: &ProgressBar) -> anyhow::Result<()> {
+/// Copies `src` out to `local`: only the allocated ranges are read and written, so holes stay
+/// holes and a file's size costs nothing beyond its data; the host file gets the stated size.
+fn get(
+    fs: &FileSystem,
+    src: &str,
+    local: &Path,
+    bar: &ProgressBar,
+    stop: &Interrupt,
+    done: &mut Done,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
     let m = fs.metadata(src)?;
     if m.is_dir() {
         std::fs::create_dir_all(local).with_context(|| format!("creating {}", local.display()))?;
         for e in fs.read_dir(src)? {
             let name = e.name_lossy();
-            get(fs, &join(src, &name), &local.join(&name), bar)?;
+            get(fs, &join(src, &name), &local.join(&name), bar, stop, done)?;
         }
         return Ok(());
     }
     let f = fs.open(src)?;
-    let mut out =
+    let ranges = f.allocated_ranges()?;
+    let out =
         std::fs::File::create(local).with_context(|| format!("creating {}", local.display()))?;
     let mut buf = vec![0u8; CHUNK];
-    let mut at = 0u64;
-    loop {
-        let n = f.read_at(at, &mut buf)?;
-        if n == 0 {
-            break;
+    for range in ranges {
+        let end = range.end.min(m.size);
+        let mut at = range.start;
+        while at < end {
+            if let Err(stopped) = stop.check(String::new) {
+                drop(out);
+                let _ = std::fs::remove_file(local);
+                return Err(Interrupted {
+                    kept: format!(
+                        "{} file(s), {}, copied out completely; the partial {} was removed",
+                        done.files,
+                        human(done.bytes),
+                        local.display()
+                    ),
+                    ..stopped
+                }
+                .into());
+            }
+            let want = ((end - at) as usize).min(CHUNK);
+            let n = f.read_at(at, &mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            out.write_all_at(&buf[..n], at)
+                .with_context(|| format!("writing {}", local.display()))?;
+            at += n as u64;
+            bar.inc(n as u64);
         }
-        out.write_all(&buf[..n])?;
-        at += n as u64;
-        bar.inc(n as u64);
     }
+    out.set_len(m.size)
+        .with_context(|| format!("sizing {}", local.display()))?;
     out.sync_all()?;
+    done.files += 1;
+    done.bytes += m.size;
     Ok(())
 }
 
-fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {
+fn remove_tree(
+    fs: &FileSystem,
+    path: &str,
+    stop: &Interrupt,
+    done: &mut Done,
+) -> anyhow::Result<()> {
     for e in fs.read_dir(path)? {
+        stop.check(|| {
+            format!(
+                "{} file(s) removed and committed; {path} and the rest are still there",
+                done.files
+            )
+        })?;
         let child = join(path, &e.name_lossy());
         if e.file_type == FileType::Directory {
-            remove_tree(fs, &child)?;
+            remove_tree(fs, &child, stop, done)?;
         } else {
             fs.remove_file(&child)?;
+            done.files += 1;
         }
     }
     fs.remove_dir(path)?;

@@ -6,6 +6,7 @@ mod drive;
 mod fs;
 mod fsops;
 mod genome;
+mod interrupt;
 mod mount;
 mod nvme;
 mod pattern;
@@ -84,7 +85,19 @@ enum BenchCommand {
 }
 
 fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let result = run(Cli::parse());
+    if let Some(stopped) = result
+        .as_ref()
+        .err()
+        .and_then(|e| e.downcast_ref::<interrupt::Interrupted>())
+    {
+        eprintln!("kura: {stopped}");
+        std::process::exit(stopped.exit_code());
+    }
+    result
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Dev(cmd) => dev::run(cmd),
         Command::Drive(cmd) => drive::run(cmd),
