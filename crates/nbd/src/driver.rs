@@ -7,8 +7,10 @@
 //! ([`Outgoing`] on that connection's reply channel). A `FUA` mutation is followed by a flush
 //! before it is answered.
 //!
-//! **Sub-block I/O.** NBD addresses bytes; the device addresses blocks. This server advertises a
-//! minimum block size of 1 (the protocol's default) and serves unaligned requests itself:
+//! **Sub-block I/O.** NBD addresses bytes; the device addresses blocks. Unless the server
+//! advertises the device's block size as the minimum (`ServeOptions::device_min_block_size`,
+//! which `kura serve` does; clients that agreed to it then get `EINVAL` for unaligned requests
+//! before they reach this driver), the minimum is 1 and the driver serves unaligned requests:
 //! an unaligned read reads the covering blocks and replies with the requested bytes; an unaligned
 //! write or write-zeroes is a read-modify-write of its partial first and last blocks (whole blocks
 //! in between are written directly). Read-modify-write runs only once every command in flight has
@@ -69,7 +71,9 @@ impl ReadData {
     }
 }
 
-/// A page-aligned buffer from the global pool, or the heap when the pool has no room.
+/// A page-aligned buffer from the global pool, or the heap when the pool has no room. Only
+/// requests the server's budgets admitted get here (`server.rs`: each connection's and the
+/// global in-flight bytes), so the heap fallback never grows past the global budget.
 pub(crate) fn alloc_buf(len: usize) -> IoBuf {
     BufferPool::global()
         .alloc(len)

@@ -811,7 +811,11 @@ fn accept_loop(listener: Listener, ctx: Arc<Ctx>, drivers: Vec<DriverHandle>) ->
     }
     drop(listener);
     if let Some(w) = watchdog {
+        // Under the lock: the watchdog is then either before its check of `stopping` or asleep
+        // on the condition variable, so this wake-up cannot fall between the two.
+        let conns = shared.conns();
         shared.conns_changed.notify_all();
+        drop(conns);
         let _ = w.join();
     }
 
