@@ -164,9 +164,17 @@ fn threads(t: Option<usize>) -> usize {
         .max(1)
 }
 
-/// The store of `--dev` (mounted) or the host file system (paths as given).
-fn store_of(dev: Option<&str>) -> anyhow::Result<(Store, Option<FileSystem>)> {
+/// The store of `--dev` (mounted) or the host file system (paths as given). A job that only
+/// reads from the device (`map` writing to stdout) mounts it read-only: the image is opened
+/// `ro=1` and not a byte of it changes.
+fn store_of(dev: Option<&str>, read_only: bool) -> anyhow::Result<(Store, Option<FileSystem>)> {
     match dev {
+        Some(spec) if read_only => {
+            let dev = crate::dev::open_dev_read_only(spec)?;
+            let fs = FileSystem::mount_read_only(dev, MountOptions::default())
+                .with_context(|| format!("mounting AccelFS read-only from {spec}"))?;
+            Ok((Store::AccelFs(fs), None))
+        }
         Some(spec) => {
             let dev = crate::dev::open_dev(spec)?;
             let fs = FileSystem::mount(dev, MountOptions::default())
@@ -230,7 +238,7 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
             w,
         } => {
             let params = IndexParams { k, w };
-            let (store, fs) = store_of(common.dev.as_deref())?;
+            let (store, fs) = store_of(common.dev.as_deref(), false)?;
             let bar = spinner("loading the reference", false);
             let pref = pipeline::load_reference(&store, &reference)?;
             let (contigs, bases) = (pref.contigs().len(), pref.total_len());
@@ -257,8 +265,8 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
             common,
             score,
         } => {
-            let (store, fs) = store_of(common.dev.as_deref())?;
             let to_stdout = output == "-";
+            let (store, fs) = store_of(common.dev.as_deref(), to_stdout)?;
             let bar = spinner("loading the reference", to_stdout);
             let index = if pipeline::is_index(&store, &reference)? {
                 pipeline::load_index(&store, &reference)?
