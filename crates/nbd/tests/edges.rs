@@ -3,7 +3,8 @@
 //! writes do not stall another client's reads; clients that agreed to the block size get EINVAL
 //! for unaligned requests; no reader ever sees bytes another request left in a pool buffer; a
 //! Unix-socket listener is 0600 and never clobbers a file; mutual TLS refuses a client without a
-//! certificate before it learns any export name.
+//! certificate before it learns any export name; a client stalling inside the TLS handshake is
+//! cut at the handshake deadline.
 //!
 //! Timing only bounds "no hang": every bound is many times what the work needs.
 
@@ -586,5 +587,44 @@ fn mutual_tls_refuses_clients_without_a_trusted_certificate() {
         );
         println!("{who}: {}", all.trim());
     }
+    server.stop();
+}
+
+#[test]
+fn a_client_stalling_inside_the_tls_handshake_is_cut_at_the_deadline() {
+    let pki = Pki::new();
+    let config = server_config_with_clients(
+        &pki.path("server/server-cert.pem"),
+        &pki.path("server/server-key.pem"),
+        None,
+    )
+    .expect("server TLS config");
+    let (dev, _) = mem_disk(MIB);
+    let opts = ServeOptions {
+        handshake_timeout: Duration::from_secs(600),
+        handshake_deadline: Duration::from_millis(500),
+        ..ServeOptions::default()
+    };
+    let server = serve_tls(
+        bind_loopback(0).expect("bind"),
+        vec![Export::new("", dev)],
+        opts,
+        config,
+    )
+    .expect("serve");
+    let mut r = Raw::connect(server.local_addr());
+    r.s.set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    r.greet();
+    r.option(Opt::StartTls, &[]);
+    let (h, _) = r.option_reply().expect("STARTTLS reply");
+    assert_eq!(h.reply, Rep::Ack);
+    // Now the server waits for a TLS ClientHello that never comes.
+    let start = Instant::now();
+    assert!(r.closed(), "the stalled TLS handshake is cut");
+    let waited = start.elapsed();
+    println!("stalled TLS handshake cut after {waited:?}");
+    assert!(waited < Duration::from_secs(30), "{waited:?}");
+    assert_eq!(server.stats().handshake_timeouts, 1);
     server.stop();
 }
