@@ -1,14 +1,15 @@
 //! AccelFS: a file system built for kura's direct I/O engine (format: `docs/accelfs-format.md`).
 //!
-//! Work in progress (issue 3): this crate so far holds the on-disk encoding of the format, each
-//! piece with tests: checksums ([`crc`]), sealed metadata block headers ([`header`]), the
-//! superblock and region layout ([`layout`]), allocation bitmaps ([`bitmap`]), inodes
-//! ([`inode`]), block maps ([`extent`]), directory blocks ([`dir`]), journal records and the
-//! recovery scan ([`journal`]), the journal at run time — commit, checkpoint, recovery —
-//! ([`wal`]), [`mkfs`] and a read-only [`fsck`]. Mounting, the file API, the cache, FUSE and
-//! the tools come next.
+//! The on-disk encoding, each piece with tests: checksums ([`crc`]), sealed metadata block headers
+//! ([`header`]), the superblock and region layout with the limits an image must respect
+//! ([`layout`]), allocation bitmaps ([`bitmap`]), inodes ([`inode`]), block maps ([`extent`]),
+//! directory blocks ([`dir`]), journal records and the recovery scan ([`journal`]); the journal
+//! at run time — commit, checkpoint, recovery, in-memory replay for read-only mounts — ([`wal`]);
+//! [`mkfs`], [`fsck`] (never writes) and [`repair`]; and the mounted file system ([`fs`]),
+//! read-write or read-only. Images are untrusted: every size, count and pointer read from one is
+//! checked against the layout before use (format §11).
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 pub mod bitmap;
 pub mod blockio;

@@ -427,6 +427,47 @@ fn sparse_files_report_their_data_ranges_and_holes() {
     assert!(fs.allocated_ranges_ino(1).is_err(), "a directory has none");
 }
 
+/// `/f`'s data blocks are marked free in the block bitmap: the allocator would hand them to the
+/// next file written, cross-linking the two. Loading `/f` refuses it instead. (Only a load before
+/// the blocks are handed out can notice: mount does not read every inode; fsck does.)
+#[test]
+fn blocks_marked_free_are_not_trusted_as_a_files_data() {
+    let storage = populated();
+    let l = layout(&storage);
+    let f = ino_of(&storage, "/f");
+    let (block, at) = inode_at(&l, f);
+    let first = {
+        let image = storage.lock().expect("storage");
+        Inode::decode(f, &image[block * BS + at..block * BS + at + INODE_SIZE])
+            .expect("inode")
+            .inline[0]
+    };
+    {
+        let mut image = storage.lock().expect("storage");
+        let bits = Layout::bits_per_bitmap_block(l.block_size);
+        for p in first.physical..first.physical + u64::from(first.length) {
+            let n = (l.block_bitmap_start + p / bits) as usize;
+            let bit = p % bits;
+            let b = &mut image[n * BS..(n + 1) * BS];
+            b[HEADER_LEN + (bit / 8) as usize] &= !(1 << (bit % 8));
+            seal(b, BlockKind::BlockBitmap, n as u64);
+        }
+    }
+    let fs = FileSystem::mount(device(&storage), MountOptions::default()).expect("mount");
+    match fs.read("/f") {
+        Err(e)
+            if is_corrupt(&e, &format!("inode {f}")) && e.to_string().contains("marked free") => {}
+        other => panic!("reading /f: {:?}", other.map(|v| v.len())),
+    }
+    drop(fs);
+    let report = fsck(device(&storage)).expect("fsck");
+    assert!(
+        report.problems.iter().any(|p| p.contains("marked free")),
+        "{:?}",
+        report.problems
+    );
+}
+
 // ---- random damage ----------------------------------------------------------------------
 
 /// A small populated image with a committed, un-checkpointed transaction in its journal.

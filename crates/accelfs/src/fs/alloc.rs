@@ -55,6 +55,12 @@ impl Allocator {
         Some((start, len))
     }
 
+    /// Whether every one of `len` blocks from `start` is in use (allocated, or freed by the
+    /// running transaction but not yet reusable).
+    pub(crate) fn all_taken(&self, start: u64, len: u64) -> bool {
+        self.taken.count_range(start, len) == len
+    }
+
     /// Frees blocks in the running transaction; they become allocatable after it commits.
     pub(crate) fn free_blocks(&mut self, start: u64, len: u64) {
         if len == 0 {

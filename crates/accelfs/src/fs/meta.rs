@@ -251,6 +251,25 @@ impl Inner {
                 "inode {ino}: extent block {b} is also one of its data blocks"
             )));
         }
+        // Blocks an inode holds are marked in the block bitmap by the same transaction that
+        // gave them to it. One marked free could be handed to another file by the allocator,
+        // cross-linking the two: refuse the inode instead (fsck names it; repair rebuilds the
+        // bitmap). This is the cross-file check that is cheap at load (a word at a time). It
+        // cannot catch blocks handed out before the inode is first loaded, nor two inodes
+        // claiming the same used blocks: those are fsck's to find.
+        let runs = map
+            .extents()
+            .iter()
+            .map(|e| (e.physical, u64::from(e.length)))
+            .chain(chain.iter().map(|&b| (b, 1)));
+        for (start, len) in runs {
+            if !self.alloc.all_taken(start, len) {
+                return Err(corrupt(format!(
+                    "inode {ino}: its blocks {start}..{} are marked free in the block bitmap",
+                    start + len
+                )));
+            }
+        }
         Ok(Node {
             inode,
             map,
