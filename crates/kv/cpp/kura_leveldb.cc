@@ -7,8 +7,9 @@
 // extern "C" entry point, or the Rust callback that called `push`) is undefined behaviour, and
 // one escaping an Env method unwinds through LevelDB, which is not written to survive it. So
 // every extern "C" entry point runs its body under ApiGuard (the exception becomes *err, or is
-// recorded on the batch / iterator and reported by the next call that can), every Env and file
-// method under EnvGuard (the exception becomes Status::IOError), and the C++ callback Rust calls
+// recorded on the batch / iterator and reported by the next call that can), except those that
+// only free memory and run destructors, which are noexcept; every Env and file method runs
+// under EnvGuard (the exception becomes Status::IOError); and the C++ callback Rust calls
 // (GetChildren's push) catches and reports failure by its return value. The messages begin with
 // kOutOfMemory or kCppException, which src/db.rs maps to KvError::OutOfMemory / CppException.
 // All of these are noexcept: should building the error itself throw (memory exhausted while
@@ -632,6 +633,7 @@ void kura_test_throw(int site, int kind) {
 }
 #endif
 
+// Destructors are noexcept: should one throw, this ends in std::terminate, never an unwind.
 static void DeleteParts(kura_db* k) noexcept {
   delete k->db;
   delete k->env;
@@ -675,14 +677,11 @@ kura_db* kura_db_open(const KuraFsOps* ops, const char* name, const KuraDbOption
   return out;
 }
 
+// Not under ApiGuard: nothing can be reported, and a close that did not happen (an injected
+// throw) would leave LevelDB's threads running on a context Rust is about to free.
 void kura_db_close(kura_db* k) {
   if (k == nullptr) return;
-  // Nothing to report to: the database is gone either way (destructors do not throw; the
-  // guard is for the locks and joins they take).
-  ApiGuard("kura_db_close", nullptr, 0, [&] {
-    DeleteParts(k);
-    return 0;
-  });
+  DeleteParts(k);
 }
 
 int kura_db_put(kura_db* k, const char* key, size_t klen, const char* val, size_t vlen, int sync,
@@ -777,12 +776,10 @@ kura_iter* kura_db_iter(kura_db* k, const leveldb::Snapshot* snap, char** err) {
     return i;
   });
 }
+// Destructors only (noexcept), like kura_db_close.
 void kura_iter_free(kura_iter* i) {
   if (i == nullptr) return;
-  ApiGuard("kura_iter_free", nullptr, 0, [&] {
-    delete i->it;
-    return 0;
-  });
+  delete i->it;
   std::free(i->error);
   delete i;
 }
