@@ -1,5 +1,6 @@
 //! `kura dev`: create, inspect, read, write and verify block devices named by spec strings.
 
+use crate::interrupt::Interrupted;
 use crate::pattern;
 use crate::stream::{self, progress};
 use anyhow::{bail, Context};
@@ -145,6 +146,16 @@ pub enum DevCommand {
 }
 
 pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
+    // Long streams stop cleanly on a signal (see `crate::interrupt`); short commands keep the
+    // default action.
+    if matches!(
+        cmd,
+        DevCommand::Create { fill: true, .. }
+            | DevCommand::Write { .. }
+            | DevCommand::Verify { .. }
+    ) {
+        crate::interrupt::install()?;
+    }
     match cmd {
         DevCommand::Create { spec, fill, seed } => {
             let mut dev = open_dev(&spec)?;
@@ -156,7 +167,7 @@ pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
             Ok(())
         }
         DevCommand::Info { spec } => {
-            print_info(&*open_dev(&spec)?);
+            print_info(&*open_dev_read_only(&spec)?);
             Ok(())
         }
         DevCommand::Read {
@@ -165,7 +176,7 @@ pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
             blocks,
             out,
         } => {
-            let mut dev = open_dev(&spec)?;
+            let mut dev = open_dev_read_only(&spec)?;
             let bs = u64::from(dev.geometry().block_size);
             let len = blocks
                 .checked_mul(bs)
@@ -229,7 +240,7 @@ pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
             blocks,
             depth,
         } => {
-            let mut dev = open_dev(&spec)?;
+            let mut dev = open_dev_read_only(&spec)?;
             let n = blocks.unwrap_or(dev.geometry().num_blocks.saturating_sub(lba));
             let bad = verify_pattern(&mut *dev, lba, n, seed, depth)?;
             if bad > 0 {
@@ -362,6 +373,17 @@ pub fn write_pattern(
     })?;
     dev.flush_all().context("flushing")?;
     bar.finish_and_clear();
+    if let Some((signal, at)) = stats.stopped {
+        return Err(Interrupted {
+            signal,
+            kept: format!(
+                "pattern {seed} written to LBA {lba}..{at} ({} of {blocks} block(s)) and flushed; \
+                 the rest is untouched",
+                at - lba
+            ),
+        }
+        .into());
+    }
     println!(
         "wrote pattern {seed} to {blocks} block(s) at LBA {lba}: {:.1} MiB/s, flushed",
         stats.mib_per_s()
@@ -394,6 +416,16 @@ pub fn verify_pattern(
         Ok(())
     })?;
     bar.finish_and_clear();
+    if let Some((signal, at)) = stats.stopped {
+        return Err(Interrupted {
+            signal,
+            kept: format!(
+                "verified LBA {lba}..{at} ({} of {blocks} block(s)): {bad} differ from pattern {seed}",
+                at - lba
+            ),
+        }
+        .into());
+    }
     match first_bad {
         None => println!(
             "verified {blocks} block(s) at LBA {lba}: all hold pattern {seed} ({:.1} MiB/s)",

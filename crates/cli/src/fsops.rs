@@ -10,7 +10,7 @@
 //! ([`crate::interrupt`]). `get` writes holes as holes.
 
 use crate::dev::{open_dev, open_dev_read_only};
-use crate::interrupt::{Interrupt, Interrupted};
+use crate::interrupt::{self, Interrupted};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, FileType, Metadata, MountOptions};
@@ -113,19 +113,26 @@ pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
             | FsCommand::Stat { .. }
             | FsCommand::Df { .. }
     );
-    let stop = Interrupt::install()?;
+    // Jobs that write stop cleanly on a signal; the others change nothing, so a signal may
+    // simply end them.
+    if matches!(
+        cmd,
+        FsCommand::Put { .. } | FsCommand::Get { .. } | FsCommand::Rm { .. }
+    ) {
+        interrupt::install()?;
+    }
     if inspect {
         // Nothing to commit: dropping a read-only mount writes nothing.
         let fs = mount_read_only(&spec)?;
-        return execute(&fs, cmd, &stop);
+        return execute(&fs, cmd);
     }
     let fs = mount(&spec)?;
-    let result = execute(&fs, cmd, &stop);
+    let result = execute(&fs, cmd);
     let closed = fs.unmount().context("unmounting (final commit)");
     result.and(closed)
 }
 
-fn execute(fs: &FileSystem, cmd: FsCommand, stop: &Interrupt) -> anyhow::Result<()> {
+fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
     match cmd {
         FsCommand::Ls {
             path,
@@ -159,7 +166,7 @@ fn execute(fs: &FileSystem, cmd: FsCommand, stop: &Interrupt) -> anyhow::Result<
             };
             let bar = progress(total, "put");
             let mut done = Done::default();
-            let copied = put(fs, &local, &dest, &bar, stop, &mut done);
+            let copied = put(fs, &local, &dest, &bar, &mut done);
             bar.finish_and_clear();
             // Whatever happened, what was copied completely is committed.
             fs.sync().context("sync")?;
@@ -189,7 +196,7 @@ fn execute(fs: &FileSystem, cmd: FsCommand, stop: &Interrupt) -> anyhow::Result<
             }
             let bar = progress(fs_tree_bytes(fs, &src)?, "get");
             let mut done = Done::default();
-            let copied = get(fs, &src, &local, &bar, stop, &mut done);
+            let copied = get(fs, &src, &local, &bar, &mut done);
             bar.finish_and_clear();
             copied
         }
@@ -216,7 +223,7 @@ fn execute(fs: &FileSystem, cmd: FsCommand, stop: &Interrupt) -> anyhow::Result<
             if m.is_dir() {
                 if recursive {
                     let mut done = Done::default();
-                    let removed = remove_tree(fs, &path, stop, &mut done);
+                    let removed = remove_tree(fs, &path, &mut done);
                     fs.sync().context("sync")?;
                     removed?;
                 } else {
@@ -420,7 +427,6 @@ fn put(
     local: &Path,
     dest: &str,
     bar: &ProgressBar,
-    stop: &Interrupt,
     done: &mut Done,
 ) -> anyhow::Result<()> {
     let m = std::fs::symlink_metadata(local)?;
@@ -437,7 +443,7 @@ fn put(
             let Some(name) = name.to_str() else {
                 bail!("{}: file name is not UTF-8", e.path().display());
             };
-            put(fs, &e.path(), &join(dest, name), bar, stop, done)?;
+            put(fs, &e.path(), &join(dest, name), bar, done)?;
         }
         return Ok(());
     }
@@ -451,7 +457,7 @@ fn put(
     let mut buf = vec![0u8; CHUNK];
     let mut at = 0u64;
     loop {
-        if let Err(stopped) = stop.check(String::new) {
+        if let Err(stopped) = interrupt::check(String::new) {
             drop(f);
             fs.remove_file(dest)?;
             return Err(Interrupted {
@@ -495,7 +501,6 @@ fn get(
     src: &str,
     local: &Path,
     bar: &ProgressBar,
-    stop: &Interrupt,
     done: &mut Done,
 ) -> anyhow::Result<()> {
     use std::os::unix::fs::FileExt;
@@ -504,7 +509,7 @@ fn get(
         std::fs::create_dir_all(local).with_context(|| format!("creating {}", local.display()))?;
         for e in fs.read_dir(src)? {
             let name = e.name_lossy();
-            get(fs, &join(src, &name), &local.join(&name), bar, stop, done)?;
+            get(fs, &join(src, &name), &local.join(&name), bar, done)?;
         }
         return Ok(());
     }
@@ -517,7 +522,7 @@ fn get(
         let end = range.end.min(m.size);
         let mut at = range.start;
         while at < end {
-            if let Err(stopped) = stop.check(String::new) {
+            if let Err(stopped) = interrupt::check(String::new) {
                 drop(out);
                 let _ = std::fs::remove_file(local);
                 return Err(Interrupted {
@@ -550,14 +555,9 @@ fn get(
     Ok(())
 }
 
-fn remove_tree(
-    fs: &FileSystem,
-    path: &str,
-    stop: &Interrupt,
-    done: &mut Done,
-) -> anyhow::Result<()> {
+fn remove_tree(fs: &FileSystem, path: &str, done: &mut Done) -> anyhow::Result<()> {
     for e in fs.read_dir(path)? {
-        stop.check(|| {
+        interrupt::check(|| {
             format!(
                 "{} file(s) removed and committed; {path} and the rest are still there",
                 done.files
@@ -565,7 +565,7 @@ fn remove_tree(
         })?;
         let child = join(path, &e.name_lossy());
         if e.file_type == FileType::Directory {
-            remove_tree(fs, &child, stop, done)?;
+            remove_tree(fs, &child, done)?;
         } else {
             fs.remove_file(&child)?;
             done.files += 1;

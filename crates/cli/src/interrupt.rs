@@ -7,7 +7,35 @@
 //! commands that do one bounded job install this.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+/// The process's watcher, once a command installed it.
+static GLOBAL: OnceLock<Interrupt> = OnceLock::new();
+
+/// Installs the process's watcher (once) and returns it.
+pub fn install() -> anyhow::Result<&'static Interrupt> {
+    if let Some(i) = GLOBAL.get() {
+        return Ok(i);
+    }
+    let i = Interrupt::install()?;
+    Ok(GLOBAL.get_or_init(|| i))
+}
+
+/// The signal that asked the running job to stop, if a watcher is installed and one came.
+pub fn requested() -> Option<i32> {
+    GLOBAL.get().and_then(Interrupt::requested)
+}
+
+/// `Err` once a signal came (never without [`install`]), with `kept()` saying what stays.
+pub fn check(kept: impl FnOnce() -> String) -> Result<(), Interrupted> {
+    match requested() {
+        None => Ok(()),
+        Some(signal) => Err(Interrupted {
+            signal,
+            kept: kept(),
+        }),
+    }
+}
 
 const SIGNALS: [i32; 3] = [
     signal_hook::consts::SIGINT,
@@ -37,8 +65,8 @@ pub struct Interrupt {
 }
 
 impl Interrupt {
-    /// Installs the handlers (once per process).
-    pub fn install() -> anyhow::Result<Interrupt> {
+    /// Installs the handlers; use the module's [`install`], which does it once per process.
+    fn install() -> anyhow::Result<Interrupt> {
         let seen = Arc::new(AtomicBool::new(false));
         let signal = Arc::new(AtomicUsize::new(0));
         for sig in SIGNALS {
@@ -55,17 +83,6 @@ impl Interrupt {
         match self.signal.load(Ordering::SeqCst) {
             0 => None,
             s => Some(s as i32),
-        }
-    }
-
-    /// `Err` once a signal came, with `kept()` describing what stays.
-    pub fn check(&self, kept: impl FnOnce() -> String) -> Result<(), Interrupted> {
-        match self.requested() {
-            None => Ok(()),
-            Some(signal) => Err(Interrupted {
-                signal,
-                kept: kept(),
-            }),
         }
     }
 }

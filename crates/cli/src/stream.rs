@@ -1,5 +1,7 @@
 //! Streaming a range of blocks through a device at queue depth, with a progress bar: how
 //! `kura dev write/verify` and `kura demo` move data fast through the asynchronous interface.
+//! A signal (see [`crate::interrupt`]) stops it at the next chunk: nothing more is submitted,
+//! what is in flight completes, and the stats say where it stopped.
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_engine::{BlockDevice, BufferPool, Completion, IoBuf, Request};
@@ -10,6 +12,9 @@ use std::time::{Duration, Instant};
 pub struct StreamStats {
     pub bytes: u64,
     pub elapsed: Duration,
+    /// Set when a signal stopped the stream: the signal and the first block not done (every
+    /// block before it completed).
+    pub stopped: Option<(i32, u64)>,
 }
 
 impl StreamStats {
@@ -100,8 +105,12 @@ fn run(
     let mut done: Vec<Completion> = Vec::with_capacity(depth);
     let mut free: Vec<IoBuf> = Vec::new();
     let mut bytes = 0u64;
-    while next < end || dev.in_flight() > 0 {
-        while next < end && dev.in_flight() < depth {
+    let mut stopped = None;
+    while (next < end && stopped.is_none()) || dev.in_flight() > 0 {
+        if stopped.is_none() && next < end {
+            stopped = crate::interrupt::requested().map(|sig| (sig, next));
+        }
+        while next < end && stopped.is_none() && dev.in_flight() < depth {
             let n = chunk_blocks.min(end - next);
             let len = (n * bs) as usize;
             let mut buf = match free.pop() {
@@ -121,6 +130,9 @@ fn run(
                 .map_err(|r| anyhow::anyhow!("submit at LBA {next}: {}", r.error))?;
             next += n;
         }
+        if dev.in_flight() == 0 {
+            continue;
+        }
         dev.poll(&mut done, 1)?;
         for c in done.drain(..) {
             c.status.map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -138,5 +150,6 @@ fn run(
     Ok(StreamStats {
         bytes,
         elapsed: start.elapsed(),
+        stopped,
     })
 }

@@ -254,3 +254,62 @@ fn a_put_stopped_by_sigterm_keeps_complete_files_and_exits_143() {
     }
     assert!(ok(&["fsck", &spec]).contains("clean"));
 }
+
+#[test]
+fn a_fill_stopped_by_sigterm_flushes_what_it_wrote_and_says_where_it_stopped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("fill.img");
+    let spec = format!("file:{}?size=2G", img.display());
+    let mut fill = Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args(["dev", "create", &spec, "--fill", "--seed", "7"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fill");
+    // Signal once 128 MiB are on the disk, so the handler is installed and most is ahead.
+    let start = Instant::now();
+    loop {
+        use std::os::unix::fs::MetadataExt;
+        let written = std::fs::metadata(&img).map_or(0, |m| m.blocks() * 512);
+        if written > (128 << 20) || fill.try_wait().expect("wait").is_some() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "fill made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let _ = Command::new("kill")
+        .args(["-TERM", &fill.id().to_string()])
+        .status();
+    let out = fill.wait_with_output().expect("fill exits");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let blocks = (2u64 << 30) / 4096;
+    let done = match out.status.code() {
+        Some(143) => {
+            // "... written to LBA 0..N (...) and flushed; the rest is untouched"
+            let at: u64 = err
+                .split("LBA 0..")
+                .nth(1)
+                .and_then(|t| t.split(' ').next()?.parse().ok())
+                .unwrap_or_else(|| panic!("no stopping point in: {err}"));
+            assert!(err.contains("and flushed"), "{err}");
+            assert!(at < blocks, "stopped at the end: {err}");
+            eprintln!("stopped at block {at} of {blocks}");
+            at
+        }
+        Some(0) => blocks,
+        other => panic!("fill exited {other:?}: {err}"),
+    };
+    assert!(done > 0);
+    ok(&[
+        "dev",
+        "verify",
+        &format!("file:{}", img.display()),
+        "--seed",
+        "7",
+        "--blocks",
+        &done.to_string(),
+    ]);
+}
