@@ -502,11 +502,17 @@ fn walk(fs: &FileSystem, ino: u64, depth: usize, budget: &mut usize) {
 /// Everything a tool would do with an image: each step `Ok` or a typed error.
 fn exercise(image: Vec<u8>) {
     let storage: MemStorage = std::sync::Arc::new(std::sync::Mutex::new(image));
+    let before = storage.lock().expect("storage").clone();
     let _ = fsck(device(&storage));
     if let Ok(fs) = FileSystem::mount_read_only(device(&storage), MountOptions::default()) {
         walk(&fs, 1, 0, &mut 1000);
         assert!(fs.mkdir("/new").is_err(), "a read-only mount took a change");
+        let _ = fs.unmount();
     }
+    assert!(
+        *storage.lock().expect("storage") == before,
+        "fsck or a read-only mount changed the image"
+    );
     if let Ok(fs) = FileSystem::mount(device(&storage), MountOptions::default()) {
         walk(&fs, 1, 0, &mut 1000);
         let _ = fs.rename("/c", "/a/c");
