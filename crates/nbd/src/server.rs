@@ -871,9 +871,10 @@ fn watchdog(shared: &Shared) {
         for e in conns.values_mut() {
             match e.handshake_until {
                 Some(t) if t <= now => {
-                    let _ = e.sock.shutdown(Shutdown::Both);
-                    e.handshake_until = None;
+                    // Counted before the cut, so whoever sees the cut also sees the count.
                     bump(&shared.counters.handshake_timeouts, 1);
+                    e.handshake_until = None;
+                    let _ = e.sock.shutdown(Shutdown::Both);
                 }
                 Some(t) => next = next.min(t),
                 None => {}

@@ -132,7 +132,7 @@ fn many_clients_pipelining_big_reads_stay_under_the_budget() {
     let (before, after, peak) = load(budget);
     assert!(peak <= budget, "in flight {peak} past the budget {budget}");
     assert!(
-        peak > budget / 2,
+        peak > budget / 4,
         "the load did reach the budget ({peak} bytes), so the bound below means something"
     );
     let growth = after.saturating_sub(before);
