@@ -117,6 +117,30 @@ pub fn client_config(ca: &Path) -> Result<Arc<ClientConfig>, TlsError> {
     Ok(Arc::new(config))
 }
 
+/// Like [`client_config`], presenting the PEM certificate chain `cert` with its private key
+/// `key` to servers that ask for one (mutual TLS, `kura serve --tls-ca`).
+pub fn client_config_with_cert(
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+) -> Result<Arc<ClientConfig>, TlsError> {
+    let mut roots = RootCertStore::empty();
+    for c in certs(ca, "CA certificates")? {
+        roots.add(c)?;
+    }
+    let chain = certs(cert, "client certificates")?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| TlsError::Pem {
+        what: "a private key",
+        path: key.to_owned(),
+        reason: e.to_string(),
+    })?;
+    let config = ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)?;
+    Ok(Arc::new(config))
+}
+
 /// What a client needs to start TLS: its configuration and the name the server's certificate
 /// must carry (the host it connects to).
 #[derive(Clone)]
@@ -135,6 +159,19 @@ impl ClientTls {
             config: client_config(ca)?,
             server_name,
         })
+    }
+
+    /// Like [`ClientTls::new`], also presenting a client certificate (see
+    /// [`client_config_with_cert`]).
+    pub fn with_client_cert(
+        ca: &Path,
+        host: &str,
+        cert: &Path,
+        key: &Path,
+    ) -> Result<ClientTls, TlsError> {
+        let mut tls = ClientTls::new(ca, host)?;
+        tls.config = client_config_with_cert(ca, cert, key)?;
+        Ok(tls)
     }
 
     pub(crate) fn connection(&self) -> io::Result<Connection> {

@@ -548,6 +548,35 @@ fn mutual_tls_refuses_clients_without_a_trusted_certificate() {
         refused.is_err(),
         "a client without a certificate is refused"
     );
+    // With the right certificate the kura client reads and writes.
+    let with_cert = |who: &str| {
+        let tls = kura_nbd::tls::ClientTls::with_client_cert(
+            &pki.path(&format!("{who}/ca-cert.pem")),
+            "localhost",
+            &pki.path(&format!("{who}/client-cert.pem")),
+            &pki.path(&format!("{who}/client-key.pem")),
+        )
+        .expect("client TLS with a certificate");
+        kura_nbd::connect_with(
+            server.local_addr(),
+            "secret-export-name",
+            kura_nbd::ConnectOptions {
+                tls: Some(tls),
+                ..kura_nbd::ConnectOptions::default()
+            },
+        )
+    };
+    let mut c = with_cert("good").expect("a client with a good certificate connects");
+    let data = pattern(8192, 5);
+    c.write_blocks(3, &data).expect("write over mutual TLS");
+    let mut back = vec![0u8; 8192];
+    c.read_blocks(3, &mut back).expect("read over mutual TLS");
+    assert_eq!(back, data);
+    c.close().expect("close");
+    assert!(
+        with_cert("stranger").is_err(),
+        "a certificate from another CA is refused"
+    );
 
     let Some(nbdinfo) = tool("nbdinfo") else {
         eprintln!("SKIPPED nbdinfo part of mutual_tls: nbdinfo is not installed");
