@@ -108,6 +108,17 @@ impl ExtentMap {
         Some((e.physical + u64::from(off), e.length - off))
     }
 
+    /// The first mapped file block after `block` (which is a hole), or `None` past the last
+    /// extent: how long a hole is, without a lookup per block.
+    pub fn next_mapped_after(&self, block: u32) -> Option<u64> {
+        let i = self
+            .extents
+            .partition_point(|e| e.end() <= u64::from(block));
+        self.extents
+            .get(i)
+            .map(|e| u64::from(e.logical).max(u64::from(block) + 1))
+    }
+
     /// Maps `length` file blocks from `logical` to device blocks from `physical`. The file range
     /// must be a hole (callers allocate only for holes); adjacent extents merge.
     pub fn insert(&mut self, logical: u32, length: u32, physical: u64) {

@@ -406,7 +406,11 @@ fn sparse_files_report_their_data_ranges_and_holes() {
             block_size: BS as u32,
             inodes: None,
         },
-        MountOptions::default(),
+        MountOptions {
+            max_command_bytes: 2 * BS,
+            bypass_bytes: 2 * BS,
+            ..MountOptions::default()
+        },
     )
     .expect("format");
     let f = fs.create("/sparse").expect("create");
@@ -422,6 +426,28 @@ fn sparse_files_report_their_data_ranges_and_holes() {
         fs.allocated_ranges_ino(f.ino()).expect("ranges"),
         f.allocated_ranges().expect("ranges")
     );
+    // Streaming plans a window of commands at a time: with 8 KiB commands a window is 2 MiB,
+    // so this read crosses several, through data and holes alike.
+    drop(f);
+    let f = fs.open("/sparse").expect("open");
+    let (from, len) = ((1u64 << 20) - 100, 9u64 << 20);
+    let mut positioned = vec![0u8; len as usize];
+    f.read_exact_at(from, &mut positioned).expect("read");
+    let mut streamed = Vec::new();
+    f.read_stream(from, len, |b| streamed.extend_from_slice(b))
+        .expect("stream");
+    assert_eq!(streamed.len(), positioned.len());
+    assert!(
+        streamed == positioned,
+        "streamed and positioned reads differ"
+    );
+    assert_eq!(&streamed[100..100 + 5000], &[1u8; 5000][..]);
+    let f = fs
+        .open_with(
+            "/sparse",
+            kura_accelfs::OpenOptions::new().read(true).write(true),
+        )
+        .expect("open");
     f.set_len(10).expect("shrink");
     assert_eq!(f.allocated_ranges().expect("ranges"), vec![0..10]);
     assert!(fs.allocated_ranges_ino(1).is_err(), "a directory has none");

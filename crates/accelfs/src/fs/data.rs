@@ -13,6 +13,9 @@ use std::collections::{BTreeMap, HashSet};
 /// huge write cannot outgrow a journal transaction.
 const WRITE_STEP: usize = 8 << 20;
 
+/// Device commands (of `max_command_bytes`) a streaming read plans at once.
+const STREAM_WINDOW_COMMANDS: u64 = 256;
+
 impl Inner {
     fn file_node(&mut self, ino: u64) -> Result<(), FsError> {
         match self.node(ino)?.inode.kind {
@@ -247,55 +250,62 @@ impl Inner {
             ));
         }
         let bs = self.bs as u64;
-        let first = (offset / bs) as u32;
-        let last = ((offset + n - 1) / bs) as u32;
-        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u32;
+        let first = offset / bs;
+        let last = (offset + n - 1) / bs;
+        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u64;
+        // The stream is planned a window at a time, so a long read (a sparse file may be
+        // terabytes of holes) holds a bounded list of pieces, not one per MiB of the file.
+        let window = max_blocks * STREAM_WINDOW_COMMANDS;
         let map = self.node(ino)?.map.clone();
-        let mut pieces = Vec::new();
-        let mut b = first;
-        while b <= last {
-            let left = last - b + 1;
-            match map.lookup(b) {
-                Some((p, run)) => {
-                    let take = run.min(left).min(max_blocks);
-                    pieces.push(Piece::Device {
-                        block: p,
-                        bytes: take as usize * self.bs,
-                    });
-                    b += take;
-                }
-                None => {
-                    let mut take = 1;
-                    while take < left.min(max_blocks) && map.lookup(b + take).is_none() {
-                        take += 1;
+        let mut skip = (offset - first * bs) as usize;
+        let mut left = n;
+        let mut start = first;
+        while start <= last {
+            let end = (start + window - 1).min(last);
+            let mut pieces = Vec::new();
+            let mut b = start;
+            while b <= end {
+                let rest = end - b + 1;
+                // File blocks are u32 (format §5) and b ≤ last < 2^32.
+                match map.lookup(b as u32) {
+                    Some((p, run)) => {
+                        let take = u64::from(run).min(rest).min(max_blocks);
+                        pieces.push(Piece::Device {
+                            block: p,
+                            bytes: take as usize * self.bs,
+                        });
+                        b += take;
                     }
-                    pieces.push(Piece::Zero {
-                        bytes: take as usize * self.bs,
-                    });
-                    b += take;
+                    None => {
+                        let next = map.next_mapped_after(b as u32).unwrap_or(u64::MAX);
+                        let take = (next - b).min(rest).min(max_blocks);
+                        pieces.push(Piece::Zero {
+                            bytes: take as usize * self.bs,
+                        });
+                        b += take;
+                    }
                 }
             }
+            let device: Vec<(u64, u64)> = pieces
+                .iter()
+                .filter_map(|p| match *p {
+                    Piece::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
+                    Piece::Zero { .. } => None,
+                })
+                .collect();
+            self.before_device_reads(&device)?;
+            self.io
+                .stream_read_owned(&pieces, self.opts.stream_depth, |buf: IoBuf| {
+                    let skipped = skip.min(buf.len());
+                    skip -= skipped;
+                    let take = ((buf.len() - skipped) as u64).min(left) as usize;
+                    if take > 0 {
+                        left -= take as u64;
+                        deliver(buf, skipped..skipped + take);
+                    }
+                })?;
+            start = end + 1;
         }
-        let device: Vec<(u64, u64)> = pieces
-            .iter()
-            .filter_map(|p| match *p {
-                Piece::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
-                Piece::Zero { .. } => None,
-            })
-            .collect();
-        self.before_device_reads(&device)?;
-        let mut skip = (offset - u64::from(first) * bs) as usize;
-        let mut left = n as usize;
-        self.io
-            .stream_read_owned(&pieces, self.opts.stream_depth, |buf: IoBuf| {
-                let skipped = skip.min(buf.len());
-                skip -= skipped;
-                let take = (buf.len() - skipped).min(left);
-                if take > 0 {
-                    left -= take;
-                    deliver(buf, skipped..skipped + take);
-                }
-            })?;
         self.cache.stats.bypass_bytes += n;
         self.next_sequential.insert(ino, offset + n);
         Ok(n)
