@@ -300,10 +300,18 @@ impl FileSystem {
         Ok(File::new(self.clone(), ino, generation, o))
     }
 
-    /// The whole contents of a file.
+    /// The whole contents of a file. A file too large for memory (sparse files may legally
+    /// state up to 2³² − 1 blocks) is an error, not an abort; copy such files with
+    /// [`File::allocated_ranges`] and positioned reads.
     pub fn read(&self, path: &str) -> Result<Vec<u8>, FsError> {
         let f = self.open(path)?;
-        let mut out = vec![0u8; f.len()? as usize];
+        let len = f.len()?;
+        let mut out = Vec::new();
+        usize::try_from(len)
+            .ok()
+            .and_then(|n| out.try_reserve_exact(n).ok().map(|()| n))
+            .ok_or_else(|| FsError::Invalid(format!("{path}: {len} bytes do not fit in memory")))?;
+        out.resize(len as usize, 0);
         let n = f.read_at(0, &mut out)?;
         out.truncate(n);
         Ok(out)
