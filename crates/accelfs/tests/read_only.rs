@@ -225,3 +225,25 @@ fn fsck_without_repair_writes_nothing() {
     assert!(control.trace().is_empty());
     assert_eq!(*storage.lock().expect("storage"), image);
 }
+
+#[test]
+fn a_read_only_mount_reads_through_a_damaged_primary_superblock_without_restoring_it() {
+    let (mut image, files) = image_needing_replay();
+    image[..BS as usize].fill(0);
+    let (dev, control, storage) = recording(&image);
+    let fs = FileSystem::mount_read_only(Box::new(dev), MountOptions::default()).expect("mount");
+    let mut seen = BTreeMap::new();
+    all_files(&fs, "/", &mut seen);
+    assert_eq!(seen, files);
+    drop(fs);
+    assert!(control.trace().is_empty());
+    assert_eq!(*storage.lock().expect("storage"), image);
+    let rw = FileSystem::mount(
+        Box::new(MemDevice::with_storage(storage, QueueOptions::default())),
+        MountOptions::default(),
+    );
+    assert!(
+        rw.is_err(),
+        "a read-write mount still asks for fsck --repair first"
+    );
+}
