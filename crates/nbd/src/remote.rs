@@ -517,9 +517,20 @@ impl std::fmt::Debug for Remote {
 }
 
 /// Opens `remote:HOST[:PORT][/EXPORT]` with options `tls=0|1`, `ca=PATH` (PEM CA certificates,
-/// required with TLS), `timeout=SECS`, `reconnect=0|1`, `qd=N` and `bs=N`.
+/// required with TLS), `cert=PATH` and `key=PATH` (a client certificate and its key, for servers
+/// that verify clients: `kura serve --tls-ca`), `timeout=SECS`, `reconnect=0|1`, `qd=N` and
+/// `bs=N`.
 pub fn open(spec: &Spec) -> Result<Remote, OpenError> {
-    spec.check_options(&["tls", "ca", "timeout", "reconnect", "qd", "bs"])?;
+    spec.check_options(&[
+        "tls",
+        "ca",
+        "cert",
+        "key",
+        "timeout",
+        "reconnect",
+        "qd",
+        "bs",
+    ])?;
     let text = spec.require_target()?;
     let target = Target::parse(text).map_err(OpenError::Invalid)?;
     let secs: f64 = spec.num_option("timeout")?.unwrap_or(DEFAULT_TIMEOUT_S);
@@ -529,10 +540,24 @@ pub fn open(spec: &Spec) -> Result<Remote, OpenError> {
         )));
     }
     let limit = Duration::from_secs_f64(secs);
+    let identity = match (spec.option("cert"), spec.option("key")) {
+        (Some(cert), Some(key)) => Some((Path::new(cert), Path::new(key))),
+        (None, None) => None,
+        _ => {
+            return Err(OpenError::Invalid(format!(
+                "{spec}: a client certificate needs both cert=PATH and key=PATH"
+            )))
+        }
+    };
     let tls = match (spec.bool_option("tls")?.unwrap_or(false), spec.option("ca")) {
         (true, Some(ca)) => Some(
-            ClientTls::new(Path::new(ca), &target.host)
-                .map_err(|e| OpenError::Invalid(format!("{spec}: {e}")))?,
+            match identity {
+                Some((cert, key)) => {
+                    ClientTls::with_client_cert(Path::new(ca), &target.host, cert, key)
+                }
+                None => ClientTls::new(Path::new(ca), &target.host),
+            }
+            .map_err(|e| OpenError::Invalid(format!("{spec}: {e}")))?,
         ),
         (true, None) => {
             return Err(OpenError::Invalid(format!(
@@ -543,6 +568,11 @@ pub fn open(spec: &Spec) -> Result<Remote, OpenError> {
         (false, Some(_)) => {
             return Err(OpenError::Invalid(format!(
                 "{spec}: ca= is only used with tls=1"
+            )))
+        }
+        (false, None) if identity.is_some() => {
+            return Err(OpenError::Invalid(format!(
+                "{spec}: cert= and key= are only used with tls=1"
             )))
         }
         (false, None) => None,
