@@ -10,7 +10,7 @@
 //! mount is `nosuid,nodev` and modes are masked to permission bits, since the image's bytes may
 //! come from anyone.
 
-use crate::dev::open_dev;
+use crate::dev::{open_dev, open_dev_read_only};
 use anyhow::Context;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType as FuseType, Filesystem, FopenFlags, Generation, INodeNo,
@@ -33,6 +33,10 @@ pub struct MountArgs {
     /// Buffer cache budget, e.g. 64M.
     #[arg(long, default_value = "64M")]
     cache: String,
+    /// Mount read-only: the image is opened `ro=1` (shared with other readers, refused while a
+    /// writer holds it), its journal replayed in memory, and nothing is ever written to it.
+    #[arg(long)]
+    read_only: bool,
 }
 
 /// Attributes the kernel may cache; short because another `kura` process could not change the
@@ -381,14 +385,15 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         Path::new("/dev/fuse").exists(),
         "/dev/fuse is missing: FUSE is not available on this machine"
     );
-    let dev = open_dev(&args.spec)?;
-    let fs = FileSystem::mount(
-        dev,
-        MountOptions {
-            cache_bytes: cache,
-            ..MountOptions::default()
-        },
-    )
+    let opts = MountOptions {
+        cache_bytes: cache,
+        ..MountOptions::default()
+    };
+    let fs = if args.read_only {
+        FileSystem::mount_read_only(open_dev_read_only(&args.spec)?, opts)
+    } else {
+        FileSystem::mount(open_dev(&args.spec)?, opts)
+    }
     .with_context(|| format!("mounting AccelFS from {}", args.spec))?;
     let fuse = Fuse {
         fs: fs.clone(),
@@ -403,6 +408,9 @@ pub fn run(args: &MountArgs) -> anyhow::Result<()> {
         fuser::MountOption::NoSuid,
         fuser::MountOption::NoDev,
     ];
+    if args.read_only {
+        config.mount_options.push(fuser::MountOption::RO);
+    }
     let session = fuser::spawn_mount(fuse, &args.dir, &config).with_context(|| {
         format!(
             "FUSE mount on {} (needs /dev/fuse and fusermount3 from the fuse3 package)",

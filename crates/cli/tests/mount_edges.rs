@@ -46,8 +46,13 @@ impl Drop for MountGuard<'_> {
 }
 
 fn start_mount(spec: &str, mnt: &Path) -> Child {
+    start_mount_with(spec, mnt, &[])
+}
+
+fn start_mount_with(spec: &str, mnt: &Path, flags: &[&str]) -> Child {
     let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
         .args(["mount", spec, mnt.to_str().expect("utf8")])
+        .args(flags)
         .stderr(Stdio::piped())
         .spawn()
         .expect("start kura mount");
@@ -216,5 +221,45 @@ fn a_second_process_cannot_change_a_mounted_image() {
     assert_eq!(
         ok(&["fs", "cat", &spec, "/mine.txt"]),
         "written through the mount\n"
+    );
+}
+
+#[test]
+fn a_read_only_mount_shares_the_image_with_readers_and_never_writes() {
+    if let Some(m) = kura_testkit::fuse_unavailable() {
+        return m.skip("a_read_only_mount_shares_the_image_with_readers_and_never_writes");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = fs_image(dir.path(), "64M");
+    let src = dir.path().join("hello.txt");
+    std::fs::write(&src, b"read me\n").expect("write");
+    ok(&[
+        "fs",
+        "put",
+        &spec,
+        src.to_str().expect("utf8"),
+        "/hello.txt",
+    ]);
+    let img = dir.path().join("fs.img");
+    let before = std::fs::read(&img).expect("read image");
+    let mnt = dir.path().join("mnt");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mut server = start_mount_with(&spec, &mnt, &["--read-only"]);
+    let _guard = MountGuard(&mnt);
+    assert_eq!(
+        std::fs::read(mnt.join("hello.txt")).expect("read through FUSE"),
+        b"read me\n"
+    );
+    let err = std::fs::write(mnt.join("new.txt"), b"x").expect_err("a read-only mount refuses");
+    assert_eq!(err.raw_os_error(), Some(30), "EROFS: {err}");
+    // Other readers share the image; a writer is refused.
+    assert!(ok(&["fs", "ls", &spec]).contains("hello.txt"));
+    assert!(!kura(&["fs", "mkdir", &spec, "/x"]).status.success());
+    signal(&server, "TERM");
+    let status = wait_exit(&mut server, Duration::from_secs(60));
+    assert!(status.success(), "kura mount exit {status}");
+    assert!(
+        std::fs::read(&img).expect("read image") == before,
+        "the image changed"
     );
 }
