@@ -137,6 +137,8 @@ fn reopening_keeps_the_data_and_the_map() {
     model.check_image(&mut *dev);
     model.run(&mut *dev, 8);
     model.check_image(&mut *dev);
+    // The images are locked while a drive has them open.
+    drop(dev);
 
     let other = format!(
         "spill(file:{0}/local.img?size=512K,file:{0}/remote.img?size=2M)?chunk=64K",
