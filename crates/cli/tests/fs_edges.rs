@@ -2,34 +2,13 @@
 //! never changes a byte of it, `get` writes holes as holes, and a `put` stopped by SIGTERM keeps
 //! only complete files, commits them, says so and exits 143.
 
+mod common;
+
+use common::{kura, ok, start_mount};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = kura(args);
-    assert!(
-        o.status.success(),
-        "kura {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn mounted(dir: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let want = dir.to_string_lossy();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&want))
-}
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
@@ -50,16 +29,7 @@ fn image_needing_replay(dir: &Path) -> Option<(String, Vec<u8>)> {
     ok(&["fs", "mkdir", &spec, "/d"]);
     let mnt = dir.join("mnt");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(["mount", &spec, mnt.to_str().expect("utf8")])
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start kura mount");
-    let start = Instant::now();
-    while !mounted(&mnt) {
-        assert!(start.elapsed() < Duration::from_secs(20), "no mount");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut server = start_mount(&spec, &mnt, &[]);
     let data = pattern(300_000, 5);
     let mut f = std::fs::File::create(mnt.join("d/journaled.bin")).expect("create");
     f.write_all(&data).expect("write");

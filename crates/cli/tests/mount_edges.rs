@@ -2,101 +2,12 @@
 //! while a program still has a file open there), and a second process cannot write the mounted
 //! image.
 
+mod common;
+
+use common::{kura, mounted, ok, signal, start_mount, wait_exit, MountGuard};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = kura(args);
-    assert!(
-        o.status.success(),
-        "kura {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn mounted(dir: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let want = dir.to_string_lossy();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&want))
-}
-
-/// Unmounts lazily if a test fails while the mount is up, so no stale mount outlives it.
-struct MountGuard<'a>(&'a Path);
-
-impl Drop for MountGuard<'_> {
-    fn drop(&mut self) {
-        if mounted(self.0) {
-            let _ = Command::new("fusermount3")
-                .args(["-u", "-z"])
-                .arg(self.0)
-                .status();
-        }
-    }
-}
-
-fn start_mount(spec: &str, mnt: &Path) -> Child {
-    start_mount_with(spec, mnt, &[])
-}
-
-fn start_mount_with(spec: &str, mnt: &Path, flags: &[&str]) -> Child {
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(["mount", spec, mnt.to_str().expect("utf8")])
-        .args(flags)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kura mount");
-    let start = Instant::now();
-    while !mounted(mnt) {
-        if let Ok(Some(status)) = server.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = server.stderr.take() {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("kura mount exited ({status}): {err}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "mount did not appear"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    server
-}
-
-fn signal(child: &Child, sig: &str) {
-    let st = Command::new("kill")
-        .arg(format!("-{sig}"))
-        .arg(child.id().to_string())
-        .status()
-        .expect("kill");
-    assert!(st.success());
-}
-
-fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
-    let start = Instant::now();
-    loop {
-        if let Some(st) = child.try_wait().expect("wait") {
-            return st;
-        }
-        if start.elapsed() > within {
-            let _ = child.kill();
-            panic!("kura mount did not exit within {within:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Deterministic bytes that differ per MiB, so a lost or misplaced chunk shows.
 fn pattern(len: usize) -> Vec<u8> {
@@ -120,7 +31,7 @@ fn sigterm_commits_a_closed_file_and_leaves_no_stale_mount() {
     let spec = fs_image(dir.path(), "256M");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut server = start_mount(&spec, &mnt);
+    let mut server = start_mount(&spec, &mnt, &[]);
     let _guard = MountGuard(&mnt);
     let data = pattern(100 << 20);
     // Written and closed, never fsync'd: the signal's commit is what makes it durable.
@@ -144,7 +55,7 @@ fn sigterm_with_a_file_still_open_detaches_and_keeps_every_write() {
     let spec = fs_image(dir.path(), "64M");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut server = start_mount(&spec, &mnt);
+    let mut server = start_mount(&spec, &mnt, &[]);
     let _guard = MountGuard(&mnt);
     let data = pattern(6 << 20);
     let mut f = std::fs::File::create(mnt.join("open.bin")).expect("create");
@@ -184,7 +95,7 @@ fn a_second_process_cannot_change_a_mounted_image() {
     for i in 0..50 {
         std::fs::write(src.join(format!("a/b/f{i}")), pattern(10_000 + i)).expect("write");
     }
-    let mut server = start_mount(&spec, &mnt);
+    let mut server = start_mount(&spec, &mnt, &[]);
     let _guard = MountGuard(&mnt);
     let mut mine = std::fs::File::create(mnt.join("mine.txt")).expect("create");
     mine.write_all(b"written through the mount\n")
@@ -244,7 +155,7 @@ fn a_read_only_mount_shares_the_image_with_readers_and_never_writes() {
     let before = std::fs::read(&img).expect("read image");
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut server = start_mount_with(&spec, &mnt, &["--read-only"]);
+    let mut server = start_mount(&spec, &mnt, &["--read-only"]);
     let _guard = MountGuard(&mnt);
     assert_eq!(
         std::fs::read(mnt.join("hello.txt")).expect("read through FUSE"),

@@ -80,6 +80,16 @@ pub struct BackingFile {
 }
 
 impl BackingFile {
+    /// Opens the target of a file-backed spec with its `size=` and `ro=` options.
+    pub fn open_spec(spec: &crate::spec::Spec, direct: DirectMode) -> Result<Self, OpenError> {
+        BackingFile::open(
+            spec.require_target()?,
+            direct,
+            spec.size_option("size")?,
+            Access::from_spec(spec)?,
+        )
+    }
+
     /// Opens `path` and locks it for `access` (see the module docs). With `create_size`, a
     /// missing file is created with that length and a shorter regular file is grown to it (never
     /// shrunk); a read-only open cannot do either, so there `size=` must already be met.

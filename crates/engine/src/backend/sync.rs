@@ -2,7 +2,7 @@
 //! performed when it is submitted, through the page cache unless `direct=1`.
 
 use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
-use super::file::{datasync, pread_exact, pwrite_all, Access, BackingFile, DirectMode};
+use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
 use crate::spec::Spec;
@@ -128,11 +128,6 @@ pub fn open(spec: &Spec) -> Result<SyncDevice, OpenError> {
     spec.check_options(&allowed)?;
     let opts = QueueOptions::from_spec(spec)?;
     let direct = DirectMode::from_flag(spec.bool_option("direct")?, DirectMode::Off);
-    let backing = BackingFile::open(
-        spec.require_target()?,
-        direct,
-        spec.size_option("size")?,
-        Access::from_spec(spec)?,
-    )?;
+    let backing = BackingFile::open_spec(spec, direct)?;
     SyncDevice::new(backing, opts)
 }

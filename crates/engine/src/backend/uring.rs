@@ -17,7 +17,7 @@
 //!   is built without them and [`UringDevice::notes`] (and `describe`) say so.
 
 use super::common::{QueueOptions, COMMON_OPTIONS};
-use super::file::{datasync, Access, BackingFile, DirectMode};
+use super::file::{datasync, BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::buffer::BufferPool;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
@@ -662,11 +662,6 @@ pub fn open(spec: &Spec) -> Result<UringDevice, OpenError> {
             why: e.to_string(),
         });
     }
-    let backing = BackingFile::open(
-        spec.require_target()?,
-        direct,
-        spec.size_option("size")?,
-        Access::from_spec(spec)?,
-    )?;
+    let backing = BackingFile::open_spec(spec, direct)?;
     UringDevice::new(backing, opts, want)
 }

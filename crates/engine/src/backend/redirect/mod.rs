@@ -16,7 +16,7 @@ pub mod channel;
 pub mod proxy;
 
 use super::common::{QueueOptions, COMMON_OPTIONS};
-use super::file::{Access, BackingFile, DirectMode};
+use super::file::{BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
 use crate::error::{DeviceError, DeviceResult, Errno, OpenError};
@@ -504,11 +504,6 @@ pub fn open(spec: &Spec) -> Result<RedirectDevice, OpenError> {
             )));
         }
     }
-    let backing = BackingFile::open(
-        spec.require_target()?,
-        DirectMode::Off,
-        spec.size_option("size")?,
-        Access::from_spec(spec)?,
-    )?;
+    let backing = BackingFile::open_spec(spec, DirectMode::Off)?;
     RedirectDevice::new(backing, opts, model)
 }
