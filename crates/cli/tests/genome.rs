@@ -105,16 +105,16 @@ fn simulate_index_map_on_host_files() {
     // samtools accepts the SAM, when installed.
     let sam_path = d.join("out.sam");
     std::fs::write(&sam_path, &sam).expect("write SAM");
-    match Command::new("samtools")
-        .args(["flagstat"])
-        .arg(&sam_path)
-        .output()
-    {
-        Ok(o) => {
-            assert!(o.status.success(), "{}", both(&o));
-            assert!(String::from_utf8_lossy(&o.stdout).contains("800 + 0 in total"));
-        }
-        Err(_) => println!("SKIPPED samtools check: samtools is not installed"),
+    if let Some(m) = kura_testkit::missing_tool("samtools", "apt-get install samtools") {
+        m.skip("simulate_index_map_on_host_files (the samtools check)");
+    } else {
+        let o = Command::new("samtools")
+            .args(["flagstat"])
+            .arg(&sam_path)
+            .output()
+            .expect("run samtools");
+        assert!(o.status.success(), "{}", both(&o));
+        assert!(String::from_utf8_lossy(&o.stdout).contains("800 + 0 in total"));
     }
 }
 
@@ -232,6 +232,9 @@ fn bench_genome_quick_reports_every_path_and_the_peer() {
             .unwrap_or("")
             .starts_with("minimap2"));
     } else {
-        println!("SKIPPED minimap2 comparison: minimap2 is not installed");
+        // `bench genome` looks minimap2 up on PATH: installed and not compared is a failure.
+        let m = kura_testkit::missing_tool("minimap2", "apt-get install minimap2")
+            .unwrap_or_else(|| panic!("minimap2 is installed but was not compared: {text}"));
+        m.skip("bench_genome_quick_reports_every_path_and_the_peer (the minimap2 comparison)");
     }
 }

@@ -1,6 +1,7 @@
 //! `kura serve --tls-cert/--tls-key` with `remote:...?tls=1&ca=...` and `spill(...)` specs from
 //! the command line: a pattern written through TLS verifies after reopening; a plaintext client
-//! is refused. Certificates come from the `openssl` command (SKIPPED visibly without it).
+//! is refused. Certificates come from the `openssl` command (skipped visibly, through
+//! `kura_testkit::skip`, only when it is not installed).
 
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
@@ -101,11 +102,14 @@ impl Drop for Serving {
 
 #[test]
 fn remote_and_spill_specs_work_over_tls_from_the_command_line() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    if !make_certs(dir.path()) {
-        eprintln!("SKIPPED remote_and_spill_specs_work_over_tls_from_the_command_line: openssl could not make certificates");
-        return;
+    if let Some(m) = kura_testkit::missing_tool("openssl", "apt-get install openssl") {
+        return m.skip("remote_and_spill_specs_work_over_tls_from_the_command_line");
     }
+    let dir = tempfile::tempdir().expect("tempdir");
+    assert!(
+        make_certs(dir.path()),
+        "openssl is installed but could not make the test certificates"
+    );
     let port = TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .expect("free port")
