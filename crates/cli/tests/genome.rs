@@ -162,6 +162,25 @@ fn index_and_map_on_an_accelfs_image() {
     assert_eq!(sam.lines().filter(|l| !l.starts_with('@')).count(), 500);
     let o = kura(&["fsck", &spec]);
     assert_eq!(o.status.code(), Some(0), "{}", both(&o));
+    // Mapping to stdout only reads the device: the image is opened read-only and stays as it is.
+    let before = std::fs::read(&img).expect("read image");
+    let o = ok(&[
+        "genome",
+        "map",
+        "/idx/ref.kgi",
+        "/reads_1.fq",
+        "--dev",
+        &spec,
+    ]);
+    let records = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| !l.starts_with('@'))
+        .count();
+    assert_eq!(records, 500);
+    assert!(
+        std::fs::read(&img).expect("read image") == before,
+        "map to stdout wrote the image"
+    );
 }
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 const MIB: usize = 1 << 20;
 
 fn tool(name: &str) -> bool {
-    Command::new(name).arg("--version").output().is_ok()
+    kura_testkit::which(name).is_some()
 }
 
 /// A running `kura serve` and the address from its banner (`nbd://…`, or the socket URI).
@@ -153,7 +153,11 @@ fn sigterm_mid_stream_keeps_every_acknowledged_write_and_exits_0() {
 fn sigint_and_sighup_also_stop_cleanly_and_nbdcopy_data_is_kept() {
     let have_nbdcopy = tool("nbdcopy");
     if !have_nbdcopy {
-        eprintln!("SKIPPED nbdcopy part of sigint_and_sighup: nbdcopy missing (libnbd-bin)");
+        kura_testkit::skip(
+            "sigint_and_sighup_also_stop_cleanly_and_nbdcopy_data_is_kept (nbdcopy part)",
+            "nbdcopy",
+            "nbdcopy is not installed (apt-get install libnbd-bin)",
+        );
     }
     for sig in ["INT", "HUP", "TERM"] {
         let dir = tempfile::tempdir().expect("tempdir");
@@ -200,8 +204,11 @@ fn nbdinfo_list(url: &str) -> Output {
 #[test]
 fn descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served() {
     if !tool("nbdinfo") {
-        eprintln!("SKIPPED descriptions_are_empty_unless_asked_for: nbdinfo missing (libnbd-bin)");
-        return;
+        return kura_testkit::skip(
+            "descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served",
+            "nbdinfo",
+            "nbdinfo is not installed (apt-get install libnbd-bin)",
+        );
     }
     let dir = tempfile::tempdir().expect("tempdir");
     let image = dir.path().join("private-host-path.img");

@@ -435,7 +435,11 @@ fn unix_socket_is_private_and_never_clobbers_a_file() {
         let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("edges test");
         assert_eq!(json["exports"][0]["export-size"], 4 * MIB, "{json}");
     } else {
-        eprintln!("SKIPPED nbdinfo part of unix_socket_is_private: nbdinfo is not installed");
+        kura_testkit::skip(
+            "unix_socket_is_private_and_never_clobbers_a_file (nbdinfo part)",
+            "nbdinfo",
+            "nbdinfo is not installed (apt-get install libnbd-bin)",
+        );
     }
     server.stop();
     assert!(!path.exists(), "the socket file is removed at stop");
