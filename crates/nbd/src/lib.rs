@@ -9,6 +9,8 @@
 //!
 //! - [`tls`]: `NBD_OPT_STARTTLS` with rustls (the server requires it when given a certificate,
 //!   and can require client certificates; the client asks for it when given a CA);
+//! - [`psk`]: TLS with pre-shared keys from a psktool file (the server only), on the system's
+//!   OpenSSL when the build found it;
 //! - [`remote`]: the `remote:HOST:PORT/EXPORT` drive — the client with bounded waits, one
 //!   reconnect, and replay of what is safe to replay.
 //!
@@ -19,6 +21,7 @@ pub mod client;
 mod driver;
 pub mod handshake;
 pub mod protocol;
+pub mod psk;
 pub mod remote;
 pub mod server;
 pub mod tls;
@@ -29,6 +32,6 @@ pub use client::{
 };
 pub use protocol::{ErrorCode, ProtocolError};
 pub use server::{
-    bind_loopback, bind_unix, serve, serve_tls, serve_unix, Export, ServeError, ServeOptions,
-    Server, ServerStats, StopHandle,
+    bind_loopback, bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeError,
+    ServeOptions, Server, ServerStats, StopHandle,
 };

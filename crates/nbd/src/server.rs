@@ -33,6 +33,7 @@ use crate::protocol::{
     check_request, cmd_flags, tx_flags, BlockSizes, Command, ErrorCode, ExportLimits,
     ProtocolError, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
 };
+use crate::psk::{PskServer, PskStream};
 use crate::tls::TlsStream;
 use kura_engine::BlockDevice;
 use std::collections::HashMap;
@@ -623,14 +624,63 @@ pub fn serve_tls(
     opts: ServeOptions,
     tls: Arc<rustls::ServerConfig>,
 ) -> Result<Server, ServeError> {
-    serve_with(Listener::Tcp(listener), exports, opts, Some(tls))
+    serve_with(
+        Listener::Tcp(listener),
+        exports,
+        opts,
+        Some(ServerTls::Certificate(tls)),
+    )
+}
+
+/// Like [`serve_tls`], but clients authenticate with a pre-shared key (TLS-PSK, see
+/// [`crate::psk`]): one with an unknown identity or the wrong key fails the TLS handshake,
+/// before any option is answered, so it learns no export name.
+pub fn serve_tls_psk(
+    listener: TcpListener,
+    exports: Vec<Export>,
+    opts: ServeOptions,
+    psk: Arc<PskServer>,
+) -> Result<Server, ServeError> {
+    serve_with(
+        Listener::Tcp(listener),
+        exports,
+        opts,
+        Some(ServerTls::Psk(psk)),
+    )
+}
+
+/// The TLS a server requires: certificates (rustls) or pre-shared keys (OpenSSL).
+enum ServerTls {
+    Certificate(Arc<rustls::ServerConfig>),
+    Psk(Arc<PskServer>),
+}
+
+/// A connection's TLS session during the handshake, of either stack.
+enum Session {
+    /// Boxed: a rustls session is large and lives only until the split.
+    Certificate(Box<TlsStream>),
+    Psk(PskStream),
+}
+
+impl Session {
+    /// The read and write halves for the connection's two threads.
+    fn split(self) -> io::Result<(Box<dyn Read>, Box<dyn Write + Send>)> {
+        match self {
+            Session::Certificate(tls) => tls
+                .split()
+                .map(|(r, w)| (Box::new(r) as Box<dyn Read>, Box::new(w) as _)),
+            Session::Psk(psk) => psk
+                .split()
+                .map(|(r, w)| (Box::new(r) as Box<dyn Read>, Box::new(w) as _)),
+        }
+    }
 }
 
 fn serve_with(
     listener: Listener,
     exports: Vec<Export>,
     opts: ServeOptions,
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<ServerTls>,
 ) -> Result<Server, ServeError> {
     if exports.is_empty() {
         return Err(ServeError::NoExports);
@@ -739,7 +789,7 @@ struct Ctx {
     rts: Vec<ExportRt>,
     opts: ServeOptions,
     /// Set when every client must start TLS.
-    tls: Option<Arc<rustls::ServerConfig>>,
+    tls: Option<ServerTls>,
 }
 
 type DriverHandle = (String, String, bool, JoinHandle<Box<dyn BlockDevice>>);
@@ -923,9 +973,7 @@ fn connection(stream: Sock, id: u64, ctx: &Ctx) {
                     None => stream
                         .try_clone()
                         .map(|w| (Box::new(&stream) as Box<dyn Read>, Box::new(w) as _)),
-                    Some(tls) => tls
-                        .split()
-                        .map(|(r, w)| (Box::new(r) as Box<dyn Read>, Box::new(w) as _)),
+                    Some(session) => session.split(),
                 };
                 if let Ok((reader, writer)) = halves {
                     let strict = ctx.opts.device_min_block_size && block_size_agreed;
@@ -946,17 +994,27 @@ fn start_tls(
     stream: &Sock,
     resume: Resume,
     ctx: &Ctx,
-) -> Result<(HandshakeEnd, Option<TlsStream>), HandshakeError> {
-    let (Some(config), Sock::Tcp(tcp)) = (ctx.tls.clone(), stream) else {
+) -> Result<(HandshakeEnd, Option<Session>), HandshakeError> {
+    let (Some(config), Sock::Tcp(tcp)) = (&ctx.tls, stream) else {
         // STARTTLS is acknowledged only when the server has a configuration, which only TCP
         // servers take.
         return Err(HandshakeError::TlsState(TlsMode::Unavailable));
     };
-    let conn = rustls::ServerConnection::new(config).map_err(io::Error::other)?;
-    let mut tls = TlsStream::new(conn.into(), tcp.try_clone()?);
-    tls.handshake()?;
-    let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
-    Ok((end, Some(tls)))
+    match config {
+        ServerTls::Certificate(config) => {
+            let conn =
+                rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
+            let mut tls = TlsStream::new(conn.into(), tcp.try_clone()?);
+            tls.handshake()?;
+            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
+            Ok((end, Some(Session::Certificate(Box::new(tls)))))
+        }
+        ServerTls::Psk(psk) => {
+            let mut tls = psk.accept(tcp.try_clone()?)?;
+            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
+            Ok((end, Some(Session::Psk(tls))))
+        }
+    }
 }
 
 /// Bounds what is in flight: requests and payload bytes, of one connection or of all.

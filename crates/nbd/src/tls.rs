@@ -1,11 +1,12 @@
-//! TLS for NBD (`NBD_OPT_STARTTLS`), with rustls: loading certificates and keys, and splitting a
-//! TLS session into a read half and a write half for the two threads of a connection.
+//! TLS for NBD (`NBD_OPT_STARTTLS`) with certificates, on rustls: loading certificates and keys,
+//! and splitting a TLS session into a read half and a write half for the two threads of a
+//! connection. Pre-shared keys are in [`crate::psk`] (rustls has none).
 //!
 //! Both the server and the client read on one thread and write on another, but a TLS session is
-//! one state machine. [`split`] shares it behind a mutex that is never held across a blocking
-//! socket call: the reader reads raw bytes from its own handle of the socket with the lock
-//! released, then locks only to decrypt them; the writer locks only to encrypt, then writes the
-//! records with the lock released. Only the writer ever writes to the socket, so records go out
+//! one state machine. [`TlsStream::split`] shares it behind a mutex that is never held across a
+//! blocking socket call: the reader reads raw bytes from its own handle of the socket with the
+//! lock released, then locks only to decrypt them; the writer locks only to encrypt, then writes
+//! the records with the lock released. Only the writer ever writes to the socket, so records go out
 //! in the order they were sealed; anything the reader's processing wants to send (alerts, key
 //! updates) goes out with the writer's next write.
 
