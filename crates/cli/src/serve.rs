@@ -4,12 +4,15 @@
 //! once with status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
 //! (mode 0600) with `--unix`. With `--tls-cert` and `--tls-key` every client must start TLS
 //! (`NBD_OPT_STARTTLS`) before anything else, and with `--tls-ca` also present a client
-//! certificate signed by that CA; without TLS a non-loopback address is refused unless
-//! `--insecure` acknowledges that the traffic is plaintext.
+//! certificate signed by that CA; with `--tls-psk` clients authenticate with a pre-shared key
+//! instead (TLS-PSK, psktool files, when this kura was built with OpenSSL); without TLS a
+//! non-loopback address is refused unless `--insecure` acknowledges that the traffic is
+//! plaintext.
 
 use anyhow::{bail, Context};
 use kura_engine::BlockingIo;
-use kura_nbd::{bind_unix, serve, serve_tls, serve_unix, Export, ServeOptions};
+use kura_nbd::psk::PskServer;
+use kura_nbd::{bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeOptions};
 use std::net::{SocketAddr, TcpListener};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -28,7 +31,7 @@ pub struct ServeArgs {
     /// Listen on a Unix-domain socket at PATH instead of TCP (created mode 0600, so only this
     /// user can connect; a stale socket is replaced, any other file is refused). Clients connect
     /// with `nbd+unix:///EXPORT?socket=PATH`.
-    #[arg(long, value_name = "PATH", conflicts_with_all = ["tls_cert", "insecure"])]
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tls_cert", "tls_psk", "insecure"])]
     unix: Option<PathBuf>,
     /// Allow a non-loopback address without TLS (the traffic is not encrypted).
     #[arg(long)]
@@ -47,9 +50,12 @@ pub struct ServeArgs {
     /// ca-cert.pem in their tls-certificates directory.
     #[arg(long, requires = "tls_cert", value_name = "PATH")]
     tls_ca: Option<PathBuf>,
-    /// TLS with pre-shared keys from a psktool file (`username:hexkey` lines), as nbdkit and
-    /// qemu-nbd take. Not supported yet: rustls has no external-PSK support.
-    #[arg(long, value_name = "PATH")]
+    /// Require TLS with pre-shared keys (TLS-PSK) from a psktool file (`identity:hexkey`
+    /// lines), as nbdkit and qemu-nbd take: a client with an unknown identity or the wrong key
+    /// fails the TLS handshake before it learns any export name. libnbd clients connect with
+    /// `nbds://IDENTITY@HOST:PORT/EXPORT?tls-psk-file=KEYS`. Not with --tls-cert: one server
+    /// uses one kind of TLS. Needs a kura built with OpenSSL (libssl-dev, pkg-config).
+    #[arg(long, value_name = "PATH", conflicts_with_all = ["tls_cert", "tls_key", "tls_ca"])]
     tls_psk: Option<PathBuf>,
     /// List each export's device spec as its description (NBD_OPT_LIST, nbdinfo). Off by
     /// default: specs carry host paths, and listing is answered to any client that connects.
@@ -81,14 +87,12 @@ pub struct ServeArgs {
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
-    if let Some(psk) = &args.tls_psk {
-        bail!(
-            "--tls-psk {} is not supported yet: kura's TLS is rustls, which implements no \
-             external pre-shared keys (TLS-PSK); use --tls-cert/--tls-key with --tls-ca for \
-             client authentication, or --unix for local clients",
-            psk.display()
-        );
-    }
+    let psk = match &args.tls_psk {
+        Some(path) => Some(
+            PskServer::from_file(path).with_context(|| format!("--tls-psk {}", path.display()))?,
+        ),
+        None => None,
+    };
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
             kura_nbd::tls::server_config_with_clients(cert, key, args.tls_ca.as_deref())
@@ -96,10 +100,12 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         ),
         _ => None,
     };
-    if args.unix.is_none() && !args.listen.ip().is_loopback() && !args.insecure && tls.is_none() {
+    let encrypted = tls.is_some() || psk.is_some();
+    if args.unix.is_none() && !args.listen.ip().is_loopback() && !args.insecure && !encrypted {
         bail!(
             "{} is not a loopback address and NBD traffic would not be encrypted: give \
-             --tls-cert and --tls-key, or pass --insecure to serve it in plaintext anyway",
+             --tls-cert and --tls-key (or --tls-psk), or pass --insecure to serve it in \
+             plaintext anyway",
             args.listen
         );
     }
@@ -129,7 +135,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         device_min_block_size: !args.byte_granular,
         ..ServeOptions::default()
     };
-    let encrypted = tls.is_some();
     let (server, url) = match &args.unix {
         Some(path) => {
             let listener =
@@ -140,9 +145,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         None => {
             let listener = TcpListener::bind(args.listen)
                 .with_context(|| format!("listening on {}", args.listen))?;
-            let server = match tls {
-                Some(config) => serve_tls(listener, exports, opts, config)?,
-                None => serve(listener, exports, opts)?,
+            let server = match (tls, psk) {
+                (Some(config), _) => serve_tls(listener, exports, opts, config)?,
+                (None, Some(psk)) => serve_tls_psk(listener, exports, opts, psk)?,
+                (None, None) => serve(listener, exports, opts)?,
             };
             let scheme = if encrypted { "nbds" } else { "nbd" };
             let url = format!("{scheme}://{}", server.local_addr());

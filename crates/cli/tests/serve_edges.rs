@@ -1,6 +1,6 @@
 //! `kura serve` at its edges (issue 13): SIGTERM, SIGINT and SIGHUP stop it cleanly (exit 0,
 //! every acknowledged write in the image file); export descriptions stay empty unless
-//! `--describe`; `--unix` serves on a private socket; `--tls-psk` says it is not supported yet.
+//! `--describe`; `--unix` serves on a private socket; `--tls-psk` names a key file's bad line.
 //!
 //! Timing only bounds "no hang": every wait is many times what the work needs.
 
@@ -36,7 +36,9 @@ impl Serving {
         stderr.read_line(&mut line).expect("banner");
         let url = line
             .split_whitespace()
-            .find(|w| w.starts_with("nbd://") || w.starts_with("nbd+unix://"))
+            .find(|w| {
+                w.starts_with("nbd://") || w.starts_with("nbds://") || w.starts_with("nbd+unix://")
+            })
             .unwrap_or_else(|| panic!("no address in {line:?}"))
             .to_string();
         // Keep draining stderr so the server never blocks on a full pipe.
@@ -262,7 +264,7 @@ fn descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served() {
 }
 
 #[test]
-fn unix_refuses_to_clobber_a_file_and_tls_psk_says_why_it_is_missing() {
+fn unix_refuses_to_clobber_a_file_and_tls_psk_names_a_bad_key_line() {
     let dir = tempfile::tempdir().expect("tempdir");
     let victim = dir.path().join("notes.txt");
     std::fs::write(&victim, b"keep me").expect("write");
@@ -280,8 +282,10 @@ fn unix_refuses_to_clobber_a_file_and_tls_psk_says_why_it_is_missing() {
     assert!(err.contains("not a socket"), "{err}");
     assert_eq!(std::fs::read(&victim).expect("read"), b"keep me");
 
+    // A valid file would start a server (crates/nbd/tests/psk.rs tests that); a bad one must
+    // stop it at once, naming the line (or, in a build without OpenSSL, saying so).
     let psk = dir.path().join("keys.psk");
-    std::fs::write(&psk, "alice:0123456789abcdef0123456789abcdef\n").expect("write");
+    std::fs::write(&psk, "alice:0123456789abcdef0123456789abcdef\nbob:xyz\n").expect("write");
     let out = Command::new(env!("CARGO_BIN_EXE_kura"))
         .args([
             "serve",
@@ -293,5 +297,89 @@ fn unix_refuses_to_clobber_a_file_and_tls_psk_says_why_it_is_missing() {
         .expect("kura serve");
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("not supported yet"), "{err}");
+    assert!(
+        err.contains("line 2") || err.contains("built without OpenSSL"),
+        "{err}"
+    );
+}
+
+#[test]
+fn tls_psk_lets_the_right_key_in_and_keeps_a_wrong_one_out() {
+    const TEST: &str = "tls_psk_lets_the_right_key_in_and_keeps_a_wrong_one_out";
+    if !tool("nbdinfo") {
+        return kura_testkit::skip(
+            TEST,
+            "nbdinfo",
+            "nbdinfo is not installed (apt-get install libnbd-bin)",
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A key file with a bad line tells whether this kura has PSK at all, without serving.
+    let bad = dir.path().join("bad.psk");
+    std::fs::write(&bad, "alice:zz\n").expect("write");
+    let probe = Command::new(env!("CARGO_BIN_EXE_kura"))
+        .args([
+            "serve",
+            "disk=mem:1M",
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-psk",
+        ])
+        .arg(&bad)
+        .output()
+        .expect("kura serve");
+    let err = String::from_utf8_lossy(&probe.stderr);
+    if err.contains("built without OpenSSL") {
+        return kura_testkit::skip(TEST, "openssl", "this kura was built without libssl-dev");
+    }
+    assert!(err.contains("line 1"), "{err}");
+
+    let keys = dir.path().join("keys.psk");
+    std::fs::write(&keys, format!("alice:{}\n", "5a".repeat(32))).expect("write");
+    let wrong = dir.path().join("wrong.psk");
+    std::fs::write(&wrong, format!("alice:{}\n", "a5".repeat(32))).expect("write");
+    let image = dir.path().join("disk.img");
+    let spec = format!("psk-export=file:{}?size=4M", image.display());
+    let server = Serving::start(&[
+        &spec,
+        "--listen",
+        "127.0.0.1:0",
+        "--tls-psk",
+        &keys.display().to_string(),
+    ]);
+    assert!(server.url.starts_with("nbds://"), "{}", server.url);
+    let list = |file: &Path| {
+        Command::new("nbdinfo")
+            .args([
+                "--list",
+                "--json",
+                &format!(
+                    "nbds://alice@{}/?tls-psk-file={}",
+                    server.addr().trim_start_matches("nbds://"),
+                    file.display()
+                ),
+            ])
+            .output()
+            .expect("nbdinfo")
+    };
+    let good = list(&keys);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    assert!(String::from_utf8_lossy(&good.stdout).contains("psk-export"));
+    let refused = list(&wrong);
+    let all = format!(
+        "{}{}",
+        String::from_utf8_lossy(&refused.stdout),
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    assert!(!refused.status.success(), "a wrong key got in: {all}");
+    assert!(
+        !all.contains("psk-export"),
+        "a wrong key learned the export name: {all}"
+    );
+    server.signal("TERM");
+    assert!(server.wait().success());
 }
