@@ -1,8 +1,8 @@
 //! The 16-byte header every metadata block starts with: magic, CRC32C of the block, and the
 //! block's own number, so corruption and misdirected writes are caught on every read.
 
-use crate::crc::crc32c_skipping;
 use crate::error::FormatError;
+use kura_engine::crc32c::crc32c_skipping;
 
 /// Bytes the header takes at the start of each metadata block.
 pub const HEADER_LEN: usize = 16;

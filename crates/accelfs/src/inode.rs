@@ -1,9 +1,9 @@
 //! Inodes (format §5): 256 bytes each, with a CRC of their own so fsck can name the single bad
 //! inode, and up to four extents inline.
 
-use crate::crc::crc32c_skipping;
 use crate::extent::Extent;
 use crate::header::{read_u32, read_u64, write_u32, write_u64};
+use kura_engine::crc32c::crc32c_skipping;
 
 pub const INODE_SIZE: usize = 256;
 /// Extents stored in the inode itself.

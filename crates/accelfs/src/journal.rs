@@ -6,12 +6,11 @@
 //! sequence follows and whose commit CRC matches, stopping at the first that does not — so a torn
 //! or partial transaction is never replayed, and no flush is needed between images and commit.
 
-use crate::crc::crc32c;
 use crate::error::FormatError;
 use crate::header::{
     read_u32, read_u64, seal, verify, write_u32, write_u64, BlockKind, HEADER_LEN,
 };
-use crc_fast::{CrcAlgorithm, Digest};
+use kura_engine::crc32c::{crc32c, Crc32c};
 
 /// Where the log lives: blocks `start` and `start + 1` hold the two copies of the journal
 /// superblock, the next `len − 2` blocks the circular log.
@@ -197,7 +196,7 @@ fn read_one<E>(
     let mut images = Vec::new();
     // The commit's CRC over every descriptor and image, computed as they are read so the
     // transaction is held in memory once.
-    let mut crc = Digest::new(CrcAlgorithm::Crc32Iscsi);
+    let mut crc = Crc32c::new();
     let mut used = 0u64;
     loop {
         let number = area.block_at(p);
@@ -240,7 +239,7 @@ fn read_one<E>(
         && verify(&c, BlockKind::JournalCommit, number).is_ok()
         && read_u64(&c, HEADER_LEN) == seq
         && read_u32(&c, HEADER_LEN + 8) as usize == images.len()
-        && read_u32(&c, HEADER_LEN + 12) == crc.finalize() as u32;
+        && read_u32(&c, HEADER_LEN + 12) == crc.finalize();
     Ok(complete.then(|| (Transaction { seq, images }, p + 1)))
 }
 

@@ -1,19 +1,18 @@
 //! AccelFS: a file system built for kura's direct I/O engine (format: `docs/accelfs-format.md`).
 //!
-//! The on-disk encoding, each piece with tests: checksums ([`crc`]), sealed metadata block headers
-//! ([`header`]), the superblock and region layout with the limits an image must respect
-//! ([`layout`]), allocation bitmaps ([`bitmap`]), inodes ([`inode`]), block maps ([`extent`]),
-//! directory blocks ([`dir`]), journal records and the recovery scan ([`journal`]); the journal
-//! at run time — commit, checkpoint, recovery, in-memory replay for read-only mounts — ([`wal`]);
-//! [`mkfs`], [`fsck`] (never writes) and [`repair`]; and the mounted file system ([`fs`]),
-//! read-write or read-only. Images are untrusted: every size, count and pointer read from one is
-//! checked against the layout before use (format §11).
+//! The on-disk encoding, each piece with tests: sealed metadata block headers ([`header`], with
+//! the engine's CRC32C, [`kura_engine::crc32c`]), the superblock and region layout with the
+//! limits an image must respect ([`layout`]), allocation bitmaps ([`bitmap`]), inodes
+//! ([`inode`]), block maps ([`extent`]), directory blocks ([`dir`]), journal records and the
+//! recovery scan ([`journal`]); the journal at run time — commit, checkpoint, recovery, in-memory
+//! replay for read-only mounts — ([`wal`]); [`mkfs`], [`fsck`] (never writes) and [`repair`]; and
+//! the mounted file system ([`fs`]), read-write or read-only. Images are untrusted: every size,
+//! count and pointer read from one is checked against the layout before use (format §11).
 
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
 pub mod blockio;
-pub mod crc;
 pub mod dir;
 pub mod error;
 pub mod extent;

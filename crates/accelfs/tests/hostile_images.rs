@@ -11,7 +11,6 @@
 //!   checksums recomputed so the change gets past them) and mounts (read-write and read-only),
 //!   walks, reads and fscks it: every outcome is `Ok` or a typed error, each within a deadline.
 
-use kura_accelfs::crc::crc32c_skipping;
 use kura_accelfs::header::{seal, write_u32, write_u64, BlockKind, HEADER_LEN};
 use kura_accelfs::inode::{Inode, INODE_SIZE};
 use kura_accelfs::journal::{JournalArea, JournalSuper};
@@ -19,6 +18,7 @@ use kura_accelfs::layout::{Layout, Superblock};
 use kura_accelfs::{fsck, FileSystem, FileType, FormatError, FsError, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_engine::crc32c::crc32c_skipping;
 use proptest::prelude::*;
 use std::process::Command;
 use std::sync::mpsc;

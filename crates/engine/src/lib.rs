@@ -10,6 +10,7 @@ pub mod backend;
 pub mod blocking;
 pub mod buffer;
 pub mod conformance;
+pub mod crc32c;
 pub mod device;
 pub mod error;
 pub mod fault;

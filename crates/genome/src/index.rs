@@ -13,7 +13,7 @@
 //! no dependency beyond std; rayon would add a thread pool the rest of kura does not use.
 
 use crate::pack::{Contig, PackedRef, AMBIGUOUS, MAX_NAME_LEN};
-use crc_fast::{CrcAlgorithm, Digest};
+use kura_engine::crc32c::{crc32c, Crc32c};
 use std::collections::{HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -675,10 +675,6 @@ fn frequency_cutoff(starts: &[u32]) -> u32 {
     v.max(MIN_MAX_OCC)
 }
 
-fn crc32c(data: &[u8]) -> u32 {
-    crc_fast::checksum(CrcAlgorithm::Crc32Iscsi, data) as u32
-}
-
 fn thread_failed() -> IndexError {
     malformed("build", "an index build thread panicked".into())
 }
@@ -764,7 +760,7 @@ fn write_words<W: Write, T: Word>(
     head[0..4].copy_from_slice(&tag.to_le_bytes());
     head[4..12].copy_from_slice(&((count * T::SIZE) as u64).to_le_bytes());
     w.write_all(&head).map_err(|e| io_err(section, e))?;
-    let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
+    let mut digest = Crc32c::new();
     let mut buf = Vec::with_capacity(IO_CHUNK);
     let mut written = 0usize;
     for x in words {
@@ -779,7 +775,7 @@ fn write_words<W: Write, T: Word>(
     debug_assert_eq!(written, count, "section {section} word count");
     digest.update(&buf);
     w.write_all(&buf).map_err(|e| io_err(section, e))?;
-    let crc = digest.finalize() as u32;
+    let crc = digest.finalize();
     w.write_all(&crc.to_le_bytes())
         .map_err(|e| io_err(section, e))
 }
@@ -852,7 +848,7 @@ fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T
         ));
     }
     let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
-    let mut digest = Digest::new(CrcAlgorithm::Crc32Iscsi);
+    let mut digest = Crc32c::new();
     let mut buf = vec![0u8; IO_CHUNK.min(len as usize)];
     let mut left = len;
     while left > 0 {
@@ -862,7 +858,7 @@ fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T
         out.extend(buf[..n].chunks_exact(T::SIZE).map(T::get));
         left -= n as u64;
     }
-    check_crc(r, section, digest.finalize() as u32)?;
+    check_crc(r, section, digest.finalize())?;
     Ok(out)
 }
 

@@ -27,6 +27,7 @@
 //! If a step after the commit fails the drive refuses further mutations (the group is replayed at
 //! the next open); reads keep working.
 
+use kura_engine::crc32c::crc32c;
 use kura_engine::open::ChildOpener;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
@@ -270,14 +271,14 @@ impl AtomicDrive {
         header[8..16].copy_from_slice(&self.seq.to_le_bytes());
         header[16..20].copy_from_slice(&(entries.len() as u32).to_le_bytes());
         header[20..24].copy_from_slice(&(data_blocks as u32).to_le_bytes());
-        header[24..28].copy_from_slice(&crc(data).to_le_bytes());
+        header[24..28].copy_from_slice(&crc32c(data).to_le_bytes());
         for (i, e) in entries.iter().enumerate() {
             let at = HEADER_FIXED + i * ENTRY_BYTES;
             header[at..at + 8].copy_from_slice(&e.lba.to_le_bytes());
             header[at + 8..at + 16].copy_from_slice(&e.blocks.to_le_bytes());
         }
         let covered = HEADER_FIXED + entries.len() * ENTRY_BYTES;
-        let header_crc = crc(&header[..covered]);
+        let header_crc = crc32c(&header[..covered]);
         header[28..32].copy_from_slice(&header_crc.to_le_bytes());
         self.child.write_blocks(self.log_start, &record)?;
         let committed = self.child.flush_all();
@@ -331,7 +332,7 @@ impl AtomicDrive {
         let want_data = u32::from_le_bytes(le4(&header[24..28]));
         header[28..32].fill(0);
         let covered = HEADER_FIXED + n * ENTRY_BYTES;
-        if crc(&header[..covered]) != want_header || crc(data) != want_data {
+        if crc32c(&header[..covered]) != want_header || crc32c(data) != want_data {
             return self.drop_torn();
         }
         let entries: Vec<Entry> = (0..n)
@@ -474,10 +475,6 @@ impl AtomicDrive {
         }
         Ok(())
     }
-}
-
-fn crc(data: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
 fn le8(b: &[u8]) -> [u8; 8] {

@@ -3,6 +3,7 @@
 //! byte is described in `docs/snapshot-format.md`.
 
 use super::SnapshotError;
+use kura_engine::crc32c::crc32c;
 
 /// First eight bytes of a superblock.
 pub const SB_MAGIC: &[u8; 8] = b"KURASNAP";
@@ -79,7 +80,7 @@ impl Superblock {
         b[56..64].copy_from_slice(&self.data_chunks.to_le_bytes());
         b[64..68].copy_from_slice(&self.blob_len.to_le_bytes());
         b[68..72].copy_from_slice(&self.blob_crc.to_le_bytes());
-        let c = crc(&b[..72]);
+        let c = crc32c(&b[..72]);
         b[72..76].copy_from_slice(&c.to_le_bytes());
         b
     }
@@ -95,7 +96,7 @@ impl Superblock {
             return Ok(None);
         }
         let bad = |what: String| SnapshotError::Corrupt { what };
-        if crc(&b[..72]) != u32_at(b, 72) {
+        if crc32c(&b[..72]) != u32_at(b, 72) {
             return Err(bad("superblock checksum mismatch".into()));
         }
         let version = u32_at(b, 8);
@@ -346,11 +347,6 @@ impl Meta {
             versions,
         })
     }
-}
-
-/// CRC-32C, as the rest of kura checksums.
-pub fn crc(data: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, data) as u32
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

@@ -4,10 +4,11 @@
 //! clones) keep commands in flight on the one child at once.
 
 use super::format::{
-    check_chunk, check_name, crc, record_bytes, Meta, Superblock, VersionRecord, HEAD, META_HEADER,
+    check_chunk, check_name, record_bytes, Meta, Superblock, VersionRecord, HEAD, META_HEADER,
     SB_SLOTS,
 };
 use super::SnapshotError;
+use kura_engine::crc32c::crc32c;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Opcode, Request,
@@ -246,7 +247,7 @@ impl Core {
         let mut blob = vec![0u8; (sb.blob_len as usize).div_ceil(bs) * bs];
         child.read_blocks(sb.meta_lba(sb.generation % 2), &mut blob)?;
         blob.truncate(sb.blob_len as usize);
-        if crc(&blob) != sb.blob_crc {
+        if crc32c(&blob) != sb.blob_crc {
             return Err(SnapshotError::Corrupt {
                 what: format!(
                     "metadata blob of generation {} fails its checksum",
@@ -578,7 +579,7 @@ impl Core {
         let mut sb = self.sb;
         sb.generation = generation;
         sb.blob_len = blob.len() as u32;
-        sb.blob_crc = crc(&blob);
+        sb.blob_crc = crc32c(&blob);
         self.child
             .write_blocks(sb.meta_lba(generation % 2), &padded)?;
         self.child.flush_all()?;
