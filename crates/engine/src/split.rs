@@ -5,7 +5,7 @@
 //! completed; the caller then sees one completion carrying the first error, if any.
 
 use crate::device::{Completion, Geometry, Request};
-use crate::error::DeviceResult;
+use crate::error::{DeviceError, DeviceResult};
 
 /// One device command's share of a larger request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -72,6 +72,14 @@ impl SplitParent {
         &mut self.request
     }
 
+    /// Records `error` for the request without completing a piece (a piece that will not come
+    /// back in time, say); like a piece's, only the first error is kept.
+    pub fn fail(&mut self, error: DeviceError) {
+        if self.status.is_ok() {
+            self.status = Err(error);
+        }
+    }
+
     /// Records one piece's status; returns true when this was the last piece.
     pub fn piece_done(&mut self, status: DeviceResult<()>) -> bool {
         if self.status.is_ok() {
@@ -112,5 +120,23 @@ mod tests {
             }
         );
         assert_eq!(pieces(0, 256, 256, 512).count(), 1);
+    }
+
+    #[test]
+    fn the_first_error_is_the_one_reported() {
+        let req = Request::flush(7);
+        let mut parent = SplitParent::new(req, 3);
+        let first = DeviceError::Offline {
+            reason: "first".into(),
+        };
+        parent.fail(first.clone());
+        assert!(!parent.piece_done(Ok(())));
+        let second = DeviceError::Offline {
+            reason: "second".into(),
+        };
+        assert!(!parent.piece_done(Err(second)));
+        assert!(parent.piece_done(Ok(())));
+        let c = parent.into_completion();
+        assert_eq!((c.tag, c.status), (7, Err(first)));
     }
 }

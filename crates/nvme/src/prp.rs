@@ -120,16 +120,6 @@ pub fn walk(
     Some(segs)
 }
 
-/// Cuts `blocks` blocks starting at `lba` into pieces of at most `max` blocks:
-/// `(lba, blocks, index of the first block within the transfer)`.
-pub fn split(lba: u64, blocks: u64, max: u64) -> impl Iterator<Item = (u64, u64, u64)> {
-    let max = max.max(1);
-    (0..blocks.div_ceil(max)).map(move |i| {
-        let start = i * max;
-        (lba + start, (blocks - start).min(max), start)
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -173,13 +163,6 @@ mod tests {
             build(0x100_0000, MAX_PRP_TRANSFER + PAGE + 1, &mut l, 0x9000),
             Err(PrpError::TooLong(_))
         ));
-    }
-
-    #[test]
-    fn split_covers_the_range_in_order() {
-        let parts: Vec<_> = split(10, 7, 3).collect();
-        assert_eq!(parts, vec![(10, 3, 0), (13, 3, 3), (16, 1, 6)]);
-        assert_eq!(split(0, 4, 4).count(), 1);
     }
 
     proptest! {

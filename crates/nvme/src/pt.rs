@@ -13,6 +13,7 @@ use crate::prp;
 use crate::status::NvmeStatus;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use kura_engine::poison::FlushPoison;
+use kura_engine::split::{pieces, Piece, SplitParent};
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Errno, Geometry, Opcode, OpenError,
     Rejected, Request, Spec,
@@ -40,12 +41,6 @@ fn uring_cmd(s: &Sqe, addr: u64, len: u32) -> [u8; 80] {
     b
 }
 
-struct Slot {
-    req: Request,
-    remaining: u32,
-    status: DeviceResult<()>,
-}
-
 /// An io_uring passthrough queue on one NVMe namespace.
 pub struct NvmePt {
     path: String,
@@ -55,7 +50,7 @@ pub struct NvmePt {
     geo: Geometry,
     lba_size: u64,
     shift: u32,
-    slots: Vec<Option<Slot>>,
+    slots: Vec<Option<SplitParent>>,
     free: Vec<usize>,
     backlog: VecDeque<(usize, Sqe, u64, u32)>,
     submitted: usize,
@@ -169,15 +164,25 @@ impl NvmePt {
         let op = req.op;
         let addr = req.buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
         let max_lbas = u64::from(self.geo.max_transfer) / self.lba_size;
-        let pieces: Vec<(u64, u64, u64)> = match op {
-            Opcode::Flush => vec![(0, 0, 0)],
-            Opcode::Read | Opcode::Write => prp::split(slba, nlbs, max_lbas).collect(),
+        let lba_size = self.lba_size as u32;
+        let parts: Vec<Piece> = match op {
+            Opcode::Flush => vec![Piece {
+                lba: 0,
+                blocks: 0,
+                buf_offset: 0,
+            }],
+            Opcode::Read | Opcode::Write => pieces(slba, nlbs, max_lbas, lba_size).collect(),
             Opcode::WriteZeroes | Opcode::Discard => {
-                prp::split(slba, nlbs, MAX_ZERO_LBAS).collect()
+                pieces(slba, nlbs, MAX_ZERO_LBAS, lba_size).collect()
             }
         };
         let mut cmds = Vec::new();
-        for (lba, n, first) in pieces {
+        for Piece {
+            lba,
+            blocks: n,
+            buf_offset,
+        } in parts
+        {
             let nlb = n as u32;
             let (sqe, a, len) = match op {
                 Opcode::Flush => (Sqe::new(io::FLUSH, self.nsid), 0, 0),
@@ -189,7 +194,7 @@ impl NvmePt {
                     };
                     (
                         Sqe::rw(opc, self.nsid, lba, nlb, 0, 0),
-                        addr + first * self.lba_size,
+                        addr + buf_offset as u64,
                         (n * self.lba_size) as u32,
                     )
                 }
@@ -199,11 +204,7 @@ impl NvmePt {
             };
             cmds.push((sqe, a, len));
         }
-        let slot = Slot {
-            req,
-            remaining: cmds.len() as u32,
-            status: Ok(()),
-        };
+        let slot = SplitParent::new(req, cmds.len());
         let idx = match self.free.pop() {
             Some(i) => {
                 self.slots[i] = Some(slot);
@@ -255,19 +256,16 @@ impl NvmePt {
         let Some(s) = self.slots[slot].as_mut() else {
             return;
         };
-        if s.status.is_ok() {
-            s.status = status;
-        }
-        s.remaining = s.remaining.saturating_sub(1);
-        if s.remaining > 0 {
+        if !s.piece_done(status) {
             return;
         }
         let Some(s) = self.slots[slot].take() else {
             return;
         };
         self.free.push(slot);
-        self.poison.observe(s.req.op, &s.status);
-        self.done.push(Completion::of(s.req, s.status));
+        let c = s.into_completion();
+        self.poison.observe(c.op, &c.status);
+        self.done.push(c);
     }
 
     fn reap(&mut self) {
@@ -284,7 +282,8 @@ impl NvmePt {
             } else {
                 let (op, lba, blocks) =
                     self.slots[slot].as_ref().map_or((Opcode::Read, 0, 0), |s| {
-                        (s.req.op, s.req.lba, s.req.blocks)
+                        let r = s.request();
+                        (r.op, r.lba, r.blocks)
                     });
                 if res < 0 {
                     Err(DeviceError::Io {

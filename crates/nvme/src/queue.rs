@@ -23,6 +23,7 @@ use crate::qpair::QueuePair;
 use crate::regs::{self, PAGE};
 use crate::status::NvmeStatus;
 use kura_engine::poison::FlushPoison;
+use kura_engine::split::{pieces, Piece, SplitParent};
 use kura_engine::{
     BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode,
     Rejected, Request,
@@ -60,12 +61,10 @@ enum Pending {
 }
 
 struct Slot {
-    req: Request,
+    /// The request and its commands not yet completed.
+    parent: SplitParent,
     /// A DMA-mapped stand-in for a buffer outside the arena.
     bounce: Option<IoBuf>,
-    /// Commands of this request not yet completed.
-    remaining: u32,
-    status: DeviceResult<()>,
     /// The device was given this request's memory and cannot be confirmed stopped: its DMA
     /// buffers are leaked when it completes.
     leak: bool,
@@ -294,12 +293,10 @@ impl NvmeQueue {
         })
     }
 
-    fn new_slot(&mut self, req: Request, bounce: Option<IoBuf>, remaining: u32) -> usize {
+    fn new_slot(&mut self, req: Request, bounce: Option<IoBuf>, commands: usize) -> usize {
         let slot = Slot {
-            req,
+            parent: SplitParent::new(req, commands),
             bounce,
-            remaining,
-            status: Ok(()),
             leak: false,
         };
         match self.free_slots.pop() {
@@ -320,7 +317,11 @@ impl NvmeQueue {
             Some(Slot {
                 bounce: Some(b), ..
             }) => b.as_ptr() as u64,
-            Some(Slot { req, .. }) => req.buf.as_ref().map_or(0, |b| b.as_ptr() as u64),
+            Some(Slot { parent, .. }) => parent
+                .request()
+                .buf
+                .as_ref()
+                .map_or(0, |b| b.as_ptr() as u64),
             None => 0,
         }
     }
@@ -366,16 +367,28 @@ impl NvmeQueue {
             ));
         }
         let op = req.op;
-        let pieces: Vec<(u64, u64, u64)> = match op {
-            Opcode::Flush => vec![(0, 0, 0)],
-            Opcode::Read | Opcode::Write => prp::split(slba, nlbs, self.max_cmd_lbas).collect(),
+        let lba_size = lba_bytes as u32;
+        let parts: Vec<Piece> = match op {
+            Opcode::Flush => vec![Piece {
+                lba: 0,
+                blocks: 0,
+                buf_offset: 0,
+            }],
+            Opcode::Read | Opcode::Write => {
+                pieces(slba, nlbs, self.max_cmd_lbas, lba_size).collect()
+            }
             Opcode::WriteZeroes | Opcode::Discard => {
-                prp::split(slba, nlbs, MAX_ZERO_LBAS).collect()
+                pieces(slba, nlbs, MAX_ZERO_LBAS, lba_size).collect()
             }
         };
-        let slot = self.new_slot(req, bounce, pieces.len() as u32);
+        let slot = self.new_slot(req, bounce, parts.len());
         let base = self.data_addr(slot);
-        for (lba, n, first) in pieces {
+        for Piece {
+            lba,
+            blocks: n,
+            buf_offset,
+        } in parts
+        {
             let nlb = n as u32;
             let pending = match op {
                 Opcode::Flush => Pending::Flush,
@@ -387,7 +400,7 @@ impl NvmeQueue {
                     },
                     slba: lba,
                     nlb,
-                    addr: base + first * lba_bytes,
+                    addr: base + buf_offset as u64,
                     len: (n * lba_bytes) as usize,
                 },
                 Opcode::WriteZeroes => Pending::WriteZeroes {
@@ -489,11 +502,7 @@ impl NvmeQueue {
         let Some(s) = self.slots[slot].as_mut() else {
             return;
         };
-        if s.status.is_ok() {
-            s.status = status;
-        }
-        s.remaining = s.remaining.saturating_sub(1);
-        if s.remaining > 0 {
+        if !s.parent.piece_done(status) {
             return;
         }
         let Some(mut s) = self.slots[slot].take() else {
@@ -503,19 +512,23 @@ impl NvmeQueue {
         if s.leak {
             self.leak_buffers(&mut s);
         }
-        if s.req.op == Opcode::Read && s.status.is_ok() {
-            if let (Some(b), Some(dst)) = (s.bounce.as_ref(), s.req.buf.as_mut()) {
+        let mut c = s.parent.into_completion();
+        if c.op == Opcode::Read && c.status.is_ok() {
+            if let (Some(b), Some(dst)) = (s.bounce.as_ref(), c.buf.as_mut()) {
                 let n = dst.len().min(b.len());
                 dst[..n].copy_from_slice(&b[..n]);
             }
         }
-        self.poison.observe(s.req.op, &s.status);
-        self.done.push(Completion::of(s.req, s.status));
+        self.poison.observe(c.op, &c.status);
+        self.done.push(c);
     }
 
     fn status_error(&self, slot: usize, st: NvmeStatus) -> DeviceError {
         match self.slots[slot].as_ref() {
-            Some(s) => st.to_device_error(s.req.op, s.req.lba, s.req.blocks, self.geo.num_blocks),
+            Some(s) => {
+                let r = s.parent.request();
+                st.to_device_error(r.op, r.lba, r.blocks, self.geo.num_blocks)
+            }
             None => st.to_device_error(Opcode::Read, 0, 0, self.geo.num_blocks),
         }
     }
@@ -551,13 +564,12 @@ impl NvmeQueue {
     fn leak_buffers(&mut self, s: &mut Slot) {
         let mut leaked = Vec::new();
         leaked.extend(s.bounce.take());
-        let dma = s
-            .req
-            .buf
+        let buf = &mut s.parent.request_mut().buf;
+        let dma = buf
             .as_ref()
             .is_some_and(|b| self.sh.is_dma(b.as_ptr() as u64, b.capacity()));
         if dma {
-            leaked.extend(s.req.buf.take());
+            leaked.extend(buf.take());
         }
         let bytes: usize = leaked.iter().map(IoBuf::capacity).sum();
         self.stats.leaked_buffers += leaked.len() as u64;
@@ -669,13 +681,13 @@ impl NvmeQueue {
             }
         }
         if let Some(s) = self.slots[cmd.slot].as_mut() {
-            if s.status.is_ok() {
-                s.status = Err(DeviceError::Io {
-                    op: s.req.op,
-                    lba: s.req.lba,
-                    errno: Errno(libc::ETIMEDOUT),
-                });
-            }
+            let r = s.parent.request();
+            let timed_out = DeviceError::Io {
+                op: r.op,
+                lba: r.lba,
+                errno: Errno(libc::ETIMEDOUT),
+            };
+            s.parent.fail(timed_out);
         }
         self.stats.resets += 1;
         let reset = self.sh.reset(self.generation);
