@@ -24,6 +24,8 @@ pub mod journal;
 pub mod layout;
 pub mod mkfs;
 pub mod repair;
+#[doc(hidden)]
+pub mod testing;
 pub mod wal;
 
 pub use error::{FormatError, FsError};

@@ -1395,6 +1395,7 @@ mod tests {
     use crate::fsck::fsck;
     use crate::journal::Transaction;
     use crate::mkfs::{mkfs, MkfsOptions};
+    use crate::testing::{bit_flips, fresh_metadata_blocks, BitFlip};
     use kura_engine::backend::common::QueueOptions;
     use kura_engine::backend::mem::{MemDevice, MemStorage};
 
@@ -1992,25 +1993,12 @@ mod tests {
     fn every_bit_flip_in_metadata_is_repaired_and_none_panics() {
         let (storage, l) = formatted(8 << 20, 4096);
         let pristine = storage.lock().expect("lock").clone();
-        let mut checked: Vec<u64> = vec![
-            0,
-            l.backup_superblock(),
-            l.journal_start,
-            l.journal_start + 1,
-        ];
-        checked.extend(l.block_bitmap_start..l.data_start + 1);
-        let mut state = 0x0bad_5eed_1234_5678u64;
-        for round in 0..200 {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let block = checked[(state % checked.len() as u64) as usize];
-            let at = block as usize * 4096 + (state >> 20) as usize % 4096;
-            {
-                let mut disk = storage.lock().expect("lock");
-                disk.copy_from_slice(&pristine);
-                disk[at] ^= 1 << (state >> 60 & 7);
-            }
+        let checked = fresh_metadata_blocks(&l);
+        for flip in bit_flips(0x0bad_5eed_1234_5678, 200, &checked, 4096) {
+            let BitFlip {
+                round, block, at, ..
+            } = flip;
+            flip.apply(&mut storage.lock().expect("lock"), &pristine);
             let report = repair(reopen(&storage))
                 .unwrap_or_else(|e| panic!("round {round}: block {block} byte {at}: {e}"));
             assert!(

@@ -4,6 +4,7 @@
 use kura_accelfs::blockio::BlockIo;
 use kura_accelfs::header::{seal, BlockKind};
 use kura_accelfs::journal::{self, JournalArea, Transaction};
+use kura_accelfs::testing::{bit_flips, fresh_metadata_blocks, BitFlip};
 use kura_accelfs::{fsck, mkfs, FormatError, FsError, MkfsOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
@@ -169,27 +170,13 @@ fn every_bit_flip_in_checked_metadata_is_noticed_and_none_panics() {
     let (storage, sb) = formatted(8 << 20, 4096, 4096);
     let l = sb.layout;
     let pristine = storage.lock().unwrap().clone();
-    // Every block fsck checks: superblock and backup, journal superblock, bitmaps, inode table,
-    // the root directory. (Unused journal log blocks hold nothing to check.)
-    let mut checked: Vec<u64> = vec![
-        0,
-        l.backup_superblock(),
-        l.journal_start,
-        l.journal_start + 1,
-    ];
-    checked.extend(l.block_bitmap_start..l.data_start + 1);
-    let mut state = 0x1234_5678_9abc_def0u64;
-    for round in 0..300 {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        let block = checked[(state % checked.len() as u64) as usize];
-        let at = block as usize * 4096 + (state >> 20) as usize % 4096;
-        {
-            let mut disk = storage.lock().unwrap();
-            disk.copy_from_slice(&pristine);
-            disk[at] ^= 1 << (state >> 60 & 7);
-        }
+    // Every block fsck checks.
+    let checked = fresh_metadata_blocks(&l);
+    for flip in bit_flips(0x1234_5678_9abc_def0, 300, &checked, 4096) {
+        let BitFlip {
+            round, block, at, ..
+        } = flip;
+        flip.apply(&mut storage.lock().unwrap(), &pristine);
         let noticed = match fsck(reopen(&storage)) {
             Ok(r) => !r.is_clean() || !r.notes.is_empty(),
             Err(_) => true,
