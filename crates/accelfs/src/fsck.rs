@@ -5,7 +5,7 @@
 
 use crate::bitmap::Bitmap;
 use crate::blockio::BlockIo;
-use crate::dir;
+use crate::dir::{self, DirEntry};
 use crate::error::{FormatError, FsError};
 use crate::extent::{Extent, ExtentMap};
 use crate::header::{verify, BlockKind, HEADER_LEN};
@@ -13,7 +13,7 @@ use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::journal::{self, JournalArea, JournalSuper};
 use crate::layout::{Layout, Superblock, ROOT_INODE};
 use kura_engine::{BlockDevice, BlockingIo};
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 
 /// Blocks listed one by one for each kind of block-bitmap mismatch; the rest are counted.
 const LISTED_BLOCKS: u64 = 1000;
@@ -125,346 +125,460 @@ impl Reader {
 }
 
 /// Checks the AccelFS on `dev`. `Err` only when it cannot be read as AccelFS at all.
+///
+/// The passes run in this order, each adding its problems to the report in turn (the order of
+/// the report's lines is part of its contract: tests compare them).
 pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
     let (sb, io, note) = load_superblock(dev)?;
-    let l = sb.layout;
-    let bs = l.block_size as usize;
-    let mut r = FsckReport {
-        total_blocks: l.total_blocks,
-        ..FsckReport::default()
-    };
-    r.notes.extend(note.clone());
-    if note.is_some() {
-        r.problems
-            .push("the primary superblock is damaged (the backup is intact)".into());
-    }
-    let mut rd = Reader {
-        io,
-        overlay: HashMap::new(),
-    };
-    if note.is_none() {
-        let backup = l.backup_superblock();
-        match Superblock::decode(&rd.read(backup)?, backup) {
-            Ok(b) if b == sb => {}
-            Ok(_) => r.problems.push(format!(
-                "the backup superblock (block {backup}) differs from the primary"
-            )),
-            Err(e) => r.problems.push(format!("backup superblock: {e}")),
-        }
-    }
-
-    // The journal: replay committed transactions in memory.
-    let area = JournalArea {
-        start: l.journal_start,
-        len: l.journal_len,
-    };
-    let (first, second) = (rd.read(area.start)?, rd.read(area.start + 1)?);
-    for (n, copy) in [(area.start, &first), (area.start + 1, &second)] {
-        if let Err(e) = JournalSuper::decode(copy, n) {
-            r.notes.push(format!("journal superblock copy in block {n} is unreadable ({e}); the other copy is used — expected only after a crash during a checkpoint"));
-        }
-    }
-    match JournalSuper::newest(area, &first, &second) {
-        Ok(js) => {
-            let io = &mut rd.io;
-            let (txns, _) = journal::scan(js, area, bs, |n| io.read(n))?;
-            if !txns.is_empty() {
-                r.notes.push(format!(
-                    "the journal holds {} committed transaction(s) that mount will replay",
-                    txns.len()
-                ));
-            }
-            for t in txns {
-                for (target, image) in t.images {
-                    if target < l.journal_start + l.journal_len || target >= l.total_blocks {
-                        r.problems.push(format!("journal transaction {} writes block {target}, outside the metadata it may touch", t.seq));
-                    } else {
-                        rd.overlay.insert(target, image);
-                    }
-                }
-            }
-        }
-        Err(e) => r.problems.push(format!("journal superblock: {e}")),
-    }
-
-    let block_bitmap = read_bitmap(
-        &mut rd,
-        &mut r,
+    let mut c = Checker::new(sb.layout, io);
+    c.superblocks(&sb, note)?;
+    c.journal()?;
+    let l = c.l;
+    let block_bitmap = c.read_bitmap(
         l.block_bitmap_start,
         l.block_bitmap_len,
         l.total_blocks,
         BlockKind::BlockBitmap,
     )?;
-    let inode_bitmap = read_bitmap(
-        &mut rd,
-        &mut r,
+    let inode_bitmap = c.read_bitmap(
         l.inode_bitmap_start,
         l.inode_bitmap_len,
         l.inode_count,
         BlockKind::InodeBitmap,
     )?;
+    c.read_inodes()?;
+    c.inode_bitmap(&inode_bitmap);
+    c.root();
+    c.claim_blocks()?;
+    c.block_bitmap(&block_bitmap);
+    c.directories()?;
+    c.link_counts();
+    c.reachability();
+    c.report.used_blocks = c.claimed.count_ones();
+    Ok(c.report)
+}
 
-    // Inodes.
-    let per = Layout::inodes_per_block(l.block_size);
-    let mut inodes: HashMap<u64, Inode> = HashMap::new();
-    for i in 0..l.inode_table_len {
-        let n = l.inode_table_start + i;
-        let b = rd.read(n)?;
-        if let Err(e) = verify(&b, BlockKind::InodeTable, n) {
-            r.problems.push(format!("inode table: {e}"));
-            continue;
+/// The fsck pass: what has been read so far, and the report being written.
+struct Checker {
+    l: Layout,
+    rd: Reader,
+    report: FsckReport,
+    /// Inodes in use, by number (the table as the next mount will see it).
+    inodes: BTreeMap<u64, Inode>,
+    /// Blocks claimed so far: the metadata regions, then each inode's extent and data blocks.
+    claimed: Bitmap,
+    /// Block maps of inodes whose every block was claimed once (only these are read further).
+    maps: HashMap<u64, ExtentMap>,
+    /// Who claimed what, for naming the other owner of a block claimed twice: each inode's
+    /// extent blocks, and the maps of inodes whose claims stopped at a shared block (a per-block
+    /// owner table would let one crafted inode that maps the whole device fill memory).
+    chains: HashMap<u64, Vec<u64>>,
+    stopped: HashMap<u64, ExtentMap>,
+    /// Owner lookups made so far (at most `OWNER_LOOKUPS`).
+    lookups: usize,
+    /// Directory entries naming each inode.
+    refs: HashMap<u64, u32>,
+    /// Each directory's entries, by inode.
+    children: HashMap<u64, Vec<u64>>,
+}
+
+impl Checker {
+    fn new(l: Layout, io: BlockIo) -> Self {
+        let mut claimed = Bitmap::new(l.total_blocks);
+        claimed.set_range(0, l.data_start, true);
+        claimed.set(l.backup_superblock(), true);
+        Checker {
+            l,
+            rd: Reader {
+                io,
+                overlay: HashMap::new(),
+            },
+            report: FsckReport {
+                total_blocks: l.total_blocks,
+                ..FsckReport::default()
+            },
+            inodes: BTreeMap::new(),
+            claimed,
+            maps: HashMap::new(),
+            chains: HashMap::new(),
+            stopped: HashMap::new(),
+            lookups: 0,
+            refs: HashMap::new(),
+            children: HashMap::new(),
         }
-        for slot in 0..per {
-            let ino = i * per + slot;
-            if ino >= l.inode_count {
-                break;
-            }
-            let at = HEADER_LEN + slot as usize * INODE_SIZE;
-            match Inode::decode(ino, &b[at..at + INODE_SIZE]) {
-                Ok(inode) if inode.kind != Kind::Free => {
-                    if ino == 0 {
-                        r.problems.push("inode 0 is reserved but in use".into());
-                    }
-                    inodes.insert(ino, inode);
-                }
-                Ok(_) => {}
-                Err(e) => r.problems.push(e.to_string()),
-            }
-        }
-    }
-    for ino in 1..l.inode_count {
-        let used = inodes.contains_key(&ino);
-        if used != inode_bitmap.get(ino) {
-            r.problems.push(format!(
-                "inode {ino} is {} but marked {} in the inode bitmap",
-                if used { "in use" } else { "free" },
-                if used { "free" } else { "used" }
-            ));
-        }
-    }
-    match inodes.get(&ROOT_INODE) {
-        Some(root) if root.kind == Kind::Directory => {}
-        _ => r.problems.push("the root inode is not a directory".into()),
     }
 
-    // Block maps: every block claimed once, inside the data region.
-    let mut claimed = Bitmap::new(l.total_blocks);
-    claimed.set_range(0, l.data_start, true);
-    claimed.set(l.backup_superblock(), true);
-    let mut maps: HashMap<u64, ExtentMap> = HashMap::new();
-    // Who claimed what, for naming the other owner of a block claimed twice: each inode's
-    // extent blocks, and the maps of inodes whose claims stopped at a shared block (a per-block
-    // owner table would let one crafted inode that maps the whole device fill memory).
-    let mut chains: HashMap<u64, Vec<u64>> = HashMap::new();
-    let mut stopped: HashMap<u64, ExtentMap> = HashMap::new();
-    let mut lookups = 0usize;
-    let mut inos: Vec<u64> = inodes.keys().copied().collect();
-    inos.sort_unstable();
-    for &ino in &inos {
-        let inode = &inodes[&ino];
-        if let Some(why) = l.inode_problem(ino, inode) {
-            r.problems.push(why);
-            continue;
+    fn problem(&mut self, what: String) {
+        self.report.problems.push(what);
+    }
+
+    // Superblocks: a primary found unusable (the backup was loaded instead) is a problem; with a
+    // good primary, the backup must decode and match it, or the next loss of block 0 is fatal.
+    fn superblocks(&mut self, sb: &Superblock, note: Option<String>) -> Result<(), FsError> {
+        self.report.notes.extend(note.clone());
+        if note.is_some() {
+            self.problem("the primary superblock is damaged (the backup is intact)".into());
+            return Ok(());
         }
-        let (map, extent_blocks) = match read_extents(&mut rd, ino, inode, &l) {
-            Ok(v) => v,
-            Err(e) => {
-                r.problems.push(e);
-                continue;
-            }
+        let backup = self.l.backup_superblock();
+        match Superblock::decode(&self.rd.read(backup)?, backup) {
+            Ok(b) if b == *sb => {}
+            Ok(_) => self.problem(format!(
+                "the backup superblock (block {backup}) differs from the primary"
+            )),
+            Err(e) => self.problem(format!("backup superblock: {e}")),
+        }
+        Ok(())
+    }
+
+    // The journal: committed transactions are laid over the blocks in memory, so every later
+    // pass checks the state the next mount will see. A transaction writing outside the metadata
+    // it may touch is a problem and is not laid over.
+    fn journal(&mut self) -> Result<(), FsError> {
+        let l = self.l;
+        let area = JournalArea {
+            start: l.journal_start,
+            len: l.journal_len,
         };
-        if let Err(e) = map.validate(l.data_start, l.backup_superblock()) {
-            r.problems.push(format!("inode {ino}: {e}"));
-            continue;
-        }
-        // The first block claimed twice ends this inode's claims: its map is not trusted any
-        // further (nor read as a directory), and every block is then claimed at most once plus
-        // once per inode, however many inodes a crafted image points at the same blocks.
-        let mut shared = None;
-        let blocks = extent_blocks.iter().map(|&b| (b, "extent block")).chain(
-            map.extents()
-                .iter()
-                .flat_map(|e| (e.physical..e.physical + u64::from(e.length)).map(|b| (b, "data"))),
-        );
-        for (block, what) in blocks {
-            if claimed.set(block, true) {
-                shared = Some((block, what));
-                break;
+        let (first, second) = (self.rd.read(area.start)?, self.rd.read(area.start + 1)?);
+        for (n, copy) in [(area.start, &first), (area.start + 1, &second)] {
+            if let Err(e) = JournalSuper::decode(copy, n) {
+                self.report.notes.push(format!("journal superblock copy in block {n} is unreadable ({e}); the other copy is used — expected only after a crash during a checkpoint"));
             }
         }
-        chains.insert(ino, extent_blocks.clone());
-        if let Some((block, what)) = shared {
-            let other = if block < l.data_start || block == l.backup_superblock() {
-                "metadata".to_string()
-            } else if lookups >= OWNER_LOOKUPS {
-                "another inode".to_string()
-            } else {
-                lookups += 1;
-                let covers = |m: &ExtentMap| m.first_mapped_of(&[block]).is_some();
-                let mut earlier: Vec<u64> = chains.keys().copied().filter(|&o| o != ino).collect();
-                earlier.sort_unstable();
-                earlier
-                    .into_iter()
-                    .find(|o| {
-                        chains[o].contains(&block)
-                            || maps.get(o).is_some_and(covers)
-                            || stopped.get(o).is_some_and(covers)
-                    })
-                    .map_or("another inode".to_string(), |o| format!("inode {o}"))
-            };
-            r.problems.push(format!(
-                "block {block} ({what} of inode {ino}) is also claimed by {other}; the rest of inode {ino}'s blocks were not checked"
-            ));
-            stopped.insert(ino, map);
-            continue;
-        }
-        let counted = map.mapped_blocks() + extent_blocks.len() as u64;
-        if inode.blocks != counted {
-            r.problems.push(format!(
-                "inode {ino} says it holds {} blocks but maps {counted}",
-                inode.blocks
-            ));
-        }
-        maps.insert(ino, map);
-    }
-    // One line per block would let a crafted bitmap of a large (sparse) device fill memory
-    // with reports: the first few are listed, the rest counted.
-    let (mut unmarked, mut leaked) = (0u64, 0u64);
-    for b in 0..l.total_blocks {
-        match (block_bitmap.get(b), claimed.get(b)) {
-            (false, true) => {
-                unmarked += 1;
-                if unmarked <= LISTED_BLOCKS {
-                    r.problems.push(format!(
-                        "block {b} is in use but marked free in the block bitmap"
+        match JournalSuper::newest(area, &first, &second) {
+            Ok(js) => {
+                let io = &mut self.rd.io;
+                let (txns, _) = journal::scan(js, area, l.block_size as usize, |n| io.read(n))?;
+                if !txns.is_empty() {
+                    self.report.notes.push(format!(
+                        "the journal holds {} committed transaction(s) that mount will replay",
+                        txns.len()
                     ));
                 }
-            }
-            (true, false) => {
-                leaked += 1;
-                if leaked <= LISTED_BLOCKS {
-                    r.problems.push(format!(
-                        "block {b} is marked used but nothing uses it (leaked)"
-                    ));
-                }
-            }
-            _ => {}
-        }
-    }
-    for (n, what) in [
-        (unmarked, "in use but marked free"),
-        (leaked, "marked used but unused"),
-    ] {
-        if n > LISTED_BLOCKS {
-            r.problems.push(format!(
-                "... {} more blocks {what} (not listed), {n} in all",
-                n - LISTED_BLOCKS
-            ));
-        }
-    }
-
-    // Directories: entries, link counts, parents, reachability.
-    let mut refs: HashMap<u64, u32> = HashMap::new();
-    let mut children: HashMap<u64, Vec<u64>> = HashMap::new();
-    for &ino in &inos {
-        let inode = &inodes[&ino];
-        if inode.kind != Kind::Directory {
-            r.files += 1;
-            continue;
-        }
-        r.directories += 1;
-        let Some(map) = maps.get(&ino) else { continue };
-        let mut names = HashSet::new();
-        for e in map.extents().to_vec() {
-            for k in 0..u64::from(e.length) {
-                let n = e.physical + k;
-                let entries = match dir::decode_block(&rd.read(n)?, n) {
-                    Ok(v) => v,
-                    Err(err) => {
-                        r.problems.push(format!("directory inode {ino}: {err}"));
-                        continue;
-                    }
-                };
-                for entry in entries {
-                    let shown = String::from_utf8_lossy(&entry.name).into_owned();
-                    if !names.insert(entry.name.clone()) {
-                        r.problems
-                            .push(format!("directory inode {ino} lists `{shown}` twice"));
-                    }
-                    match inodes.get(&entry.ino) {
-                        None => r.problems.push(format!(
-                            "directory inode {ino}: `{shown}` names inode {}, which is not in use",
-                            entry.ino
-                        )),
-                        Some(target) if target.kind != entry.kind => r.problems.push(format!(
-                            "directory inode {ino}: `{shown}` says {:?} but inode {} is a {:?}",
-                            entry.kind, entry.ino, target.kind
-                        )),
-                        Some(target) => {
-                            *refs.entry(entry.ino).or_default() += 1;
-                            children.entry(ino).or_default().push(entry.ino);
-                            if target.kind == Kind::Directory && target.parent != ino {
-                                r.problems.push(format!("directory inode {} is listed in {ino} but names {} as its parent", entry.ino, target.parent));
-                            }
+                for t in txns {
+                    for (target, image) in t.images {
+                        if target < l.journal_start + l.journal_len || target >= l.total_blocks {
+                            self.problem(format!("journal transaction {} writes block {target}, outside the metadata it may touch", t.seq));
+                        } else {
+                            self.rd.overlay.insert(target, image);
                         }
                     }
                 }
             }
+            Err(e) => self.problem(format!("journal superblock: {e}")),
         }
+        Ok(())
     }
-    for &ino in &inos {
-        if ino == ROOT_INODE {
-            if refs.contains_key(&ino) {
-                r.problems
-                    .push("the root directory is listed inside a directory".into());
-            }
-            continue;
-        }
-        let have = refs.get(&ino).copied().unwrap_or(0);
-        if have != inodes[&ino].links {
-            r.problems.push(format!(
-                "inode {ino} has link count {} but {have} directory entries",
-                inodes[&ino].links
-            ));
-        }
-    }
-    let mut seen = HashSet::from([ROOT_INODE]);
-    let mut queue = VecDeque::from([ROOT_INODE]);
-    while let Some(d) = queue.pop_front() {
-        for &c in children.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
-            if seen.insert(c) {
-                queue.push_back(c);
+
+    // A bitmap's blocks: each must carry a valid header and checksum; a bad block is reported
+    // and its bits stay clear, so the comparisons below report what it should have held.
+    fn read_bitmap(
+        &mut self,
+        start: u64,
+        len: u64,
+        bits: u64,
+        kind: BlockKind,
+    ) -> Result<Bitmap, FsError> {
+        let mut map = Bitmap::new(bits);
+        for i in 0..len {
+            let n = start + i;
+            let b = self.rd.read(n)?;
+            if let Err(e) = map.decode_block(i, &b, kind, n) {
+                self.problem(format!("{}: {e}", kind.name()));
             }
         }
+        Ok(map)
     }
-    for &ino in &inos {
-        if !seen.contains(&ino) {
-            r.problems.push(format!(
+
+    // The inode table: every block verifies, every slot decodes; the inodes in use are kept for
+    // the passes below, and inode 0 (reserved) must be free.
+    fn read_inodes(&mut self) -> Result<(), FsError> {
+        let l = self.l;
+        let per = Layout::inodes_per_block(l.block_size);
+        for i in 0..l.inode_table_len {
+            let n = l.inode_table_start + i;
+            let b = self.rd.read(n)?;
+            if let Err(e) = verify(&b, BlockKind::InodeTable, n) {
+                self.problem(format!("inode table: {e}"));
+                continue;
+            }
+            for slot in 0..per {
+                let ino = i * per + slot;
+                if ino >= l.inode_count {
+                    break;
+                }
+                let at = HEADER_LEN + slot as usize * INODE_SIZE;
+                match Inode::decode(ino, &b[at..at + INODE_SIZE]) {
+                    Ok(inode) if inode.kind != Kind::Free => {
+                        if ino == 0 {
+                            self.problem("inode 0 is reserved but in use".into());
+                        }
+                        self.inodes.insert(ino, inode);
+                    }
+                    Ok(_) => {}
+                    Err(e) => self.problem(e.to_string()),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    // The inode bitmap marks exactly the inodes in use (inode 0 aside), or mount would hand out
+    // a live inode or never reuse a free one.
+    fn inode_bitmap(&mut self, inode_bitmap: &Bitmap) {
+        for ino in 1..self.l.inode_count {
+            let used = self.inodes.contains_key(&ino);
+            if used != inode_bitmap.get(ino) {
+                self.problem(format!(
+                    "inode {ino} is {} but marked {} in the inode bitmap",
+                    if used { "in use" } else { "free" },
+                    if used { "free" } else { "used" }
+                ));
+            }
+        }
+    }
+
+    // The root inode exists and is a directory: everything else hangs from it.
+    fn root(&mut self) {
+        match self.inodes.get(&ROOT_INODE) {
+            Some(root) if root.kind == Kind::Directory => {}
+            _ => self.problem("the root inode is not a directory".into()),
+        }
+    }
+
+    // Block maps: each inode's fields are possible, its extent chain reads back, its extents lie
+    // in the data region, every block is claimed once (by one inode, never by metadata), and its
+    // block count matches what it maps.
+    fn claim_blocks(&mut self) -> Result<(), FsError> {
+        let l = self.l;
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        for ino in inos {
+            let inode = &self.inodes[&ino];
+            if let Some(why) = l.inode_problem(ino, inode) {
+                self.problem(why);
+                continue;
+            }
+            let (map, extent_blocks) = match read_extents(&mut self.rd, ino, inode, &l) {
+                Ok(v) => v,
+                Err(e) => {
+                    self.problem(e);
+                    continue;
+                }
+            };
+            if let Err(e) = map.validate(l.data_start, l.backup_superblock()) {
+                self.problem(format!("inode {ino}: {e}"));
+                continue;
+            }
+            // The first block claimed twice ends this inode's claims: its map is not trusted any
+            // further (nor read as a directory), and every block is then claimed at most once plus
+            // once per inode, however many inodes a crafted image points at the same blocks.
+            let mut shared = None;
+            let blocks = extent_blocks.iter().map(|&b| (b, "extent block")).chain(
+                map.extents().iter().flat_map(|e| {
+                    (e.physical..e.physical + u64::from(e.length)).map(|b| (b, "data"))
+                }),
+            );
+            for (block, what) in blocks {
+                if self.claimed.set(block, true) {
+                    shared = Some((block, what));
+                    break;
+                }
+            }
+            let counted = map.mapped_blocks() + extent_blocks.len() as u64;
+            self.chains.insert(ino, extent_blocks);
+            if let Some((block, what)) = shared {
+                let other = self.owner_of(block, ino);
+                self.problem(format!(
+                    "block {block} ({what} of inode {ino}) is also claimed by {other}; the rest of inode {ino}'s blocks were not checked"
+                ));
+                self.stopped.insert(ino, map);
+                continue;
+            }
+            let said = self.inodes[&ino].blocks;
+            if said != counted {
+                self.problem(format!(
+                    "inode {ino} says it holds {said} blocks but maps {counted}"
+                ));
+            }
+            self.maps.insert(ino, map);
+        }
+        Ok(())
+    }
+
+    /// Names who else claims `block` (claimed again by inode `ino`): metadata, the earliest
+    /// earlier inode whose extent blocks or map cover it, or just "another inode" once
+    /// `OWNER_LOOKUPS` lookups have been spent (each scans every map).
+    fn owner_of(&mut self, block: u64, ino: u64) -> String {
+        if block < self.l.data_start || block == self.l.backup_superblock() {
+            return "metadata".to_string();
+        }
+        if self.lookups >= OWNER_LOOKUPS {
+            return "another inode".to_string();
+        }
+        self.lookups += 1;
+        let covers = |m: &ExtentMap| m.first_mapped_of(&[block]).is_some();
+        let mut earlier: Vec<u64> = self.chains.keys().copied().filter(|&o| o != ino).collect();
+        earlier.sort_unstable();
+        earlier
+            .into_iter()
+            .find(|o| {
+                self.chains[o].contains(&block)
+                    || self.maps.get(o).is_some_and(covers)
+                    || self.stopped.get(o).is_some_and(covers)
+            })
+            .map_or("another inode".to_string(), |o| format!("inode {o}"))
+    }
+
+    // The block bitmap marks exactly the blocks claimed. One line per block would let a crafted
+    // bitmap of a large (sparse) device fill memory with reports: the first few are listed, the
+    // rest counted.
+    fn block_bitmap(&mut self, block_bitmap: &Bitmap) {
+        let (mut unmarked, mut leaked) = (0u64, 0u64);
+        for b in 0..self.l.total_blocks {
+            match (block_bitmap.get(b), self.claimed.get(b)) {
+                (false, true) => {
+                    unmarked += 1;
+                    if unmarked <= LISTED_BLOCKS {
+                        self.problem(format!(
+                            "block {b} is in use but marked free in the block bitmap"
+                        ));
+                    }
+                }
+                (true, false) => {
+                    leaked += 1;
+                    if leaked <= LISTED_BLOCKS {
+                        self.problem(format!(
+                            "block {b} is marked used but nothing uses it (leaked)"
+                        ));
+                    }
+                }
+                _ => {}
+            }
+        }
+        for (n, what) in [
+            (unmarked, "in use but marked free"),
+            (leaked, "marked used but unused"),
+        ] {
+            if n > LISTED_BLOCKS {
+                self.problem(format!(
+                    "... {} more blocks {what} (not listed), {n} in all",
+                    n - LISTED_BLOCKS
+                ));
+            }
+        }
+    }
+
+    // Directories: every block of every trusted directory map decodes, and each entry is checked
+    // (below); files and directories are counted here. The entries found feed the link-count and
+    // reachability passes.
+    fn directories(&mut self) -> Result<(), FsError> {
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        for ino in inos {
+            if self.inodes[&ino].kind != Kind::Directory {
+                self.report.files += 1;
+                continue;
+            }
+            self.report.directories += 1;
+            let Some(extents) = self.maps.get(&ino).map(|m| m.extents().to_vec()) else {
+                continue;
+            };
+            let mut names = HashSet::new();
+            for e in extents {
+                for k in 0..u64::from(e.length) {
+                    let n = e.physical + k;
+                    match dir::decode_block(&self.rd.read(n)?, n) {
+                        Ok(entries) => {
+                            for entry in entries {
+                                self.entry(ino, &entry, &mut names);
+                            }
+                        }
+                        Err(err) => self.problem(format!("directory inode {ino}: {err}")),
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One entry of directory `ino`: its name is unique in the directory, it names an inode in
+    /// use of the kind it says, and a directory it names points back at `ino` as its parent.
+    fn entry(&mut self, ino: u64, entry: &DirEntry, names: &mut HashSet<Vec<u8>>) {
+        let shown = String::from_utf8_lossy(&entry.name).into_owned();
+        if !names.insert(entry.name.clone()) {
+            self.problem(format!("directory inode {ino} lists `{shown}` twice"));
+        }
+        match self.inodes.get(&entry.ino) {
+            None => self.problem(format!(
+                "directory inode {ino}: `{shown}` names inode {}, which is not in use",
+                entry.ino
+            )),
+            Some(target) if target.kind != entry.kind => {
+                let kind = target.kind;
+                self.problem(format!(
+                    "directory inode {ino}: `{shown}` says {:?} but inode {} is a {kind:?}",
+                    entry.kind, entry.ino
+                ))
+            }
+            Some(target) => {
+                let (kind, parent) = (target.kind, target.parent);
+                *self.refs.entry(entry.ino).or_default() += 1;
+                self.children.entry(ino).or_default().push(entry.ino);
+                if kind == Kind::Directory && parent != ino {
+                    self.problem(format!(
+                        "directory inode {} is listed in {ino} but names {parent} as its parent",
+                        entry.ino
+                    ));
+                }
+            }
+        }
+    }
+
+    // Link counts: each inode's count equals the directory entries naming it; the root is named
+    // by none (its own `..` is implicit).
+    fn link_counts(&mut self) {
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        for ino in inos {
+            if ino == ROOT_INODE {
+                if self.refs.contains_key(&ino) {
+                    self.problem("the root directory is listed inside a directory".into());
+                }
+                continue;
+            }
+            let have = self.refs.get(&ino).copied().unwrap_or(0);
+            let links = self.inodes[&ino].links;
+            if have != links {
+                self.problem(format!(
+                    "inode {ino} has link count {links} but {have} directory entries"
+                ));
+            }
+        }
+    }
+
+    // Reachability: every inode in use is reached from the root through directory entries; the
+    // rest are orphans (space no path can free).
+    fn reachability(&mut self) {
+        let mut seen = HashSet::from([ROOT_INODE]);
+        let mut queue = VecDeque::from([ROOT_INODE]);
+        while let Some(d) = queue.pop_front() {
+            for &c in self.children.get(&d).map(Vec::as_slice).unwrap_or(&[]) {
+                if seen.insert(c) {
+                    queue.push_back(c);
+                }
+            }
+        }
+        let orphans: Vec<u64> = self
+            .inodes
+            .keys()
+            .copied()
+            .filter(|ino| !seen.contains(ino))
+            .collect();
+        for ino in orphans {
+            self.problem(format!(
                 "inode {ino} is in use but not reachable from the root (orphan)"
             ));
         }
     }
-    r.used_blocks = claimed.count_ones();
-    Ok(r)
-}
-
-fn read_bitmap(
-    rd: &mut Reader,
-    r: &mut FsckReport,
-    start: u64,
-    len: u64,
-    bits: u64,
-    kind: BlockKind,
-) -> Result<Bitmap, FsError> {
-    let mut map = Bitmap::new(bits);
-    for i in 0..len {
-        let n = start + i;
-        let b = rd.read(n)?;
-        if let Err(e) = map.decode_block(i, &b, kind, n) {
-            r.problems.push(format!("{}: {e}", kind.name()));
-        }
-    }
-    Ok(map)
 }
 
 /// An inode's extents (inline, then the extent-block chain) and the extent blocks themselves.
