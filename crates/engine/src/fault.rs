@@ -16,7 +16,7 @@
 
 use crate::backend::common::CompletedQueue;
 use crate::blocking::BlockingIo;
-use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
+use crate::device::{BlockDevice, Geometry, Opcode, Request};
 use crate::error::{DeviceError, DeviceResult, Errno, OpenError};
 use crate::spec::Spec;
 use rand::rngs::SmallRng;
@@ -324,25 +324,7 @@ impl BlockDevice for FaultDevice {
         format!("fault({})", self.inner.describe())
     }
 
-    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        let mut queue = std::mem::take(&mut self.queue);
-        let geo = self.geo;
-        let result = queue.submit(&geo, req, |r| self.execute(r));
-        self.queue = queue;
-        result
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        Ok(self.queue.drain(out))
-    }
-
-    fn in_flight(&self) -> usize {
-        self.queue.len()
-    }
+    crate::completed_queue_methods!(queue, execute);
 }
 
 impl Drop for FaultDevice {

@@ -35,8 +35,7 @@
 use kura_engine::backend::common::CompletedQueue;
 use kura_engine::open::ChildOpener;
 use kura_engine::{
-    BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError,
-    Rejected, Request, Spec,
+    BlockDevice, BlockingIo, DeviceError, DeviceResult, Geometry, Opcode, OpenError, Request, Spec,
 };
 
 /// Chunk size unless `chunk=` says otherwise.
@@ -441,25 +440,7 @@ impl BlockDevice for Spill {
         )
     }
 
-    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        let mut queue = std::mem::take(&mut self.queue);
-        let geo = self.geo;
-        let res = queue.submit(&geo, req, |r| self.execute(r));
-        self.queue = queue;
-        res
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        Ok(self.queue.drain(out))
-    }
-
-    fn in_flight(&self) -> usize {
-        self.queue.len()
-    }
+    kura_engine::completed_queue_methods!(queue, execute);
 }
 
 /// Opens `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE`.

@@ -127,3 +127,43 @@ impl CompletedQueue {
         self.done.is_empty()
     }
 }
+
+/// The [`BlockDevice`](crate::BlockDevice) methods of a backend built on a [`CompletedQueue`],
+/// which every such backend would otherwise write out the same way: there is nothing to ring
+/// (each command ran in `submit`), `poll` hands over every waiting completion, and what waits is
+/// what is in flight. Goes inside the `impl BlockDevice` block, naming the queue field:
+/// `completed_queue_methods!(queue);`. With a second name, `completed_queue_methods!(queue,
+/// execute);`, it writes `submit` too, running each command with the device's
+/// `fn execute(&mut self, req: &mut Request) -> DeviceResult<()>` (or `&self`).
+#[macro_export]
+macro_rules! completed_queue_methods {
+    ($queue:ident, $execute:ident) => {
+        fn submit(&mut self, req: $crate::Request) -> Result<(), $crate::Rejected> {
+            // The queue is taken out for the call so that `execute` may borrow the device.
+            let mut queue = std::mem::take(&mut self.$queue);
+            let geo = self.geometry();
+            let result = queue.submit(&geo, req, |r| self.$execute(r));
+            self.$queue = queue;
+            result
+        }
+
+        $crate::completed_queue_methods!($queue);
+    };
+    ($queue:ident) => {
+        fn ring_doorbell(&mut self) -> $crate::DeviceResult<()> {
+            Ok(())
+        }
+
+        fn poll(
+            &mut self,
+            out: &mut Vec<$crate::Completion>,
+            _min_complete: usize,
+        ) -> $crate::DeviceResult<usize> {
+            Ok(self.$queue.drain(out))
+        }
+
+        fn in_flight(&self) -> usize {
+            self.$queue.len()
+        }
+    };
+}

@@ -197,17 +197,7 @@ impl BlockDevice for NullDevice {
         })
     }
 
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        Ok(self.queue.drain(out))
-    }
-
-    fn in_flight(&self) -> usize {
-        self.queue.len()
-    }
+    crate::completed_queue_methods!(queue);
 }
 
 fn capacity_of(spec: &Spec) -> Result<u64, OpenError> {

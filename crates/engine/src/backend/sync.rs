@@ -3,7 +3,7 @@
 
 use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
-use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
+use crate::device::{BlockDevice, Geometry, Opcode, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
 use crate::spec::Spec;
 use crate::split::pieces;
@@ -102,24 +102,7 @@ impl BlockDevice for SyncDevice {
         )
     }
 
-    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        let mut queue = std::mem::take(&mut self.queue);
-        let result = queue.submit(&self.geo, req, |r| self.execute(r));
-        self.queue = queue;
-        result
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        Ok(())
-    }
-
-    fn poll(&mut self, out: &mut Vec<Completion>, _min_complete: usize) -> DeviceResult<usize> {
-        Ok(self.queue.drain(out))
-    }
-
-    fn in_flight(&self) -> usize {
-        self.queue.len()
-    }
+    crate::completed_queue_methods!(queue, execute);
 }
 
 /// Opens `sync:PATH[?size=N&direct=0|1&ro=0|1]`.
