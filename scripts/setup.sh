@@ -22,9 +22,9 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # for NBD over TLS. minimap2, samtools: the genome pipeline's peer mapper and SAM checker;
 # ragout-examples: the real E. coli MG1655 genome. qemu-system-x86, linux-image-amd64,
 # busybox-static, cpio, kmod: the guest with an emulated NVMe controller that kura-nvme's
-# driver is tested against. python3-pip: for the Python peers below. libssl-dev, pkg-config:
-# kura-nbd links OpenSSL for TLS-PSK (`kura serve --tls-psk`) when pkg-config finds it; without
-# them it builds without PSK and the PSK tests skip.
+# driver is tested against (crates/nvme-guest). python3-pip: for the Python peers below.
+# libssl-dev, pkg-config: kura-nbd links OpenSSL for TLS-PSK (`kura serve --tls-psk`) when
+# pkg-config finds it; without them it builds without PSK and the PSK tests skip.
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config)

@@ -4,16 +4,16 @@
 //! block layer (`uring:/dev/nvme0n1`). The test checks that every backend measured every point
 //! and that the comparison was made; the figures are emulated and never judged here.
 //!
-//! Skips visibly where the host cannot boot a guest (see `kura_nvme::guest`). The guest is
+//! Skips visibly where the host cannot boot a guest (see `kura_nvme_guest`). The guest is
 //! bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 300).
 
 use std::path::Path;
 
 #[test]
 fn bench_io_compares_nvme_passthrough_and_uring_in_the_guest() {
-    let limit = kura_nvme::guest::time_limit(300);
+    let limit = kura_nvme_guest::time_limit(300);
     let kura = Path::new(env!("CARGO_BIN_EXE_kura"));
-    let run = match kura_nvme::guest::boot(
+    let run = match kura_nvme_guest::boot(
         "init-bench",
         &[kura],
         limit,

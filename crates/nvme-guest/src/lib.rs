@@ -1,7 +1,12 @@
-//! The guest harness's host side: boots `scripts/nvme-vm/run.sh` (QEMU with TCG, q35, an
+//! kura-nvme-guest: the QEMU guest harness for the user-space NVMe driver (`kura-nvme`), kept
+//! out of the driver crate so the driver depends on the engine only.
+//!
+//! This library is the host side: it boots `scripts/nvme-vm/run.sh` (QEMU with TCG, q35, an
 //! emulated Intel IOMMU and an emulated NVMe controller) with a given `/init` and programs, and
-//! hands back the console log and images. The NVMe guest tests of this crate and of the CLI
-//! (`kura bench io` in the guest) both start guests through it.
+//! hands back the console log and images. The guest test of this crate (`tests/vm.rs`, which puts
+//! the `kura-nvme-guest` program of `src/main.rs` in the guest) and the CLI's
+//! (`crates/cli/tests/nvme_guest_bench.rs`, `kura bench io` in the guest) both start guests
+//! through it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -88,6 +88,7 @@ fn cost(dev: &mut dyn BlockDevice, label: &str, depth: usize, n: u64) -> Result<
 }
 
 /// User plus system CPU time of this process so far.
+#[allow(unsafe_code)] // getrusage: the only unsafe in this crate
 fn cpu_seconds() -> f64 {
     // SAFETY: getrusage fills a zeroed struct we own.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };

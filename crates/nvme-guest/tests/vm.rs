@@ -1,7 +1,7 @@
 //! The guest test: boots QEMU (TCG, q35, emulated Intel IOMMU, emulated NVMe controller) with
 //! Debian's kernel and an initramfs holding busybox and `kura-nvme-guest`, which runs the
 //! passthrough tests on `/dev/ng0n1`, then rebinds the controller to vfio-pci and runs the
-//! user-space driver's tests (see `src/bin/kura-nvme-guest.rs` and `scripts/nvme-vm/`).
+//! user-space driver's tests (see `src/main.rs` and `scripts/nvme-vm/`).
 //! Afterwards the host reads the marker blocks both backends wrote from the disk image, and finds
 //! the AccelFS files' data on the second namespace's image.
 //!
@@ -18,9 +18,9 @@ fn block_at(image: &Path, block: u64) -> Vec<u8> {
 
 #[test]
 fn guest_runs_passthrough_and_vfio_driver() {
-    let limit = kura_nvme::guest::time_limit(240);
+    let limit = kura_nvme_guest::time_limit(240);
     let guest_bin = Path::new(env!("CARGO_BIN_EXE_kura-nvme-guest"));
-    let run = match kura_nvme::guest::boot("init", &[guest_bin], limit, "") {
+    let run = match kura_nvme_guest::boot("init", &[guest_bin], limit, "") {
         Ok(run) => run,
         // `boot` fails with "cannot start run.sh: ..." when the script itself cannot run: that
         // is a failure. Any other Err is run.sh's exit 77: QEMU, a kernel, busybox-static or cpio

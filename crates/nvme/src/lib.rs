@@ -12,7 +12,6 @@ pub mod bus;
 pub mod cmd;
 pub mod ctrl;
 pub mod error;
-pub mod guest;
 pub mod open;
 pub mod pci;
 pub mod prp;
