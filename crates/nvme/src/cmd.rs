@@ -3,6 +3,8 @@
 //! does not depend on the host's byte order.
 
 use crate::status::NvmeStatus;
+use kura_engine::split::{pieces, Piece};
+use kura_engine::Opcode;
 
 /// Admin opcodes.
 pub mod admin {
@@ -22,6 +24,32 @@ pub mod io {
     pub const READ: u8 = 0x02;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
+}
+
+/// Largest Write Zeroes / DSM range per command, in NVMe blocks (NLB is 16 bits).
+pub const MAX_ZERO_LBAS: u64 = 1 << 16;
+
+/// The commands a request of `op` over `nlbs` NVMe blocks (of `lba_size` bytes) at `slba`
+/// becomes: reads and writes of at most `max_rw_lbas` blocks each, Write Zeroes and deallocation
+/// of at most [`MAX_ZERO_LBAS`], a flush as one command without a range.
+pub fn command_pieces(
+    op: Opcode,
+    slba: u64,
+    nlbs: u64,
+    max_rw_lbas: u64,
+    lba_size: u32,
+) -> Vec<Piece> {
+    match op {
+        Opcode::Flush => vec![Piece {
+            lba: 0,
+            blocks: 0,
+            buf_offset: 0,
+        }],
+        Opcode::Read | Opcode::Write => pieces(slba, nlbs, max_rw_lbas, lba_size).collect(),
+        Opcode::WriteZeroes | Opcode::Discard => {
+            pieces(slba, nlbs, MAX_ZERO_LBAS, lba_size).collect()
+        }
+    }
 }
 
 /// Feature identifier: Number of Queues.

@@ -7,13 +7,13 @@
 //! CQE result is the NVMe status, decoded like the user-space driver's; a negative one an errno.
 //! Discard is Write Zeroes with deallocate, which (unlike DSM) guarantees zeroes on read.
 
-use crate::cmd::{io, Sqe};
+use crate::cmd::{command_pieces, io, Sqe};
 use crate::open::queue_spec;
 use crate::prp;
 use crate::status::NvmeStatus;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use kura_engine::poison::FlushPoison;
-use kura_engine::split::{pieces, Piece, SplitParent};
+use kura_engine::split::{Piece, SplitParent};
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Errno, Geometry, Opcode, OpenError,
     Rejected, Request, Spec,
@@ -26,7 +26,6 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 const NVME_URING_CMD_IO: u32 = 0xc048_4e80;
 /// `NVME_IOCTL_ID` = `_IO('N', 0x40)`: the namespace id of an NVMe device node.
 const NVME_IOCTL_ID: u64 = 0x4e40;
-const MAX_ZERO_LBAS: u64 = 1 << 16;
 
 /// Packs an NVMe command into `struct nvme_uring_cmd` (data at `addr`, `len` bytes).
 fn uring_cmd(s: &Sqe, addr: u64, len: u32) -> [u8; 80] {
@@ -164,18 +163,7 @@ impl NvmePt {
         let op = req.op;
         let addr = req.buf.as_ref().map_or(0, |b| b.as_ptr() as u64);
         let max_lbas = u64::from(self.geo.max_transfer) / self.lba_size;
-        let lba_size = self.lba_size as u32;
-        let parts: Vec<Piece> = match op {
-            Opcode::Flush => vec![Piece {
-                lba: 0,
-                blocks: 0,
-                buf_offset: 0,
-            }],
-            Opcode::Read | Opcode::Write => pieces(slba, nlbs, max_lbas, lba_size).collect(),
-            Opcode::WriteZeroes | Opcode::Discard => {
-                pieces(slba, nlbs, MAX_ZERO_LBAS, lba_size).collect()
-            }
-        };
+        let parts = command_pieces(op, slba, nlbs, max_lbas, self.lba_size as u32);
         let mut cmds = Vec::new();
         for Piece {
             lba,

@@ -15,7 +15,7 @@
 //! without it.
 
 use crate::bus::DmaMem;
-use crate::cmd::{io, Cqe, Sqe};
+use crate::cmd::{command_pieces, io, Cqe, Sqe};
 use crate::ctrl::Shared;
 use crate::error::NvmeError;
 use crate::prp::{self, LIST_ENTRIES};
@@ -23,7 +23,7 @@ use crate::qpair::QueuePair;
 use crate::regs::{self, PAGE};
 use crate::status::NvmeStatus;
 use kura_engine::poison::FlushPoison;
-use kura_engine::split::{pieces, Piece, SplitParent};
+use kura_engine::split::{Piece, SplitParent};
 use kura_engine::{
     BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode,
     Rejected, Request,
@@ -31,9 +31,6 @@ use kura_engine::{
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Largest Write Zeroes / DSM range per command, in NVMe blocks (NLB is 16 bits).
-const MAX_ZERO_LBAS: u64 = 1 << 16;
 
 /// How often a waiting poll reads CSTS and looks for timed-out commands.
 const HEALTH_INTERVAL: Duration = Duration::from_millis(1);
@@ -367,20 +364,7 @@ impl NvmeQueue {
             ));
         }
         let op = req.op;
-        let lba_size = lba_bytes as u32;
-        let parts: Vec<Piece> = match op {
-            Opcode::Flush => vec![Piece {
-                lba: 0,
-                blocks: 0,
-                buf_offset: 0,
-            }],
-            Opcode::Read | Opcode::Write => {
-                pieces(slba, nlbs, self.max_cmd_lbas, lba_size).collect()
-            }
-            Opcode::WriteZeroes | Opcode::Discard => {
-                pieces(slba, nlbs, MAX_ZERO_LBAS, lba_size).collect()
-            }
-        };
+        let parts = command_pieces(op, slba, nlbs, self.max_cmd_lbas, lba_bytes as u32);
         let slot = self.new_slot(req, bounce, parts.len());
         let base = self.data_addr(slot);
         for Piece {
