@@ -427,47 +427,43 @@ fn refused_direct(path: &str, e: std::io::Error) -> OpenError {
 
 /// `pread` until `buf` is full; a read past the end of the file is an error (EIO).
 pub fn pread_exact(file: &File, buf: &mut [u8], offset: u64) -> Result<(), Errno> {
-    let mut done = 0;
-    while done < buf.len() {
+    let len = buf.len();
+    until_done(len, |done| {
         let rest = &mut buf[done..];
         // SAFETY: the pointer and length describe the writable slice `rest`.
-        let n = unsafe {
+        unsafe {
             libc::pread(
                 file.as_raw_fd(),
                 rest.as_mut_ptr().cast(),
                 rest.len(),
                 (offset + done as u64) as i64,
             )
-        };
-        match n {
-            n if n > 0 => done += n as usize,
-            0 => return Err(Errno(libc::EIO)),
-            _ => {
-                let e = Errno::last();
-                if e.0 != libc::EINTR {
-                    return Err(e);
-                }
-            }
         }
-    }
-    Ok(())
+    })
 }
 
 /// `pwrite` until all of `buf` is written.
 pub fn pwrite_all(file: &File, buf: &[u8], offset: u64) -> Result<(), Errno> {
-    let mut done = 0;
-    while done < buf.len() {
+    until_done(buf.len(), |done| {
         let rest = &buf[done..];
         // SAFETY: the pointer and length describe the readable slice `rest`.
-        let n = unsafe {
+        unsafe {
             libc::pwrite(
                 file.as_raw_fd(),
                 rest.as_ptr().cast(),
                 rest.len(),
                 (offset + done as u64) as i64,
             )
-        };
-        match n {
+        }
+    })
+}
+
+/// Calls `io(bytes done so far)` — one `pread` or `pwrite` of the rest — until `len` bytes are
+/// done: a short transfer goes on, EINTR retries, zero bytes is EIO, any other error is returned.
+fn until_done(len: usize, mut io: impl FnMut(usize) -> isize) -> Result<(), Errno> {
+    let mut done = 0;
+    while done < len {
+        match io(done) {
             n if n > 0 => done += n as usize,
             0 => return Err(Errno(libc::EIO)),
             _ => {
