@@ -249,19 +249,15 @@ impl ByteSource {
             inner: reader,
             stats: Arc::clone(&stats),
         });
-        Self {
-            mode: Mode::Inline {
+        Self::start(
+            Mode::Inline {
                 reader: Some(counted),
                 decoding: false,
                 chunk: opts.chunk.max(1),
                 pending: None,
             },
-            cur: Chunk::default(),
-            pos: 0,
-            done: false,
-            failed: false,
             stats,
-        }
+        )
     }
 
     /// A source whose reader thread reads and decompresses up to `opts.depth` chunks ahead of the
@@ -289,18 +285,7 @@ impl ByteSource {
         let thread = std::thread::Builder::new()
             .name("kura-genome-read".into())
             .spawn(move || reader_thread(counted, &thread_stats, chunk, &tx, &spare))?;
-        Ok(Self {
-            mode: Mode::Threaded {
-                rx,
-                recycle,
-                thread: Some(thread),
-            },
-            cur: Chunk::default(),
-            pos: 0,
-            done: false,
-            failed: false,
-            stats,
-        })
+        Ok(Self::threaded(rx, recycle, thread, stats))
     }
 
     /// A source whose chunks come from `producer`, run on a thread of its own, for inputs that
@@ -338,18 +323,36 @@ impl ByteSource {
                     let _ = tx.send(Err(e));
                 }
             })?;
-        Ok(Self {
-            mode: Mode::Threaded {
-                rx,
-                recycle,
-                thread: Some(thread),
-            },
+        Ok(Self::threaded(rx, recycle, thread, stats))
+    }
+
+    /// A source in `mode`, before its first chunk.
+    fn start(mode: Mode, stats: Arc<SourceStats>) -> Self {
+        Self {
+            mode,
             cur: Chunk::default(),
             pos: 0,
             done: false,
             failed: false,
             stats,
-        })
+        }
+    }
+
+    /// A source fed by `thread` through `rx`, with spent buffers going back through `recycle`.
+    fn threaded(
+        rx: Receiver<ChunkMsg>,
+        recycle: SyncSender<Vec<u8>>,
+        thread: JoinHandle<()>,
+        stats: Arc<SourceStats>,
+    ) -> Self {
+        Self::start(
+            Mode::Threaded {
+                rx,
+                recycle,
+                thread: Some(thread),
+            },
+            stats,
+        )
     }
 
     /// Opens a host file with read-ahead and the default options.
