@@ -31,7 +31,7 @@ use crate::handshake::{
 };
 use crate::protocol::{
     check_request, cmd_flags, tx_flags, BlockSizes, Command, ErrorCode, ExportLimits,
-    ProtocolError, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
+    ProtocolError, Refusal, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
 };
 use crate::psk::{PskServer, PskStream};
 use crate::tls::TlsStream;
@@ -1134,18 +1134,7 @@ fn transmission(
         global: &ctx.shared.budget,
     };
     let (tx, rx) = mpsc::channel::<Outgoing>();
-    let writer_budget = Arc::clone(&budget);
-    let writer_shared = Arc::clone(&ctx.shared);
-    let writer = thread::Builder::new()
-        .name(format!("nbd-reply-{id}"))
-        .spawn(move || {
-            let budgets = Budgets {
-                own: &writer_budget,
-                global: &writer_shared.budget,
-            };
-            write_replies(output, cut, rx, &budgets, &writer_shared)
-        });
-    let Ok(writer) = writer else {
+    let Ok(writer) = spawn_writer(output, cut, rx, &budget, &ctx.shared, id) else {
         return;
     };
 
@@ -1162,58 +1151,17 @@ fn transmission(
     let mut reader = BufReader::with_capacity(IO_BUFFER, input);
     let jobs = rt.jobs.clone();
     let mut head = [0u8; REQUEST_LEN];
-    // Ends on a clean close, a read error (the idle timeout among them), or a client vanishing
-    // mid-header.
-    loop {
-        match read_message(&mut reader, &mut head) {
-            Ok(true) => {}
-            Ok(false) => break,
-            Err(e) => {
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                ) {
-                    bump(&counters.idle_closed, 1);
-                }
-                break;
-            }
-        }
-        let h = match RequestHeader::decode(&head) {
-            Ok(h) => h,
-            Err(_) => {
-                bump(&counters.protocol_errors, 1);
-                break;
-            }
-        };
+    // Ends on a clean close, a read error (the idle timeout among them), a client vanishing
+    // mid-header or mid-payload, a header that does not decode, or NBD_CMD_DISC.
+    while let Some(h) = next_request(&mut reader, &mut head, counters) {
         bump(&counters.requests, 1);
-        if let Err(refusal) = check_request(&h, &rt.limits) {
+        if let Some(refusal) = refusal(&h, rt, strict) {
             reply_now(h.cookie, Some(refusal.error));
             if refusal.fatal {
                 bump(&counters.protocol_errors, 1);
                 break;
             }
-            let skip = u64::from(h.payload_len());
-            if skip > 0
-                && io::copy(&mut (&mut reader).take(skip), &mut io::sink()).ok() != Some(skip)
-            {
-                break;
-            }
-            continue;
-        }
-        let aligned = |v: u64| v.is_multiple_of(rt.block_size);
-        if strict
-            && matches!(
-                h.command,
-                Command::Read | Command::Write | Command::Trim | Command::WriteZeroes
-            )
-            && !(aligned(h.offset) && aligned(u64::from(h.length)))
-        {
-            // The client agreed to the minimum block size and broke it (NBD allows EINVAL).
-            reply_now(h.cookie, Some(ErrorCode::Inval));
-            let skip = u64::from(h.payload_len());
-            if skip > 0
-                && io::copy(&mut (&mut reader).take(skip), &mut io::sink()).ok() != Some(skip)
-            {
+            if !skip_payload(&mut reader, &h) {
                 break;
             }
             continue;
@@ -1292,6 +1240,90 @@ fn transmission(
     drop(jobs);
     drop(tx);
     let _ = writer.join();
+}
+
+/// Starts the thread that sends one connection's replies (`write_replies`), under the
+/// connection's own budget and the server-wide one.
+fn spawn_writer(
+    output: Box<dyn Write + Send>,
+    cut: Sock,
+    rx: Receiver<Outgoing>,
+    budget: &Arc<Budget>,
+    shared: &Arc<Shared>,
+    id: u64,
+) -> io::Result<JoinHandle<()>> {
+    let writer_budget = Arc::clone(budget);
+    let writer_shared = Arc::clone(shared);
+    thread::Builder::new()
+        .name(format!("nbd-reply-{id}"))
+        .spawn(move || {
+            let budgets = Budgets {
+                own: &writer_budget,
+                global: &writer_shared.budget,
+            };
+            write_replies(output, cut, rx, &budgets, &writer_shared)
+        })
+}
+
+/// The next request header, or `None` when the connection is over: a clean close, a read error
+/// (an idle timeout is counted as such), or a header that does not decode (counted as a protocol
+/// error: the stream cannot be trusted to be in step any more).
+fn next_request<R: Read>(
+    reader: &mut R,
+    head: &mut [u8; REQUEST_LEN],
+    counters: &Counters,
+) -> Option<RequestHeader> {
+    match read_message(reader, head) {
+        Ok(true) => {}
+        Ok(false) => return None,
+        Err(e) => {
+            if matches!(
+                e.kind(),
+                io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+            ) {
+                bump(&counters.idle_closed, 1);
+            }
+            return None;
+        }
+    }
+    match RequestHeader::decode(head) {
+        Ok(h) => Some(h),
+        Err(_) => {
+            bump(&counters.protocol_errors, 1);
+            None
+        }
+    }
+}
+
+/// Why a request is answered with an error without reaching the driver: the protocol's checks
+/// against the export ([`check_request`]), then, when `strict`, the block alignment the client
+/// agreed to.
+fn refusal(h: &RequestHeader, rt: &ExportRt, strict: bool) -> Option<Refusal> {
+    if let Err(refusal) = check_request(h, &rt.limits) {
+        return Some(refusal);
+    }
+    let aligned = |v: u64| v.is_multiple_of(rt.block_size);
+    if strict
+        && matches!(
+            h.command,
+            Command::Read | Command::Write | Command::Trim | Command::WriteZeroes
+        )
+        && !(aligned(h.offset) && aligned(u64::from(h.length)))
+    {
+        // The client agreed to the minimum block size and broke it (NBD allows EINVAL).
+        return Some(Refusal {
+            error: ErrorCode::Inval,
+            fatal: false,
+        });
+    }
+    None
+}
+
+/// Reads and drops a refused request's payload so the next header is in step; `false` when the
+/// client vanished mid-payload.
+fn skip_payload<R: Read>(reader: &mut R, h: &RequestHeader) -> bool {
+    let skip = u64::from(h.payload_len());
+    skip == 0 || io::copy(&mut reader.by_ref().take(skip), &mut io::sink()).ok() == Some(skip)
 }
 
 /// Hands a job to the export's driver; if the driver is gone the client hears ESHUTDOWN.
