@@ -8,8 +8,9 @@ use crate::error::FsError;
 use crate::extent::Extent;
 use crate::header::{seal, BlockKind};
 use crate::inode::{Inode, Kind, INODE_SIZE};
-use crate::journal::{JournalArea, JournalSuper};
+use crate::journal::JournalArea;
 use crate::layout::{Layout, Superblock, DEFAULT_BLOCK_SIZE, ROOT_INODE};
+use crate::wal::write_empty_supers;
 
 /// Choices made at mkfs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,17 +75,7 @@ pub fn mkfs(io: &mut BlockIo, opts: MkfsOptions) -> Result<Superblock, FsError> 
         start: layout.journal_start,
         len: layout.journal_len,
     };
-    for generation in [0, 1] {
-        let js = JournalSuper {
-            oldest_seq: 1,
-            oldest_pos: 0,
-            generation,
-        };
-        io.write(
-            area.super_block(generation),
-            &js.encode(bs, area.super_block(generation)),
-        )?;
-    }
+    write_empty_supers(io, area, bs)?;
 
     let mut blocks = Bitmap::new(layout.total_blocks);
     blocks.set_range(0, layout.data_start + 1, true);

@@ -26,7 +26,7 @@ use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::journal::{self, JournalArea, JournalSuper};
 use crate::layout::{Layout, Superblock, ROOT_INODE};
 use crate::mkfs::now_ns;
-use crate::wal::Journal;
+use crate::wal::{self, Journal};
 use kura_engine::BlockDevice;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
@@ -369,15 +369,7 @@ impl Repairer {
             )),
         }
         self.io.zero(area.start, area.len)?;
-        for generation in [0, 1] {
-            let js = JournalSuper {
-                oldest_seq: 1,
-                oldest_pos: 0,
-                generation,
-            };
-            let n = area.super_block(generation);
-            self.io.write(n, &js.encode(self.bs, n))?;
-        }
+        wal::write_empty_supers(&mut self.io, area, self.bs)?;
         self.io.flush()?;
         Ok(())
     }

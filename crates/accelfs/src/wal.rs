@@ -237,6 +237,22 @@ impl Journal {
     }
 }
 
+/// Writes both superblock copies of an empty journal in `area` (`bs`-byte blocks): recovery
+/// starts at sequence 1, log position 0. This is how mkfs leaves a journal and how repair resets
+/// one; the log itself is the caller's to clear, and nothing here flushes.
+pub fn write_empty_supers(io: &mut BlockIo, area: JournalArea, bs: usize) -> Result<(), FsError> {
+    for generation in [0, 1] {
+        let js = JournalSuper {
+            oldest_seq: 1,
+            oldest_pos: 0,
+            generation,
+        };
+        let n = area.super_block(generation);
+        io.write(n, &js.encode(bs, n))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -254,18 +270,7 @@ mod tests {
 
     fn blank_journal(io: &mut BlockIo) {
         io.zero(AREA.start, AREA.len).unwrap();
-        for generation in [0, 1] {
-            let js = JournalSuper {
-                oldest_seq: 1,
-                oldest_pos: 0,
-                generation,
-            };
-            io.write(
-                AREA.super_block(generation),
-                &js.encode(BS, AREA.super_block(generation)),
-            )
-            .unwrap();
-        }
+        write_empty_supers(io, AREA, BS).unwrap();
         io.flush().unwrap();
     }
 
