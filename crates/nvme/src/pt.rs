@@ -13,7 +13,7 @@ use crate::prp;
 use crate::status::NvmeStatus;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use kura_engine::poison::FlushPoison;
-use kura_engine::split::{Piece, SplitParent};
+use kura_engine::split::SplitParent;
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Errno, Geometry, Opcode, OpenError,
     Rejected, Request, Spec,
@@ -165,13 +165,8 @@ impl NvmePt {
         let max_lbas = u64::from(self.geo.max_transfer) / self.lba_size;
         let parts = command_pieces(op, slba, nlbs, max_lbas, self.lba_size as u32);
         let mut cmds = Vec::new();
-        for Piece {
-            lba,
-            blocks: n,
-            buf_offset,
-        } in parts
-        {
-            let nlb = n as u32;
+        for piece in parts {
+            let (lba, nlb) = (piece.lba, piece.blocks as u32);
             let (sqe, a, len) = match op {
                 Opcode::Flush => (Sqe::new(io::FLUSH, self.nsid), 0, 0),
                 Opcode::Read | Opcode::Write => {
@@ -182,8 +177,8 @@ impl NvmePt {
                     };
                     (
                         Sqe::rw(opc, self.nsid, lba, nlb, 0, 0),
-                        addr + buf_offset as u64,
-                        (n * self.lba_size) as u32,
+                        addr + piece.buf_offset as u64,
+                        (piece.blocks * self.lba_size) as u32,
                     )
                 }
                 Opcode::WriteZeroes => (Sqe::write_zeroes(self.nsid, lba, nlb, false), 0, 0),
