@@ -1,10 +1,17 @@
 //! Compiles the C++ bridge to Google LevelDB (`cpp/kura_leveldb.cc`) and links Debian's
 //! libleveldb. Without its headers (`libleveldb-dev`), the crate builds without the engine and
-//! `Db::open` says how to install it.
+//! `Db::open` says how to install it. `KURA_NO_LEVELDB=1` forces that build even where LevelDB is
+//! present (to build and lint it).
 
 fn main() {
     println!("cargo::rustc-check-cfg=cfg(kura_no_leveldb)");
     println!("cargo:rerun-if-changed=cpp/kura_leveldb.cc");
+    println!("cargo:rerun-if-env-changed=KURA_NO_LEVELDB");
+    if std::env::var_os("KURA_NO_LEVELDB").is_some_and(|v| v != "0") {
+        println!("cargo:warning=KURA_NO_LEVELDB is set: kura-kv builds without Google LevelDB");
+        println!("cargo:rustc-cfg=kura_no_leveldb");
+        return;
+    }
     let header = [
         "/usr/include/leveldb/env.h",
         "/usr/local/include/leveldb/env.h",

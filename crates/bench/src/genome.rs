@@ -262,6 +262,7 @@ fn simulate(
 }
 
 /// Runs a child to completion; returns (wall, peak RSS in MiB).
+#[allow(unsafe_code)] // wait4(2) for the child's rusage
 fn measured(cmd: &mut Command) -> anyhow::Result<(Duration, f64)> {
     let t = Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;

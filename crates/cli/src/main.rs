@@ -1,5 +1,7 @@
 //! The `kura` command line: one binary for every layer's tools and benchmarks.
 
+#![forbid(unsafe_code)]
+
 mod demo;
 mod dev;
 mod drive;

@@ -6,8 +6,10 @@
 //! ([`buffer`]), the spec strings that name devices ([`spec`], [`open()`]), the real backends
 //! ([`backend`]) and the fault injector the upper layers' crash tests use ([`fault`]).
 
+#[allow(unsafe_code)] // system calls, io_uring, the redirect proxy's shared memory
 pub mod backend;
 pub mod blocking;
+#[allow(unsafe_code)] // the DMA arena: mmap, hugepages, the buddy allocator's raw slices
 pub mod buffer;
 pub mod conformance;
 pub mod crc32c;

@@ -113,6 +113,7 @@ fn the_link_model_adds_its_cost_and_says_modeled() {
 }
 
 #[test]
+#[allow(unsafe_code)] // kill(2) on the proxy child
 fn a_dead_proxy_fails_requests_and_never_hangs() {
     let dir = tempfile::tempdir().unwrap();
     let mut dev = redirect_dev(&format!("redirect:{}/d.img?size=1M", dir.path().display()));

@@ -16,6 +16,8 @@
 //! | [`paths`] | the I/O paths compared (direct AccelFS, host files, redirect) and their workspace |
 //! | [`pipeline`] | the whole application (the paper's Table 2), stage by stage, with accuracy |
 
+#![forbid(unsafe_code)]
+
 pub mod align;
 pub mod fasta;
 pub mod fastq;

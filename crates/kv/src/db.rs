@@ -5,6 +5,10 @@
 //! A `Db` is `Send + Sync` (LevelDB synchronises internally); compaction runs on LevelDB's own
 //! background thread, calling into AccelFS through the Env bridge.
 
+// Built without LevelDB (cfg kura_no_leveldb), the bridge calls that write the out-parameters
+// (`err`, `val`, `len`, ...) are compiled out, so those locals are never mutated.
+#![cfg_attr(kura_no_leveldb, allow(unused_mut))]
+
 use crate::error::KvError;
 use crate::ffi::{self, FsContext, KuraDbOptions};
 use kura_accelfs::{FileSystem, MountOptions};
@@ -91,7 +95,7 @@ impl WriteBatch {
         // SAFETY: returns a fresh heap object owned by this WriteBatch, or null with err set.
         let raw = unsafe { ffi::kura_batch_new(&mut err) };
         #[cfg(kura_no_leveldb)]
-        let raw = std::ptr::null_mut();
+        let raw: *mut c_void = std::ptr::null_mut();
         let alloc_error = raw.is_null().then(|| take_error(err));
         WriteBatch { raw, alloc_error }
     }
@@ -498,7 +502,7 @@ impl Db {
     /// Compacts the whole key range. (LevelDB's CompactRange reports nothing itself; this
     /// fails only when the C++ side threw.)
     pub fn compact(&self) -> Result<(), KvError> {
-        let mut err = std::ptr::null_mut();
+        let mut err: *mut c_char = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: raw is live; err is ours.
         let rc = unsafe { ffi::kura_db_compact(self.raw, &mut err) };
@@ -512,7 +516,7 @@ impl Db {
     pub fn property(&self, name: &str) -> Result<Option<String>, KvError> {
         let cname = CString::new(name)
             .map_err(|_| KvError::Invalid(format!("{name:?} contains a NUL byte")))?;
-        let mut err = std::ptr::null_mut();
+        let mut err: *mut c_char = std::ptr::null_mut();
         #[cfg(not(kura_no_leveldb))]
         // SAFETY: raw is live; the result is malloc'd (or null) and freed by take_error.
         let p = unsafe { ffi::kura_db_property(self.raw, cname.as_ptr(), &mut err) };
@@ -560,6 +564,8 @@ impl Drop for Snapshot<'_> {
         unsafe {
             ffi::kura_db_release_snapshot(self.db.raw, self.raw)
         };
+        #[cfg(kura_no_leveldb)]
+        let _ = self.db;
     }
 }
 

@@ -129,6 +129,18 @@ extern "C" {
     pub(crate) fn kura_test_throw(site: c_int, kind: c_int);
 }
 
+/// Arms one injected C++ throw at the next `site` on this thread (see `crate::test_hooks`).
+#[cfg(feature = "test-hooks")]
+pub(crate) fn test_throw(site: c_int, kind: c_int) {
+    #[cfg(not(kura_no_leveldb))]
+    // SAFETY: sets two thread-locals in the bridge; no pointers involved.
+    unsafe {
+        kura_test_throw(site, kind)
+    };
+    #[cfg(kura_no_leveldb)]
+    let _ = (site, kind);
+}
+
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
 }

@@ -7,8 +7,10 @@
 //! C ABI over `leveldb::DB`; [`Db`] is the safe API. The same API opens a host directory through
 //! LevelDB's own POSIX Env, so the two compare one for one.
 
+#[allow(unsafe_code)] // the safe API over the bridge's C ABI (raw LevelDB handles)
 mod db;
 mod error;
+#[allow(unsafe_code)] // the C ABI of cpp/kura_leveldb.cc and the Env callbacks
 mod ffi;
 
 pub use db::{Db, DbOptions, Pair, Snapshot, Store, WriteBatch};
@@ -42,12 +44,6 @@ pub mod test_hooks {
 
     /// Arms one throw of `what` at the next `site` on this thread.
     pub fn throw_once(site: Site, what: Throw) {
-        #[cfg(not(kura_no_leveldb))]
-        // SAFETY: sets two thread-locals in the bridge; no pointers involved.
-        unsafe {
-            crate::ffi::kura_test_throw(site as std::ffi::c_int, what as std::ffi::c_int)
-        };
-        #[cfg(kura_no_leveldb)]
-        let _ = (site, what);
+        crate::ffi::test_throw(site as std::ffi::c_int, what as std::ffi::c_int);
     }
 }

@@ -14,6 +14,7 @@
 
 #[cfg(kura_openssl)]
 #[path = "psk/openssl.rs"]
+#[allow(unsafe_code)] // the hand-written libssl declarations and calls
 mod imp;
 #[cfg(not(kura_openssl))]
 #[path = "psk/none.rs"]
@@ -110,6 +111,7 @@ impl Drop for Secret {
 }
 
 /// Overwrites `bytes` with zeros in a way the optimiser may not remove as a dead store.
+#[allow(unsafe_code)] // write_volatile
 fn wipe(bytes: &mut [u8]) {
     for b in bytes.iter_mut() {
         // SAFETY: `b` is a valid, aligned, exclusive reference to one byte.

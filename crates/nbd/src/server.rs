@@ -562,6 +562,7 @@ pub fn serve_unix(
 /// the start: the process umask is narrowed around `bind`, so no other user can connect in a
 /// window before a `chmod`). A stale socket file nobody listens on is replaced; anything else at
 /// `path` (a regular file, a directory, a socket with a live server) is refused, never removed.
+#[allow(unsafe_code)] // umask(2) around the bind
 pub fn bind_unix(path: &Path) -> io::Result<UnixListener> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {

@@ -8,6 +8,7 @@
 //! (bring-up, admin, reset, shutdown: [`ctrl`]) and one I/O queue pair as a
 //! [`kura_engine::BlockDevice`] ([`queue`]).
 
+#[allow(unsafe_code)] // registers and DMA memory
 pub mod bus;
 pub mod cmd;
 pub mod ctrl;
@@ -15,13 +16,16 @@ pub mod error;
 pub mod open;
 pub mod pci;
 pub mod prp;
+#[allow(unsafe_code)] // open/ioctl on the char device, io_uring passthrough SQEs
 pub mod pt;
 mod qpair;
 pub mod queue;
 pub mod regs;
 pub mod ring;
+#[allow(unsafe_code)] // the simulated controller's DMA into host memory
 pub mod sim;
 pub mod status;
+#[allow(unsafe_code)] // VFIO ioctls, BAR mmap, DMA mappings
 pub mod vfio;
 
 pub use ctrl::{ControllerInfo, CtrlOptions, Leaked, NamespaceInfo};

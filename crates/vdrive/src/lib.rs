@@ -22,6 +22,8 @@
 //! completions come back in any order, each accepted request completes exactly once, and a failed
 //! flush poisons the drive, as the engine's contract requires.
 
+#![forbid(unsafe_code)]
+
 pub mod atomic;
 pub mod cache;
 pub mod coalesce;

@@ -25,6 +25,8 @@
 //! # Ok::<(), kura_workload::Error>(())
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod dist;
 pub mod keys;
 pub mod ops;
