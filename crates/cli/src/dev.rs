@@ -4,75 +4,78 @@ use crate::interrupt::Interrupted;
 use crate::pattern;
 use crate::stream::{self, progress};
 use anyhow::{bail, Context};
-use kura_engine::{BlockDevice, BlockingIo, BufferPool};
+use kura_engine::{BlockDevice, BlockingIo, BufferPool, Registry};
 use std::io::Write;
+use std::sync::OnceLock;
 
-/// Printed by `kura specs`.
-pub const SPECS_HELP: &str = "\
+/// The spec syntax `kura specs` explains before listing the kinds.
+const SPECS_SYNTAX: &str = "\
 Device spec strings
 
   KIND:TARGET[?OPTION=VALUE&...]        a backend
   KIND(SPEC[,SPEC...])[?OPTION=VALUE&...]  a wrapper around other devices
+";
 
-Backends
-  mem:SIZE            RAM disk (SIZE like 64M, 1G). Options: shuffle=SEED (completions out of order)
-  null:SIZE           completes every command at once, stores nothing (measures the stack's own cost)
-  file:PATH           image file on the best path the kernel allows: io_uring + O_DIRECT, else
-                      buffered io_uring, else plain system calls. Options: size=SIZE creates or grows it
-  uring:PATH          io_uring on a file or block device (e.g. /dev/loop0). Options: size=, direct=0|1,
-                      sqpoll=0|1, iopoll=0|1, fixed=0|1 (registered file and buffers),
-                      batch=0|1 (hold commands until the doorbell), spin_us=N (hybrid polling)
-  sync:PATH           plain pread/pwrite/fdatasync through the page cache, the kernel-mediated
-                      baseline. Options: size=, direct=0|1
-  redirect:PATH       every command served by a separate proxy process over shared memory, which
-                      does buffered system calls and copies the data back (the paper's baseline).
-                      Options: size=, link=none|aurora, call_us=F, copy_gbps=F (a modeled link;
-                      results that use it are labelled \"modeled\")
-
-User-space NVMe (kura-nvme; root, a controller bound to vfio-pci)
-  nvme:BDF            polled NVMe driver over VFIO, e.g. nvme:0000:00:04.0 (own queues and
-                      doorbells, DMA straight from the buffer pool)
-  nvme-pt:/dev/ngXnY  raw NVMe commands through io_uring passthrough to the kernel's char device
-  nvme-sim:SIZE       an in-process simulated controller (testing the driver without hardware)
-
-Wrappers
-  fault(SPEC)         injects faults: read_eio=N, write_eio=N, flush_eio=N (the Nth command fails with
-                      EIO), cut_after=N (power cut at the Nth write: unflushed blocks survive with
-                      probability keep=P, seeded by seed=S), record=1 (trace writes and flushes)
-
+/// What `kura specs` says after the kinds.
+const SPECS_NOTES: &str = "\
 Options every backend takes
   bs=4096             logical block size (512 to 64K, a power of two)
   qd=128              queue depth of the queue pair
   max_transfer=1M     largest command; bigger requests are split and completed as one
-
-Virtual drives (kura-vdrive), composable with everything else
-  split(CHILD)?offset=SIZE&len=SIZE    a window of the child (a partition)
-  concat(A,B,...)                      children end to end
-  stripe(A,B,...)?chunk=64K            RAID-0
-  mirror(A,B,...)                      RAID-1: reads balanced, writes to all legs; a failing leg is
-                                       marked degraded and the drive keeps serving
-  cache(CHILD)?size=32M&mode=wt|wb     LRU block cache, write-through or write-back
-  coalesce(CHILD)?max=1M               merges contiguous requests that arrive within half the
-                                       child's measured average latency (at most 2 ms)
-  spill(LOCAL,REMOTE)?local=SIZE&chunk=1M  REMOTE's size; first-written chunks live on LOCAL until
-                                       it is full (chunk map in LOCAL's header, crash-safe)
-  priority(CHILD)?weights=8:1&bgdepth=4  weighted classes on one child (opens class 0; see docs)
-  atomic(CHILD)?log=4M                 all-or-nothing multi-block writes; log takes the child's end
-  snapshot(CHILD)?at=NAME|branch=NAME  copy-on-write snapshots and clones (the head; ?at= a read-only
-                                       snapshot view; ?branch= a clone; ?format=1&chunk=64K creates;
-                                       manage with `kura drive`)
-
-Remote devices
-  nbd:HOST:PORT/EXPORT   an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]
-  remote:HOST[:PORT][/EXPORT]?tls=1&ca=PATH&timeout=10&reconnect=1   an NBD export with bounded
-                         waits, one reconnect per drop (unacknowledged commands replayed; a flush
-                         across it fails if acknowledged writes were unflushed) and TLS
 
 Examples
   mem:256M   file:/tmp/kura.img?size=1G   uring:/dev/loop0?sqpoll=1   sync:/tmp/a.img?direct=1
   redirect:/tmp/a.img?link=aurora   fault(mem:64M)?flush_eio=1   nbd://127.0.0.1:10809/disk
   mirror(stripe(mem:64M,mem:64M),cache(file:/tmp/b.img?size=128M)?mode=wb)
 ";
+
+/// Every kind the CLI opens: the engine's, the virtual drives, user-space NVMe and NBD. Built
+/// once; every command that opens a spec goes through it.
+pub fn registry() -> &'static Registry {
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let mut registry = Registry::engine();
+        kura_vdrive::register(&mut registry);
+        kura_nvme::register(&mut registry);
+        kura_nbd::register(&mut registry);
+        registry
+    })
+}
+
+/// `kura specs`: the syntax, then every registered kind under its group, then the shared options.
+pub fn specs_help(registry: &Registry) -> String {
+    // Descriptions line up in a column per group; a usage longer than MAX_COLUMN gets its
+    // description on the next line.
+    const MIN_COLUMN: usize = 18;
+    const MAX_COLUMN: usize = 38;
+    let mut out = SPECS_SYNTAX.to_string();
+    let kinds = registry.kinds();
+    for (i, kind) in kinds.iter().enumerate() {
+        let column = kinds
+            .iter()
+            .filter(|k| k.group == kind.group)
+            .map(|k| k.usage.len())
+            .filter(|&len| len <= MAX_COLUMN)
+            .fold(MIN_COLUMN, usize::max)
+            + 2;
+        if i == 0 || kinds[i - 1].group != kind.group {
+            out.push_str(&format!("\n{}\n", kind.group));
+        }
+        let mut lines = kind.help.lines();
+        let first = lines.next().unwrap_or("");
+        if kind.usage.len() <= MAX_COLUMN {
+            out.push_str(&format!("  {:<column$}{first}\n", kind.usage));
+        } else {
+            out.push_str(&format!("  {}\n  {:<column$}{first}\n", kind.usage, ""));
+        }
+        for line in lines {
+            out.push_str(&format!("  {:<column$}{line}\n", ""));
+        }
+    }
+    out.push('\n');
+    out.push_str(SPECS_NOTES);
+    out
+}
 
 #[derive(Debug, clap::Subcommand)]
 pub enum DevCommand {
@@ -251,13 +254,19 @@ pub fn run(cmd: DevCommand) -> anyhow::Result<()> {
     }
 }
 
+/// Opens `spec` with every kind the CLI knows ([`registry`]).
 pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     if let Some(rest) = spec.strip_prefix("nbd://") {
-        return open_nbd(rest).with_context(|| format!("connecting to `{spec}`"));
+        return Ok(Box::new(
+            kura_nbd::open::open_address(rest)
+                .with_context(|| format!("connecting to `{spec}`"))?,
+        ));
     }
     let parsed = kura_engine::Spec::parse(spec)
         .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
-    open_any(&parsed).with_context(|| format!("opening `{spec}`"))
+    registry()
+        .open_spec(&parsed)
+        .with_context(|| format!("opening `{spec}`"))
 }
 
 /// Opens `spec` for reading only: every image file or block device in it is opened `ro=1`
@@ -270,7 +279,9 @@ pub fn open_dev_read_only(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     let mut parsed = kura_engine::Spec::parse(spec)
         .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
     mark_read_only(&mut parsed);
-    open_any(&parsed).with_context(|| format!("opening `{spec}` read-only"))
+    registry()
+        .open_spec(&parsed)
+        .with_context(|| format!("opening `{spec}` read-only"))
 }
 
 /// Adds `ro=1` to every file-backed leaf of `spec` that does not say otherwise.
@@ -282,50 +293,6 @@ fn mark_read_only(spec: &mut kura_engine::Spec) {
     for child in &mut spec.children {
         mark_read_only(child);
     }
-}
-
-/// Every kind the CLI knows, nested to any depth: the virtual drives (`kura-vdrive`), NBD
-/// exports (`nbd:HOST:PORT/EXPORT`), and the engine's backends and wrappers.
-fn open_any(spec: &kura_engine::Spec) -> Result<Box<dyn BlockDevice>, kura_engine::OpenError> {
-    if spec.kind == "remote" {
-        return kura_nbd::remote::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>);
-    }
-    if spec.kind == "nbd" {
-        let target = spec.target.as_deref().unwrap_or("");
-        return open_nbd(target)
-            .map_err(|e| kura_engine::OpenError::Invalid(format!("nbd:{target}: {e:#}")));
-    }
-    if let Some(opened) = kura_vdrive::open_vdrive_kind(spec, &open_any) {
-        return opened;
-    }
-    if let Some(opened) = kura_nvme::open_nvme_kind(spec) {
-        return opened;
-    }
-    kura_engine::open::open_engine_kind(spec, &open_any).unwrap_or_else(|| {
-        let known: Vec<&str> = kura_vdrive::VDRIVE_KINDS
-            .iter()
-            .chain(kura_engine::open::ENGINE_KINDS)
-            .chain(kura_nvme::NVME_KINDS)
-            .chain(&["nbd", "remote"])
-            .copied()
-            .collect();
-        Err(kura_engine::open::unknown_kind(spec, &known))
-    })
-}
-
-/// `HOST[:PORT][/EXPORT]`: an export of any NBD server (another `kura serve`, qemu-nbd,
-/// nbdkit) used as a device. The default port is 10809 and the default export the server's.
-fn open_nbd(rest: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
-    let (host, export) = rest.split_once('/').unwrap_or((rest, ""));
-    if host.is_empty() {
-        anyhow::bail!("no host in the NBD address");
-    }
-    let addr = if host.contains(':') && !host.ends_with(']') {
-        host.to_string()
-    } else {
-        format!("{host}:10809")
-    };
-    Ok(Box::new(kura_nbd::connect(addr.as_str(), export)?))
 }
 
 fn print_info(dev: &dyn BlockDevice) {

@@ -118,7 +118,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Nvme(cmd) => nvme::run(cmd),
         Command::Genome(cmd) => genome::run(cmd),
         Command::Specs => {
-            print!("{}", dev::SPECS_HELP);
+            print!("{}", dev::specs_help(dev::registry()));
             Ok(())
         }
     }

@@ -1,67 +1,100 @@
-//! Turning a spec string into a device: the registry of the engine's backend and wrapper kinds.
-//!
-//! Upper layers that add kinds (virtual drives) call [`open_engine_kind`] for everything they do
-//! not know, passing their own opener so that wrappers can hold any kind of child.
+//! The engine's spec kinds (its backends and the `fault` wrapper) and [`open`], which opens a
+//! spec with those kinds only. Programs that know more kinds build a [`Registry`] with them (see
+//! [`crate::registry`]) and open through it.
 
 use crate::backend::{mem, redirect, sync, uring};
 use crate::device::BlockDevice;
 use crate::error::OpenError;
 use crate::fault;
-use crate::spec::{suggest, Spec, SpecError};
+use crate::registry::{Kind, Registry};
+use crate::spec::Spec;
 
-/// The kinds the engine itself opens.
-pub const ENGINE_KINDS: &[&str] = &["mem", "null", "file", "uring", "sync", "redirect", "fault"];
-
-/// Opens a device from its spec string.
+/// Opens a device from its spec string, with the engine's kinds only.
 pub fn open(spec: &str) -> Result<Box<dyn BlockDevice>, OpenError> {
-    open_spec(&Spec::parse(spec)?)
+    Registry::engine().open(spec)
 }
 
 /// Opens a parsed spec with the engine's kinds only.
 pub fn open_spec(spec: &Spec) -> Result<Box<dyn BlockDevice>, OpenError> {
-    open_engine_kind(spec, &open_spec).unwrap_or_else(|| Err(unknown_kind(spec, ENGINE_KINDS)))
+    Registry::engine().open_spec(spec)
 }
 
-/// Opens the devices a wrapper holds; upper layers pass their own to add kinds.
+/// Opens the devices a wrapper holds.
 pub type ChildOpener<'a> = &'a dyn Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError>;
 
-/// Opens `spec` if its kind is one of the engine's; `children` opens wrapped specs.
-/// Returns `None` for kinds the engine does not know.
-pub fn open_engine_kind(
-    spec: &Spec,
-    children: ChildOpener<'_>,
-) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
-    Some(match spec.kind.as_str() {
-        "mem" => boxed(mem::open_mem(spec)),
-        "null" => boxed(mem::open_null(spec)),
-        "file" => open_file(spec),
-        "uring" => boxed(uring::open(spec)),
-        "sync" => boxed(sync::open(spec)),
-        "redirect" => boxed(redirect::open(spec)),
-        "fault" => boxed(fault::open(spec, children)),
-        _ => return None,
-    })
+const BACKENDS: &str = "Backends";
+const WRAPPERS: &str = "Wrappers";
+
+/// Adds the engine's kinds to `registry`.
+pub fn register(registry: &mut Registry) {
+    for kind in [
+        Kind {
+            name: "mem",
+            group: BACKENDS,
+            usage: "mem:SIZE",
+            help: "RAM disk (SIZE like 64M, 1G). Options: shuffle=SEED (completions out of order)",
+            open: |spec, _| boxed(mem::open_mem(spec)),
+        },
+        Kind {
+            name: "null",
+            group: BACKENDS,
+            usage: "null:SIZE",
+            help: "completes every command at once, stores nothing (measures the stack's own cost)",
+            open: |spec, _| boxed(mem::open_null(spec)),
+        },
+        Kind {
+            name: "file",
+            group: BACKENDS,
+            usage: "file:PATH",
+            help: "image file on the best path the kernel allows: io_uring + O_DIRECT, else\n\
+                   buffered io_uring, else plain system calls. Options: size=SIZE creates or grows it",
+            open: |spec, _| open_file(spec),
+        },
+        Kind {
+            name: "uring",
+            group: BACKENDS,
+            usage: "uring:PATH",
+            help: "io_uring on a file or block device (e.g. /dev/loop0). Options: size=, direct=0|1,\n\
+                   sqpoll=0|1, iopoll=0|1, fixed=0|1 (registered file and buffers),\n\
+                   batch=0|1 (hold commands until the doorbell), spin_us=N (hybrid polling)",
+            open: |spec, _| boxed(uring::open(spec)),
+        },
+        Kind {
+            name: "sync",
+            group: BACKENDS,
+            usage: "sync:PATH",
+            help: "plain pread/pwrite/fdatasync through the page cache, the kernel-mediated\n\
+                   baseline. Options: size=, direct=0|1",
+            open: |spec, _| boxed(sync::open(spec)),
+        },
+        Kind {
+            name: "redirect",
+            group: BACKENDS,
+            usage: "redirect:PATH",
+            help: "every command served by a separate proxy process over shared memory, which\n\
+                   does buffered system calls and copies the data back (the paper's baseline).\n\
+                   Options: size=, link=none|aurora, call_us=F, copy_gbps=F (a modeled link;\n\
+                   results that use it are labelled \"modeled\")",
+            open: |spec, _| boxed(redirect::open(spec)),
+        },
+        Kind {
+            name: "fault",
+            group: WRAPPERS,
+            usage: "fault(SPEC)",
+            help: "injects faults: read_eio=N, write_eio=N, flush_eio=N (the Nth command fails with\n\
+                   EIO), cut_after=N (power cut at the Nth write: unflushed blocks survive with\n\
+                   probability keep=P, seeded by seed=S), record=1 (trace writes and flushes)",
+            open: |spec, registry| boxed(fault::open(spec, &|child| registry.open_spec(child))),
+        },
+    ] {
+        registry.add(kind);
+    }
 }
 
 fn boxed<D: BlockDevice + 'static>(
     opened: Result<D, OpenError>,
 ) -> Result<Box<dyn BlockDevice>, OpenError> {
     opened.map(|d| Box::new(d) as Box<dyn BlockDevice>)
-}
-
-/// The error for a kind nobody registered, with the closest known kind as a hint.
-pub fn unknown_kind(spec: &Spec, known: &[&str]) -> OpenError {
-    let hint = suggest(&spec.kind, known)
-        .map(|s| format!("; did you mean `{s}`?"))
-        .unwrap_or_default();
-    OpenError::Spec(SpecError::new(
-        &spec.to_string(),
-        format!(
-            "unknown device kind `{}`{hint} (known: {})",
-            spec.kind,
-            known.join(", ")
-        ),
-    ))
 }
 
 /// `file:PATH` — an image file on the fastest path the kernel allows: io_uring with O_DIRECT,

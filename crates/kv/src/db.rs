@@ -12,6 +12,7 @@
 use crate::error::KvError;
 use crate::ffi::{self, FsContext, KuraDbOptions};
 use kura_accelfs::{FileSystem, MountOptions};
+use kura_engine::Registry;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 
@@ -21,9 +22,13 @@ pub type Pair = (Vec<u8>, Vec<u8>);
 /// Where a database lives.
 #[derive(Debug, Clone)]
 pub enum Store {
-    /// Directory `path` on the AccelFS of device `spec` (formatted with `kura mkfs`); the device
-    /// is mounted for the life of the `Db`.
-    Device { spec: String, path: String },
+    /// Directory `path` on the AccelFS of device `spec` (formatted with `kura mkfs`), opened with
+    /// the kinds of `registry`; the device is mounted for the life of the `Db`.
+    Device {
+        spec: String,
+        path: String,
+        registry: Registry,
+    },
     /// Directory `path` on an already mounted AccelFS.
     AccelFs { fs: FileSystem, path: String },
     /// A host directory, through LevelDB's own POSIX Env (plain system calls).
@@ -219,8 +224,13 @@ impl Db {
             ));
         }
         let (name, ctx, mounted) = match store {
-            Store::Device { spec, path } => {
-                let dev = kura_engine::open(&spec)
+            Store::Device {
+                spec,
+                path,
+                registry,
+            } => {
+                let dev = registry
+                    .open(&spec)
                     .map_err(|e| KvError::Invalid(format!("opening {spec}: {e}")))?;
                 let fs = FileSystem::mount(
                     dev,

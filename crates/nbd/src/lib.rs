@@ -11,6 +11,8 @@
 //!   and can require client certificates; the client asks for it when given a CA);
 //! - [`psk`]: TLS with pre-shared keys from a psktool file (the server only), on the system's
 //!   OpenSSL when the build found it;
+//! - [`open`]: the `nbd:` and `remote:` spec kinds, added to a [`kura_engine::Registry`] by
+//!   [`register`];
 //! - [`remote`]: the `remote:HOST:PORT/EXPORT` drive — the client with bounded waits, one
 //!   reconnect, and replay of what is safe to replay.
 //!
@@ -20,6 +22,7 @@
 pub mod client;
 mod driver;
 pub mod handshake;
+pub mod open;
 pub mod protocol;
 pub mod psk;
 pub mod remote;
@@ -30,6 +33,7 @@ pub use client::{
     connect, connect_with, export_info, list_exports, ClientError, ConnectOptions, ExportDetails,
     ExportEntry, NbdClient,
 };
+pub use open::register;
 pub use protocol::{ErrorCode, ProtocolError};
 pub use server::{
     bind_loopback, bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeError,

@@ -30,6 +30,6 @@ pub mod vfio;
 
 pub use ctrl::{ControllerInfo, CtrlOptions, Leaked, NamespaceInfo};
 pub use error::NvmeError;
-pub use open::{open_nvme_kind, open_sim, NVME_KINDS};
+pub use open::{open_nvme_kind, open_sim, register, NVME_KINDS};
 pub use queue::{NvmeQueue, QueueStats};
 pub use sim::{SimConfig, SimController};

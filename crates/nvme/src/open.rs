@@ -15,7 +15,7 @@ use crate::error::NvmeError;
 use crate::queue::NvmeQueue;
 use crate::sim::{SimConfig, SimController};
 use kura_engine::device::DEFAULT_QUEUE_DEPTH;
-use kura_engine::{BlockDevice, OpenError, Spec};
+use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -40,6 +40,38 @@ pub fn open_nvme_kind(spec: &Spec) -> Option<Result<Box<dyn BlockDevice>, OpenEr
         "nvme-pt" => crate::pt::open(spec).map(|q| Box::new(q) as Box<dyn BlockDevice>),
         _ => return None,
     })
+}
+
+const NVME: &str = "User-space NVMe (kura-nvme; root, a controller bound to vfio-pci)";
+
+/// Adds this crate's kinds to `registry`.
+pub fn register(registry: &mut Registry) {
+    for kind in [
+        Kind {
+            name: "nvme",
+            group: NVME,
+            usage: "nvme:BDF",
+            help: "polled NVMe driver over VFIO, e.g. nvme:0000:00:04.0 (own queues and\n\
+                   doorbells, DMA straight from the buffer pool)",
+            open: |spec, _| crate::vfio::open(spec).map(|q| Box::new(q) as Box<dyn BlockDevice>),
+        },
+        Kind {
+            name: "nvme-pt",
+            group: NVME,
+            usage: "nvme-pt:/dev/ngXnY",
+            help: "raw NVMe commands through io_uring passthrough to the kernel's char device",
+            open: |spec, _| crate::pt::open(spec).map(|q| Box::new(q) as Box<dyn BlockDevice>),
+        },
+        Kind {
+            name: "nvme-sim",
+            group: NVME,
+            usage: "nvme-sim:SIZE",
+            help: "an in-process simulated controller (testing the driver without hardware)",
+            open: |spec, _| open_sim(spec).map(|(q, _)| Box::new(q) as Box<dyn BlockDevice>),
+        },
+    ] {
+        registry.add(kind);
+    }
 }
 
 /// Queue shape asked for in a spec.

@@ -16,7 +16,8 @@
 //!
 //! Children are any spec, of this crate or of the engine, so
 //! `mirror(stripe(mem:32M,mem:32M),cache(file:/tmp/x.img?size=64M))` and
-//! `fault(stripe(mem:8M,mem:8M))?write_eio=3` both open with [`open()`]. Children of one drive
+//! `fault(stripe(mem:8M,mem:8M))?write_eio=3` both open with [`open()`] (or through any
+//! [`Registry`] this crate's [`register`] has added its kinds to). Children of one drive
 //! must share one block size. Drives that cut requests (split, concat, stripe, mirror) keep many
 //! commands in flight on their children and complete the caller's request once every piece has;
 //! completions come back in any order, each accepted request completes exactly once, and a failed
@@ -49,50 +50,117 @@ pub use spill::{Spill, SpillStats};
 pub use split::Split;
 pub use stripe::Stripe;
 
-use kura_engine::open::{open_engine_kind, unknown_kind, ChildOpener, ENGINE_KINDS};
-use kura_engine::{BlockDevice, OpenError, Spec};
+use kura_engine::open::ChildOpener;
+use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
 
-/// The kinds this crate adds to the engine's.
-pub const VDRIVE_KINDS: &[&str] = &[
-    "split", "concat", "stripe", "mirror", "cache", "coalesce", "spill", "priority", "atomic",
-    "snapshot",
-];
+const DRIVES: &str = "Virtual drives (kura-vdrive), composable with everything else";
+
+/// Adds this crate's kinds to `registry`; their children open through the registry they are
+/// opened with, so they hold any kind it knows.
+pub fn register(registry: &mut Registry) {
+    for kind in [
+        Kind {
+            name: "split",
+            group: DRIVES,
+            usage: "split(CHILD)?offset=SIZE&len=SIZE",
+            help: "a window of the child (a partition)",
+            open: |spec, r| boxed(split::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "concat",
+            group: DRIVES,
+            usage: "concat(A,B,...)",
+            help: "children end to end",
+            open: |spec, r| boxed(concat::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "stripe",
+            group: DRIVES,
+            usage: "stripe(A,B,...)?chunk=64K",
+            help: "RAID-0",
+            open: |spec, r| boxed(stripe::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "mirror",
+            group: DRIVES,
+            usage: "mirror(A,B,...)",
+            help: "RAID-1: reads balanced, writes to all legs; a failing leg is\n\
+                   marked degraded and the drive keeps serving",
+            open: |spec, r| boxed(mirror::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "cache",
+            group: DRIVES,
+            usage: "cache(CHILD)?size=32M&mode=wt|wb",
+            help: "LRU block cache, write-through or write-back",
+            open: |spec, r| boxed(cache::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "coalesce",
+            group: DRIVES,
+            usage: "coalesce(CHILD)?max=1M",
+            help: "merges contiguous requests that arrive within half the\n\
+                   child's measured average latency (at most 2 ms)",
+            open: |spec, r| boxed(coalesce::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "spill",
+            group: DRIVES,
+            usage: "spill(LOCAL,REMOTE)?local=SIZE&chunk=1M",
+            help: "REMOTE's size; first-written chunks live on LOCAL until\n\
+                   it is full (chunk map in LOCAL's header, crash-safe)",
+            open: |spec, r| boxed(spill::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "priority",
+            group: DRIVES,
+            usage: "priority(CHILD)?weights=8:1&bgdepth=4",
+            help: "weighted classes on one child (opens class 0; see docs)",
+            open: |spec, r| boxed(priority::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "atomic",
+            group: DRIVES,
+            usage: "atomic(CHILD)?log=4M",
+            help: "all-or-nothing multi-block writes; log takes the child's end",
+            open: |spec, r| boxed(atomic::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "snapshot",
+            group: DRIVES,
+            usage: "snapshot(CHILD)?at=NAME|branch=NAME",
+            help: "copy-on-write snapshots and clones (the head; ?at= a read-only\n\
+                   snapshot view; ?branch= a clone; ?format=1&chunk=64K creates;\n\
+                   manage with `kura drive`)",
+            open: |spec, r| boxed(snapshot::open(spec, &children_of(r))),
+        },
+    ] {
+        registry.add(kind);
+    }
+}
+
+/// The engine's kinds and this crate's.
+pub fn registry() -> Registry {
+    let mut registry = Registry::engine();
+    register(&mut registry);
+    registry
+}
 
 /// Opens a device from its spec string: this crate's kinds and every engine kind, nested freely.
 pub fn open(spec: &str) -> Result<Box<dyn BlockDevice>, OpenError> {
-    open_spec(&Spec::parse(spec)?)
+    registry().open(spec)
 }
 
 /// Opens a parsed spec; see [`open()`].
 pub fn open_spec(spec: &Spec) -> Result<Box<dyn BlockDevice>, OpenError> {
-    if let Some(opened) = open_vdrive_kind(spec, &open_spec) {
-        return opened;
-    }
-    open_engine_kind(spec, &open_spec).unwrap_or_else(|| {
-        let known: Vec<&str> = VDRIVE_KINDS.iter().chain(ENGINE_KINDS).copied().collect();
-        Err(unknown_kind(spec, &known))
-    })
+    registry().open_spec(spec)
 }
 
-/// Opens `spec` if its kind is one of this crate's, with `children` opening the wrapped specs
-/// (for layers above that add kinds of their own). `None` for other kinds.
-pub fn open_vdrive_kind(
-    spec: &Spec,
-    children: ChildOpener<'_>,
-) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
-    Some(match spec.kind.as_str() {
-        "split" => boxed(split::open(spec, children)),
-        "concat" => boxed(concat::open(spec, children)),
-        "stripe" => boxed(stripe::open(spec, children)),
-        "mirror" => boxed(mirror::open(spec, children)),
-        "cache" => boxed(cache::open(spec, children)),
-        "coalesce" => boxed(coalesce::open(spec, children)),
-        "priority" => boxed(priority::open(spec, children)),
-        "atomic" => boxed(atomic::open(spec, children)),
-        "spill" => boxed(spill::open(spec, children)),
-        "snapshot" => boxed(snapshot::open(spec, children)),
-        _ => return None,
-    })
+/// The child opener wrappers take, opening through `registry`.
+fn children_of(
+    registry: &Registry,
+) -> impl Fn(&Spec) -> Result<Box<dyn BlockDevice>, OpenError> + '_ {
+    |child| registry.open_spec(child)
 }
 
 /// Opens a `mirror(...)` spec as a [`Mirror`], for callers that need its status or rebuild.
@@ -103,7 +171,7 @@ pub fn open_mirror(spec: &str) -> Result<Mirror, OpenError> {
             "{spec}: not a mirror(...) spec"
         )));
     }
-    mirror::open(&spec, &open_spec)
+    mirror::open(&spec, &children_of(&registry()))
 }
 
 fn boxed<D: BlockDevice + 'static>(
