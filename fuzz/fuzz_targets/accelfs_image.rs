@@ -2,7 +2,7 @@
 //! freshly made AccelFS (so most inputs get past the superblock) and fsck must report, never panic.
 #![no_main]
 
-use kura_accelfs::blockio::BlockIo;
+use kura_accelfs::fsdevice::FsDevice;
 use kura_accelfs::{fsck, mkfs, MkfsOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
@@ -16,7 +16,7 @@ fn pristine() -> &'static Vec<u8> {
     IMAGE.get_or_init(|| {
         let dev = MemDevice::new(SIZE, QueueOptions::default());
         let storage = dev.storage();
-        let mut io = BlockIo::new(Box::new(dev), 4096).expect("block io");
+        let mut io = FsDevice::new(Box::new(dev), 4096).expect("block io");
         mkfs(
             &mut io,
             MkfsOptions {

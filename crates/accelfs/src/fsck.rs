@@ -4,10 +4,10 @@
 //! first, so it checks the state the next mount will see. Each problem names the block or inode.
 
 use crate::bitmap::Bitmap;
-use crate::blockio::BlockIo;
 use crate::dir::{self, DirEntry};
 use crate::error::{FormatError, FsError};
 use crate::extent::{Extent, ExtentMap};
+use crate::fsdevice::FsDevice;
 use crate::header::{verify, BlockKind, HEADER_LEN};
 use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::journal::{self, JournalArea, JournalSuper};
@@ -43,7 +43,7 @@ impl FsckReport {
 /// size) and views the device in its block size.
 pub fn load_superblock(
     dev: Box<dyn BlockDevice>,
-) -> Result<(Superblock, BlockIo, Option<String>), FsError> {
+) -> Result<(Superblock, FsDevice, Option<String>), FsError> {
     let mut dev = dev;
     let geo = dev.geometry();
     let dbs = geo.block_size as usize;
@@ -59,7 +59,7 @@ pub fn load_superblock(
     dev.read_blocks(0, &mut head)?;
     let primary_error = match Superblock::decode(&head, 0) {
         Ok(sb) => {
-            let io = BlockIo::new(dev, sb.layout.block_size as usize)?;
+            let io = FsDevice::new(dev, sb.layout.block_size as usize)?;
             return check_fits(sb, io, None);
         }
         Err(e) => e,
@@ -79,7 +79,7 @@ pub fn load_superblock(
         }
         if let Ok(sb) = Superblock::decode(&last, blocks - 1) {
             if sb.layout.block_size as usize == bs {
-                let io = BlockIo::new(dev, bs)?;
+                let io = FsDevice::new(dev, bs)?;
                 return check_fits(
                     sb,
                     io,
@@ -95,9 +95,9 @@ pub fn load_superblock(
 
 fn check_fits(
     sb: Superblock,
-    io: BlockIo,
+    io: FsDevice,
     note: Option<String>,
-) -> Result<(Superblock, BlockIo, Option<String>), FsError> {
+) -> Result<(Superblock, FsDevice, Option<String>), FsError> {
     if sb.layout.total_blocks > io.blocks() {
         return Err(FormatError::BadSuperblock(format!(
             "the superblock describes {} blocks but the device holds {}",
@@ -111,7 +111,7 @@ fn check_fits(
 
 /// Reads blocks with committed journal images laid over them.
 struct Reader {
-    io: BlockIo,
+    io: FsDevice,
     overlay: HashMap<u64, Vec<u8>>,
 }
 
@@ -183,7 +183,7 @@ struct Checker {
 }
 
 impl Checker {
-    fn new(l: Layout, io: BlockIo) -> Self {
+    fn new(l: Layout, io: FsDevice) -> Self {
         let mut claimed = Bitmap::new(l.total_blocks);
         claimed.set_range(0, l.data_start, true);
         claimed.set(l.backup_superblock(), true);

@@ -12,12 +12,12 @@
 #![forbid(unsafe_code)]
 
 pub mod bitmap;
-pub mod blockio;
 pub mod dir;
 pub mod error;
 pub mod extent;
 pub mod fs;
 pub mod fsck;
+pub mod fsdevice;
 pub mod header;
 pub mod inode;
 pub mod journal;

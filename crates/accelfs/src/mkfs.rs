@@ -2,10 +2,10 @@
 //! table and the root directory — then flushes.
 
 use crate::bitmap::Bitmap;
-use crate::blockio::BlockIo;
 use crate::dir;
 use crate::error::FsError;
 use crate::extent::Extent;
+use crate::fsdevice::FsDevice;
 use crate::header::{seal, BlockKind};
 use crate::inode::{Inode, Kind, INODE_SIZE};
 use crate::journal::JournalArea;
@@ -37,7 +37,7 @@ pub fn now_ns() -> u64 {
 }
 
 /// Formats the device behind `io` (whose block size must be `opts.block_size`).
-pub fn mkfs(io: &mut BlockIo, opts: MkfsOptions) -> Result<Superblock, FsError> {
+pub fn mkfs(io: &mut FsDevice, opts: MkfsOptions) -> Result<Superblock, FsError> {
     let bs = opts.block_size as usize;
     if io.block_size() != bs {
         return Err(FsError::Invalid(format!(

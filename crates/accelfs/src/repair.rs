@@ -16,11 +16,11 @@
 //! Only blocks whose contents change are written, so repairing a clean file system writes nothing.
 
 use crate::bitmap::Bitmap;
-use crate::blockio::BlockIo;
 use crate::dir::{self, DirEntry};
 use crate::error::{FormatError, FsError};
 use crate::extent::{Extent, ExtentError, ExtentMap};
 use crate::fsck::load_superblock;
+use crate::fsdevice::FsDevice;
 use crate::header::{seal, verify, BlockKind, HEADER_LEN};
 use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::journal::{self, JournalArea, JournalSuper};
@@ -89,7 +89,7 @@ struct LoadedMap {
 
 /// The repair pass: everything read, and every block it will write.
 struct Repairer {
-    io: BlockIo,
+    io: FsDevice,
     l: Layout,
     bs: usize,
     report: RepairReport,
@@ -211,7 +211,7 @@ fn reach(children: &HashMap<u64, Vec<u64>>, reached: &mut HashSet<u64>, start: u
 }
 
 impl Repairer {
-    fn new(l: Layout, io: BlockIo) -> Self {
+    fn new(l: Layout, io: FsDevice) -> Self {
         let mut claimed = Bitmap::new(l.total_blocks);
         claimed.set_range(0, l.data_start, true);
         claimed.set(l.backup_superblock(), true);
@@ -1400,7 +1400,7 @@ mod tests {
             },
         );
         let storage = dev.storage();
-        let mut io = BlockIo::new(Box::new(dev), block_size as usize).expect("block io");
+        let mut io = FsDevice::new(Box::new(dev), block_size as usize).expect("block io");
         let sb = mkfs(
             &mut io,
             MkfsOptions {

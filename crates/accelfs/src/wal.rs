@@ -6,8 +6,8 @@
 //! is reused only once what it protected is on disk. Until then, [`Journal::image`] serves the
 //! committed contents of a block whose home copy is stale.
 
-use crate::blockio::{BatchOp, BlockIo};
 use crate::error::{FormatError, FsError};
+use crate::fsdevice::{BatchOp, FsDevice};
 use crate::journal::{self, blocks_needed, JournalArea, JournalSuper, Transaction};
 use kura_engine::IoBuf;
 use std::collections::BTreeMap;
@@ -45,7 +45,7 @@ pub struct Journal {
 impl Journal {
     /// Replays every committed transaction to its home blocks, makes that durable, and returns a
     /// journal ready for new commits.
-    pub fn recover(io: &mut BlockIo, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
+    pub fn recover(io: &mut FsDevice, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
         let (mut j, recovery) = Journal::load(io, area)?;
         if recovery.replayed > 0 {
             j.used = 1; // forces the checkpoint to advance the superblock past the replayed log
@@ -60,7 +60,7 @@ impl Journal {
     /// pending, which must not be committed to. Memory: at most one image per log slot, so
     /// `(journal length − 2) × block size` (see [`crate::layout::MAX_JOURNAL_BLOCKS`]).
     pub fn recover_in_memory(
-        io: &mut BlockIo,
+        io: &mut FsDevice,
         area: JournalArea,
     ) -> Result<(Journal, Recovery, Images), FsError> {
         let (mut j, recovery) = Journal::load(io, area)?;
@@ -70,7 +70,7 @@ impl Journal {
 
     /// Reads the log: the journal positioned after its last committed transaction, with the
     /// newest image of every block those transactions wrote pending.
-    fn load(io: &mut BlockIo, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
+    fn load(io: &mut FsDevice, area: JournalArea) -> Result<(Journal, Recovery), FsError> {
         let block_size = io.block_size();
         let (first, second) = (io.read(area.start)?, io.read(area.start + 1)?);
         let super_ = JournalSuper::newest(area, &first, &second)?;
@@ -136,7 +136,7 @@ impl Journal {
 
     /// Writes `images` (block number, full block contents) as one transaction and flushes.
     /// Returns its sequence number; it survives any crash from now on.
-    pub fn commit(&mut self, io: &mut BlockIo, images: &[(u64, Vec<u8>)]) -> Result<u64, FsError> {
+    pub fn commit(&mut self, io: &mut FsDevice, images: &[(u64, Vec<u8>)]) -> Result<u64, FsError> {
         self.commit_with_data(io, images, Vec::new())
     }
 
@@ -145,7 +145,7 @@ impl Journal {
     /// any metadata that points at it can be replayed.
     pub fn commit_with_data(
         &mut self,
-        io: &mut BlockIo,
+        io: &mut FsDevice,
         images: &[(u64, Vec<u8>)],
         data: Vec<BatchOp>,
     ) -> Result<u64, FsError> {
@@ -203,7 +203,7 @@ impl Journal {
 
     /// Writes every committed image home, flushes, then advances the journal superblock (to the
     /// other copy) and flushes again.
-    pub fn checkpoint(&mut self, io: &mut BlockIo) -> Result<(), FsError> {
+    pub fn checkpoint(&mut self, io: &mut FsDevice) -> Result<(), FsError> {
         if self.used == 0 && self.pending.is_empty() {
             return Ok(());
         }
@@ -240,7 +240,7 @@ impl Journal {
 /// Writes both superblock copies of an empty journal in `area` (`bs`-byte blocks): recovery
 /// starts at sequence 1, log position 0. This is how mkfs leaves a journal and how repair resets
 /// one; the log itself is the caller's to clear, and nothing here flushes.
-pub fn write_empty_supers(io: &mut BlockIo, area: JournalArea, bs: usize) -> Result<(), FsError> {
+pub fn write_empty_supers(io: &mut FsDevice, area: JournalArea, bs: usize) -> Result<(), FsError> {
     for generation in [0, 1] {
         let js = JournalSuper {
             oldest_seq: 1,
@@ -268,7 +268,7 @@ mod tests {
     const AREA: JournalArea = JournalArea { start: 1, len: 34 };
     const HOME: std::ops::Range<u64> = 40..56;
 
-    fn blank_journal(io: &mut BlockIo) {
+    fn blank_journal(io: &mut FsDevice) {
         io.zero(AREA.start, AREA.len).unwrap();
         write_empty_supers(io, AREA, BS).unwrap();
         io.flush().unwrap();
@@ -283,7 +283,7 @@ mod tests {
     fn commits_survive_remount_with_and_without_checkpoint() {
         let dev = MemDevice::new(BLOCKS * BS as u64, QueueOptions::default());
         let storage = dev.storage();
-        let mut io = BlockIo::new(Box::new(dev), BS).unwrap();
+        let mut io = FsDevice::new(Box::new(dev), BS).unwrap();
         blank_journal(&mut io);
         let (mut j, rec) = Journal::recover(&mut io, AREA).unwrap();
         assert_eq!(rec, Recovery::default());
@@ -296,7 +296,7 @@ mod tests {
             "home not written before checkpoint"
         );
         drop((j, io));
-        let mut io = BlockIo::new(
+        let mut io = FsDevice::new(
             Box::new(MemDevice::with_storage(
                 storage.clone(),
                 QueueOptions::default(),
@@ -354,7 +354,7 @@ mod tests {
             },
         );
         let control = fault.control();
-        let mut io = BlockIo::new(Box::new(fault), BS).unwrap();
+        let mut io = FsDevice::new(Box::new(fault), BS).unwrap();
         blank_journal(&mut io);
         let (mut j, _) = Journal::recover(&mut io, AREA).unwrap();
         let mut rng = SmallRng::seed_from_u64(11);
@@ -386,7 +386,7 @@ mod tests {
             let cut = rng.gen_range(acked[0]..=trace.len());
             let image = materialize(&base, &trace, cut, BS, 0.5, p as u64);
             let storage = Arc::new(Mutex::new(image));
-            let mut io = BlockIo::new(
+            let mut io = FsDevice::new(
                 Box::new(MemDevice::with_storage(
                     storage.clone(),
                     QueueOptions::default(),

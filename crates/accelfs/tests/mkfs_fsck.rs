@@ -1,7 +1,7 @@
 //! mkfs then fsck on RAM disks: a fresh file system is clean, and each kind of damage is found
 //! and named — never a panic.
 
-use kura_accelfs::blockio::BlockIo;
+use kura_accelfs::fsdevice::FsDevice;
 use kura_accelfs::header::{seal, BlockKind};
 use kura_accelfs::journal::{self, JournalArea, Transaction};
 use kura_accelfs::testing::{bit_flips, fresh_metadata_blocks, BitFlip};
@@ -23,7 +23,7 @@ fn formatted(
         },
     );
     let storage = dev.storage();
-    let mut io = BlockIo::new(Box::new(dev), block_size as usize).expect("block io");
+    let mut io = FsDevice::new(Box::new(dev), block_size as usize).expect("block io");
     let sb = mkfs(
         &mut io,
         MkfsOptions {
@@ -141,7 +141,7 @@ fn committed_journal_transactions_are_checked_as_mount_will_see_them() {
         start: l.journal_start,
         len: l.journal_len,
     };
-    let mut io = BlockIo::new(reopen(&storage), 8192).unwrap();
+    let mut io = FsDevice::new(reopen(&storage), 8192).unwrap();
     for (n, b) in journal::encode(&txn, area, 0, 8192) {
         io.write(n, &b).unwrap();
     }

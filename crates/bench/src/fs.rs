@@ -11,7 +11,7 @@
 use crate::io::{drop_page_cache, plot::render_with};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kura_accelfs::blockio::{BatchOp, BlockIo, Piece};
+use kura_accelfs::fsdevice::{BatchOp, FsDevice, StreamPart};
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions, OpenOptions};
 use kura_engine::IoBuf;
 use rand::rngs::SmallRng;
@@ -198,7 +198,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
     // disk, and first writes into them would be host-side allocations.
     bar.set_message("preparing the raw image");
     write_host_file(&raw_image, image_bytes)?;
-    let mut raw = BlockIo::new(
+    let mut raw = FsDevice::new(
         kura_engine::open(&format!("uring:{}", raw_image.display()))?,
         4096,
     )?;
@@ -337,7 +337,7 @@ pub(crate) fn write_host_file(path: &Path, bytes: u64) -> anyhow::Result<()> {
     drop_page_cache(path)
 }
 
-fn fill_raw(raw: &mut BlockIo, first_byte: u64, bytes: u64) -> anyhow::Result<()> {
+fn fill_raw(raw: &mut FsDevice, first_byte: u64, bytes: u64) -> anyhow::Result<()> {
     let chunk = 16u64 << 20;
     let mut at = 0;
     while at < bytes {
@@ -412,7 +412,7 @@ fn ext4_region(path: &Path, bytes: u64) -> anyhow::Result<std::fs::File> {
 /// One system under test.
 enum Target<'a> {
     /// The engine under AccelFS: one command per operation, flush for write+sync.
-    Raw(&'a mut BlockIo),
+    Raw(&'a mut FsDevice),
     /// A file on AccelFS: `read_at` / `write_at` / `sync_data`.
     Fs(&'a kura_accelfs::File),
     /// A file on the host's ext4: `pread` / `pwrite` / `fdatasync`.
@@ -533,9 +533,9 @@ fn fs_seq_read_at(fs: &FileSystem, path: &str, bytes: u64) -> anyhow::Result<f64
 }
 
 /// The same stream on the raw engine: 1 MiB commands, 32 in flight, each handed over in order.
-fn raw_seq_read(raw: &mut BlockIo, bytes: u64) -> anyhow::Result<f64> {
-    let pieces: Vec<Piece> = (0..bytes.div_ceil(1 << 20))
-        .map(|i| Piece::Device {
+fn raw_seq_read(raw: &mut FsDevice, bytes: u64) -> anyhow::Result<f64> {
+    let pieces: Vec<StreamPart> = (0..bytes.div_ceil(1 << 20))
+        .map(|i| StreamPart::Device {
             block: i * (1 << 20) / 4096,
             bytes: (1u64 << 20).min(bytes - i * (1 << 20)) as usize,
         })

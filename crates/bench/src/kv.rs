@@ -11,7 +11,7 @@ use crate::io::plot::render_with;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
-use kura_kv::{Db, DbOptions, Store};
+use kura_kv::{Db, DbOptions, Location};
 use kura_workload::{Op, Workload};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -205,7 +205,7 @@ fn db_options(cache: usize) -> DbOptions {
 
 fn run_leveldb(
     system: &str,
-    store: Store,
+    store: Location,
     w: &Workload,
     value: usize,
     cache: usize,
@@ -414,7 +414,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                         let fs = fs.clone().context("AccelFS not prepared")?;
                         let p = run_leveldb(
                             ACCELFS,
-                            Store::AccelFs {
+                            Location::AccelFs {
                                 fs: fs.clone(),
                                 path: path.clone(),
                             },
@@ -429,7 +429,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                         let fs = rfs.clone().context("redirect AccelFS not prepared")?;
                         let p = run_leveldb(
                             REDIRECT,
-                            Store::AccelFs {
+                            Location::AccelFs {
                                 fs: fs.clone(),
                                 path: path.clone(),
                             },
@@ -442,7 +442,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                     }
                     "posix" => {
                         let host = dir.path().join(path.trim_start_matches('/'));
-                        let p = run_leveldb(POSIX, Store::Dir(host.clone()), &w, value, cache)?;
+                        let p = run_leveldb(POSIX, Location::Dir(host.clone()), &w, value, cache)?;
                         std::fs::remove_dir_all(&host)?;
                         p
                     }

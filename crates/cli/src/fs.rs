@@ -1,130 +1,576 @@
-//! `kura mkfs` and `kura fsck`: format a device with AccelFS and check one.
+//! `kura fs ls|put|get|cat|rm|mkdir|stat|df`: file tools on an AccelFS device without mounting it
+//! through the kernel. Commands that change the file system (`put`, `rm`, `mkdir`) mount the
+//! device (replaying its journal), do their work and unmount (commit + checkpoint), so the image
+//! is clean whenever the command has returned. Inspection (`ls`, `get`, `cat`, `stat`, `df`) opens
+//! the image read-only and replays the journal in memory: looking never changes a byte, and it
+//! runs beside other readers but not beside a writer such as `kura mount`.
+//!
+//! `put`, `get` and `rm -r` stop at the next file or chunk on SIGINT, SIGTERM or SIGHUP, keep
+//! what is complete (a half-copied file is removed), commit, and say what was kept
+//! ([`crate::interrupt`]). `get` writes holes as holes.
 
 use crate::dev::{open_dev, open_dev_read_only};
-use anyhow::Context;
-use kura_accelfs::blockio::BlockIo;
-use kura_accelfs::{fsck, mkfs, MkfsOptions};
+use crate::interrupt::{self, Interrupted};
+use anyhow::{bail, Context};
+use indicatif::{ProgressBar, ProgressStyle};
+use kura_accelfs::{FileSystem, FileType, Metadata, MountOptions};
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
 
-#[derive(Debug, clap::Args)]
-pub struct MkfsArgs {
-    /// Device spec (see `kura specs`), e.g. `file:/tmp/fs.img?size=1G`.
-    spec: String,
-    /// AccelFS block size: 4K to 64K, a power of two.
-    #[arg(long, default_value = "8K")]
-    block_size: String,
-    /// Number of inodes (default: one per 64 KiB of capacity).
-    #[arg(long)]
-    inodes: Option<u64>,
+/// Bytes moved per call when copying: large enough to take the cache bypass.
+const CHUNK: usize = 4 << 20;
+
+#[derive(Debug, clap::Subcommand)]
+pub enum FsCommand {
+    /// List a directory (default `/`).
+    Ls {
+        spec: String,
+        #[arg(default_value = "/")]
+        path: String,
+        /// Long format: type, size, inode, modification time.
+        #[arg(short, long)]
+        long: bool,
+        /// List subdirectories too.
+        #[arg(short = 'R', long)]
+        recursive: bool,
+    },
+    /// Copy a host file (or, with -r, a directory tree) into the file system.
+    Put {
+        spec: String,
+        local: PathBuf,
+        /// Destination path; into it when it is an existing directory.
+        dest: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Copy a file (or, with -r, a directory tree) out to the host.
+    Get {
+        spec: String,
+        src: String,
+        /// Host destination; into it when it is an existing directory.
+        local: PathBuf,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Write a file's contents to standard output.
+    Cat { spec: String, path: String },
+    /// Remove a file (or, with -r, a directory tree; an empty directory needs no -r).
+    Rm {
+        spec: String,
+        path: String,
+        #[arg(short, long)]
+        recursive: bool,
+    },
+    /// Create a directory.
+    Mkdir {
+        spec: String,
+        path: String,
+        /// Create missing parents; no error when it exists.
+        #[arg(short, long)]
+        parents: bool,
+    },
+    /// Show an inode's metadata.
+    Stat { spec: String, path: String },
+    /// Space and inodes used and free.
+    Df { spec: String },
 }
 
-#[derive(Debug, clap::Args)]
-pub struct FsckArgs {
-    /// Device spec (see `kura specs`).
-    spec: String,
-    /// Fix what is safely repairable first (bitmaps, link counts, bad records and inodes,
-    /// orphans into /lost+found, a damaged superblock from its copy), then check again.
-    #[arg(long)]
-    repair: bool,
+fn mount(spec: &str) -> anyhow::Result<FileSystem> {
+    let dev = open_dev(spec)?;
+    FileSystem::mount(dev, MountOptions::default())
+        .with_context(|| format!("mounting AccelFS from {spec}"))
 }
 
-pub fn run_mkfs(args: &MkfsArgs) -> anyhow::Result<()> {
-    let block_size = kura_engine::spec::parse_size(&args.block_size).map_err(anyhow::Error::msg)?;
-    let block_size = u32::try_from(block_size).context("block size too large")?;
-    if !(4096..=65536).contains(&block_size) || !block_size.is_power_of_two() {
-        anyhow::bail!("block size {block_size} must be a power of two from 4K to 64K");
+fn mount_read_only(spec: &str) -> anyhow::Result<FileSystem> {
+    let dev = open_dev_read_only(spec)?;
+    FileSystem::mount_read_only(dev, MountOptions::default())
+        .with_context(|| format!("mounting AccelFS read-only from {spec}"))
+}
+
+/// What a long copy or removal has done so far, for the message when it is interrupted.
+#[derive(Default)]
+struct Done {
+    files: u64,
+    bytes: u64,
+}
+
+pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
+    let spec = match &cmd {
+        FsCommand::Ls { spec, .. }
+        | FsCommand::Put { spec, .. }
+        | FsCommand::Get { spec, .. }
+        | FsCommand::Cat { spec, .. }
+        | FsCommand::Rm { spec, .. }
+        | FsCommand::Mkdir { spec, .. }
+        | FsCommand::Stat { spec, .. }
+        | FsCommand::Df { spec } => spec.clone(),
+    };
+    let inspect = matches!(
+        cmd,
+        FsCommand::Ls { .. }
+            | FsCommand::Get { .. }
+            | FsCommand::Cat { .. }
+            | FsCommand::Stat { .. }
+            | FsCommand::Df { .. }
+    );
+    // Jobs that write stop cleanly on a signal; the others change nothing, so a signal may
+    // simply end them.
+    if matches!(
+        cmd,
+        FsCommand::Put { .. } | FsCommand::Get { .. } | FsCommand::Rm { .. }
+    ) {
+        interrupt::install()?;
     }
-    let dev = open_dev(&args.spec)?;
-    let mut io = BlockIo::new(dev, block_size as usize)?;
-    let sb = mkfs(
-        &mut io,
-        MkfsOptions {
-            block_size,
-            inodes: args.inodes,
-        },
-    )?;
-    let l = sb.layout;
-    println!(
-        "AccelFS on {}: {} blocks of {} bytes ({:.1} MiB)",
-        args.spec,
-        l.total_blocks,
-        l.block_size,
-        (l.total_blocks * u64::from(l.block_size)) as f64 / 1048576.0
+    if inspect {
+        // Nothing to commit: dropping a read-only mount writes nothing.
+        let fs = mount_read_only(&spec)?;
+        return execute(&fs, cmd);
+    }
+    let fs = mount(&spec)?;
+    let result = execute(&fs, cmd);
+    let closed = fs.unmount().context("unmounting (final commit)");
+    result.and(closed)
+}
+
+fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
+    match cmd {
+        FsCommand::Ls {
+            path,
+            long,
+            recursive,
+            ..
+        } => ls(fs, &path, long, recursive),
+        FsCommand::Put {
+            local,
+            dest,
+            recursive,
+            ..
+        } => {
+            let base = local
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let dest = match fs.metadata(&dest) {
+                Ok(m) if m.is_dir() && !base.is_empty() => join(&dest, &base),
+                _ => dest,
+            };
+            let meta = std::fs::metadata(&local)
+                .with_context(|| format!("reading {}", local.display()))?;
+            let total = if meta.is_dir() {
+                if !recursive {
+                    bail!("{} is a directory (use -r)", local.display());
+                }
+                tree_bytes(&local)?
+            } else {
+                meta.len()
+            };
+            let bar = progress(total, "put");
+            let mut done = Done::default();
+            let copied = put(fs, &local, &dest, &bar, &mut done);
+            bar.finish_and_clear();
+            // Whatever happened, what was copied completely is committed.
+            fs.sync().context("sync")?;
+            copied?;
+            eprintln!("copied {} into {dest}", human(total));
+            Ok(())
+        }
+        FsCommand::Get {
+            src,
+            local,
+            recursive,
+            ..
+        } => {
+            let m = fs.metadata(&src)?;
+            let local = if local.is_dir() {
+                let name = src.trim_end_matches('/').rsplit('/').next().unwrap_or("");
+                if name.is_empty() {
+                    local
+                } else {
+                    local.join(name)
+                }
+            } else {
+                local
+            };
+            if m.is_dir() && !recursive {
+                bail!("{src} is a directory (use -r)");
+            }
+            let bar = progress(fs_tree_bytes(fs, &src)?, "get");
+            let mut done = Done::default();
+            let copied = get(fs, &src, &local, &bar, &mut done);
+            bar.finish_and_clear();
+            copied
+        }
+        FsCommand::Cat { path, .. } => {
+            let f = fs.open(&path)?;
+            let mut out = std::io::stdout().lock();
+            let mut buf = vec![0u8; CHUNK];
+            let mut at = 0u64;
+            loop {
+                let n = f.read_at(at, &mut buf)?;
+                if n == 0 {
+                    break;
+                }
+                out.write_all(&buf[..n])?;
+                at += n as u64;
+            }
+            out.flush()?;
+            Ok(())
+        }
+        FsCommand::Rm {
+            path, recursive, ..
+        } => {
+            let m = fs.metadata(&path)?;
+            if m.is_dir() {
+                if recursive {
+                    let mut done = Done::default();
+                    let removed = remove_tree(fs, &path, &mut done);
+                    fs.sync().context("sync")?;
+                    removed?;
+                } else {
+                    fs.remove_dir(&path)?;
+                }
+            } else {
+                fs.remove_file(&path)?;
+            }
+            Ok(())
+        }
+        FsCommand::Mkdir { path, parents, .. } => {
+            if parents {
+                fs.create_dir_all(&path)?;
+            } else {
+                fs.mkdir(&path)?;
+            }
+            Ok(())
+        }
+        FsCommand::Stat { path, .. } => {
+            let m = fs.metadata(&path)?;
+            println!("  path: {path}");
+            println!("  type: {}", kind(&m));
+            println!("  size: {} bytes ({})", m.size, human(m.size));
+            println!(
+                "blocks: {} of {} bytes ({} allocated)",
+                m.blocks,
+                m.block_size,
+                human(m.blocks * u64::from(m.block_size))
+            );
+            println!(" inode: {} (generation {})", m.ino, m.generation);
+            println!("parent: {}", m.parent);
+            println!(" links: {}", m.links);
+            println!("  mode: {:o}", m.mode);
+            println!(" mtime: {}", timestamp(m.mtime_ns));
+            println!(" ctime: {}", timestamp(m.ctime_ns));
+            Ok(())
+        }
+        FsCommand::Df { .. } => {
+            let s = fs.statfs();
+            let bs = u64::from(s.block_size);
+            let used = s.total_blocks - s.free_blocks;
+            println!(
+                "{:>12} {:>12} {:>12} {:>5} {:>9} {:>9}",
+                "size", "used", "free", "use%", "inodes", "ifree"
+            );
+            println!(
+                "{:>12} {:>12} {:>12} {:>4}% {:>9} {:>9}",
+                human(s.total_blocks * bs),
+                human(used * bs),
+                human(s.free_blocks * bs),
+                used * 100 / s.total_blocks.max(1),
+                s.total_inodes,
+                s.free_inodes
+            );
+            println!(
+                "block size {} bytes; used includes the journal ({} at mount: {} transactions replayed)",
+                s.block_size,
+                if s.recovery.replayed > 0 {
+                    "recovered"
+                } else {
+                    "clean"
+                },
+                s.recovery.replayed
+            );
+            Ok(())
+        }
+    }
+}
+
+fn join(dir: &str, name: &str) -> String {
+    format!("{}/{name}", dir.trim_end_matches('/'))
+}
+
+fn kind(m: &Metadata) -> &'static str {
+    if m.is_dir() {
+        "directory"
+    } else {
+        "file"
+    }
+}
+
+fn timestamp(ns: u64) -> String {
+    format!(
+        "{}.{:09} s since the epoch",
+        ns / 1_000_000_000,
+        ns % 1_000_000_000
+    )
+}
+
+/// Sizes in binary units with one decimal.
+pub fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+fn progress(total: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(total);
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {bytes}/{total_bytes} {bytes_per_sec} eta {eta}",
+        )
+        .unwrap_or_else(|_| ProgressStyle::default_bar())
+        .progress_chars("=> "),
     );
-    println!(
-        "  journal {} blocks, {} inodes, data region {} blocks from block {}",
-        l.journal_len,
-        l.inode_count,
-        l.data_blocks(),
-        l.data_start
-    );
+    bar.set_message(what.to_string());
+    bar
+}
+
+fn ls(fs: &FileSystem, path: &str, long: bool, recursive: bool) -> anyhow::Result<()> {
+    let m = fs.metadata(path)?;
+    if !m.is_dir() {
+        print_entry(path, &m, long);
+        return Ok(());
+    }
+    if recursive {
+        println!("{path}:");
+    }
+    let entries = fs.read_dir(path)?;
+    let mut subdirs = Vec::new();
+    for e in &entries {
+        let name = e.name_lossy();
+        let child = join(path, &name);
+        if long {
+            let m = fs.metadata_of(e.ino)?;
+            print_entry(&name, &m, true);
+        } else {
+            println!(
+                "{name}{}",
+                if e.file_type == FileType::Directory {
+                    "/"
+                } else {
+                    ""
+                }
+            );
+        }
+        if e.file_type == FileType::Directory {
+            subdirs.push(child);
+        }
+    }
+    if recursive {
+        for d in subdirs {
+            println!();
+            ls(fs, &d, long, true)?;
+        }
+    }
     Ok(())
 }
 
-/// Runs fsck and returns the process exit code: 0 clean, 1 problems found, 2 unreadable.
-pub fn run_fsck(args: &FsckArgs) -> i32 {
-    if args.repair {
-        let dev = match open_dev(&args.spec) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("kura fsck: {e:#}");
-                return 2;
+fn print_entry(name: &str, m: &Metadata, long: bool) {
+    if long {
+        println!(
+            "{} {:o} {:>12} ino {:>6}  {}{}",
+            if m.is_dir() { 'd' } else { '-' },
+            m.mode,
+            m.size,
+            m.ino,
+            name,
+            if m.is_dir() { "/" } else { "" }
+        );
+    } else {
+        println!("{name}");
+    }
+}
+
+fn tree_bytes(p: &Path) -> anyhow::Result<u64> {
+    let m = std::fs::symlink_metadata(p)?;
+    if !m.is_dir() {
+        return Ok(if m.is_file() { m.len() } else { 0 });
+    }
+    let mut total = 0;
+    for e in std::fs::read_dir(p)? {
+        total += tree_bytes(&e?.path())?;
+    }
+    Ok(total)
+}
+
+fn fs_tree_bytes(fs: &FileSystem, p: &str) -> anyhow::Result<u64> {
+    let m = fs.metadata(p)?;
+    if !m.is_dir() {
+        return Ok(m.size);
+    }
+    let mut total = 0;
+    for e in fs.read_dir(p)? {
+        total += fs_tree_bytes(fs, &join(p, &e.name_lossy()))?;
+    }
+    Ok(total)
+}
+
+fn put(
+    fs: &FileSystem,
+    local: &Path,
+    dest: &str,
+    bar: &ProgressBar,
+    done: &mut Done,
+) -> anyhow::Result<()> {
+    let m = std::fs::symlink_metadata(local)?;
+    if m.is_dir() {
+        match fs.mkdir(dest) {
+            Ok(()) => {}
+            Err(kura_accelfs::FsError::Exists(_)) if fs.metadata(dest)?.is_dir() => {}
+            Err(e) => return Err(e.into()),
+        }
+        let mut children: Vec<_> = std::fs::read_dir(local)?.collect::<Result<_, _>>()?;
+        children.sort_by_key(|e| e.file_name());
+        for e in children {
+            let name = e.file_name();
+            let Some(name) = name.to_str() else {
+                bail!("{}: file name is not UTF-8", e.path().display());
+            };
+            put(fs, &e.path(), &join(dest, name), bar, done)?;
+        }
+        return Ok(());
+    }
+    if !m.is_file() {
+        eprintln!("skipping {} (not a regular file)", local.display());
+        return Ok(());
+    }
+    let mut src =
+        std::fs::File::open(local).with_context(|| format!("opening {}", local.display()))?;
+    let f = fs.create(dest)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut at = 0u64;
+    loop {
+        if let Err(stopped) = interrupt::check(String::new) {
+            drop(f);
+            fs.remove_file(dest)?;
+            return Err(Interrupted {
+                kept: format!(
+                    "{} file(s), {}, copied completely and committed; the partial {dest} was removed",
+                    done.files,
+                    human(done.bytes)
+                ),
+                ..stopped
             }
-        };
-        match kura_accelfs::repair::repair(dev) {
-            Err(e) => {
-                eprintln!("kura fsck --repair: {}: {e}", args.spec);
-                return 2;
-            }
-            Ok(r) => {
-                for f in &r.fixed {
-                    println!("FIXED: {f}");
-                }
-                for u in &r.unrepairable {
-                    println!("NOT REPAIRED: {u}");
-                }
-                println!(
-                    "repair: {} fixed, {} left as they are; checking again",
-                    r.fixed.len(),
-                    r.unrepairable.len()
-                );
-            }
+            .into());
+        }
+        let n = read_full(&mut src, &mut buf)?;
+        if n == 0 {
+            break;
+        }
+        f.write_at(at, &buf[..n])?;
+        at += n as u64;
+        bar.inc(n as u64);
+    }
+    done.files += 1;
+    done.bytes += at;
+    Ok(())
+}
+
+fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match src.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
         }
     }
-    // Checking never writes: the image is opened read-only (beside other readers, never beside
-    // a writer) and the journal is replayed in memory.
-    let dev = match open_dev_read_only(&args.spec) {
-        Ok(d) => d,
-        Err(e) => {
-            eprintln!("kura fsck: {e:#}");
-            return 2;
+    Ok(got)
+}
+
+/// Copies `src` out to `local`: only the allocated ranges are read and written, so holes stay
+/// holes and a file's size costs nothing beyond its data; the host file gets the stated size.
+fn get(
+    fs: &FileSystem,
+    src: &str,
+    local: &Path,
+    bar: &ProgressBar,
+    done: &mut Done,
+) -> anyhow::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let m = fs.metadata(src)?;
+    if m.is_dir() {
+        std::fs::create_dir_all(local).with_context(|| format!("creating {}", local.display()))?;
+        for e in fs.read_dir(src)? {
+            let name = e.name_lossy();
+            get(fs, &join(src, &name), &local.join(&name), bar, done)?;
         }
-    };
-    match fsck(dev) {
-        Err(e) => {
-            eprintln!("kura fsck: {}: {e}", args.spec);
-            2
-        }
-        Ok(report) => {
-            for n in &report.notes {
-                println!("note: {n}");
-            }
-            for p in &report.problems {
-                println!("PROBLEM: {p}");
-            }
-            println!(
-                "{}: {} directories, {} files, {} of {} blocks used; {}",
-                args.spec,
-                report.directories,
-                report.files,
-                report.used_blocks,
-                report.total_blocks,
-                if report.is_clean() {
-                    "clean".to_string()
-                } else {
-                    format!("{} problem(s)", report.problems.len())
+        return Ok(());
+    }
+    let f = fs.open(src)?;
+    let ranges = f.allocated_ranges()?;
+    let out =
+        std::fs::File::create(local).with_context(|| format!("creating {}", local.display()))?;
+    let mut buf = vec![0u8; CHUNK];
+    for range in ranges {
+        let end = range.end.min(m.size);
+        let mut at = range.start;
+        while at < end {
+            if let Err(stopped) = interrupt::check(String::new) {
+                drop(out);
+                let _ = std::fs::remove_file(local);
+                return Err(Interrupted {
+                    kept: format!(
+                        "{} file(s), {}, copied out completely; the partial {} was removed",
+                        done.files,
+                        human(done.bytes),
+                        local.display()
+                    ),
+                    ..stopped
                 }
-            );
-            i32::from(!report.is_clean())
+                .into());
+            }
+            let want = ((end - at) as usize).min(CHUNK);
+            let n = f.read_at(at, &mut buf[..want])?;
+            if n == 0 {
+                break;
+            }
+            out.write_all_at(&buf[..n], at)
+                .with_context(|| format!("writing {}", local.display()))?;
+            at += n as u64;
+            bar.inc(n as u64);
         }
     }
+    out.set_len(m.size)
+        .with_context(|| format!("sizing {}", local.display()))?;
+    out.sync_all()?;
+    done.files += 1;
+    done.bytes += m.size;
+    Ok(())
+}
+
+fn remove_tree(fs: &FileSystem, path: &str, done: &mut Done) -> anyhow::Result<()> {
+    for e in fs.read_dir(path)? {
+        interrupt::check(|| {
+            format!(
+                "{} file(s) removed and committed; {path} and the rest are still there",
+                done.files
+            )
+        })?;
+        let child = join(path, &e.name_lossy());
+        if e.file_type == FileType::Directory {
+            remove_tree(fs, &child, done)?;
+        } else {
+            fs.remove_file(&child)?;
+            done.files += 1;
+        }
+    }
+    fs.remove_dir(path)?;
+    Ok(())
 }

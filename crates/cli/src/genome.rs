@@ -4,7 +4,7 @@
 //! given files or on a dataset it makes (the real E. coli genome when Debian's ragout-examples is
 //! installed, else a seeded synthetic one).
 
-use crate::fsops::human;
+use crate::fs::human;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::fs::{FileSystem, MountOptions};

@@ -6,9 +6,9 @@ mod demo;
 mod dev;
 mod drive;
 mod fs;
-mod fsops;
 mod genome;
 mod interrupt;
+mod mkfs_fsck;
 mod mount;
 mod nvme;
 mod pattern;
@@ -38,12 +38,12 @@ enum Command {
     #[command(subcommand)]
     Bench(BenchCommand),
     /// Format a device with AccelFS.
-    Mkfs(fs::MkfsArgs),
+    Mkfs(mkfs_fsck::MkfsArgs),
     /// Check an AccelFS device and report every inconsistency (exit 0 clean, 1 problems, 2 unreadable).
-    Fsck(fs::FsckArgs),
+    Fsck(mkfs_fsck::FsckArgs),
     /// File tools on an AccelFS device: ls, put, get, cat, rm, mkdir, stat, df.
     #[command(subcommand)]
-    Fs(fsops::FsCommand),
+    Fs(fs::FsCommand),
     /// Mount an AccelFS device on a directory through FUSE (serves until unmounted).
     Mount(mount::MountArgs),
     /// Export devices over NBD (nbdinfo, nbdcopy, qemu-img and nbdfuse are clients).
@@ -110,10 +110,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Demo(args) => demo::run(&args),
-        Command::Mkfs(args) => fs::run_mkfs(&args),
-        Command::Fsck(args) => std::process::exit(fs::run_fsck(&args)),
+        Command::Mkfs(args) => mkfs_fsck::run_mkfs(&args),
+        Command::Fsck(args) => std::process::exit(mkfs_fsck::run_fsck(&args)),
         Command::Mount(args) => mount::run(&args),
-        Command::Fs(cmd) => fsops::run(cmd),
+        Command::Fs(cmd) => fs::run(cmd),
         Command::Serve(args) => serve::run(&args),
         Command::Nvme(cmd) => nvme::run(cmd),
         Command::Genome(cmd) => genome::run(cmd),

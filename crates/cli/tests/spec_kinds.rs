@@ -9,7 +9,7 @@
 use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_accelfs::MkfsOptions;
 use kura_engine::Registry;
-use kura_kv::{Db, DbOptions, Store};
+use kura_kv::{Db, DbOptions, Location};
 use kura_nbd::{bind_loopback, serve, Export, ServeOptions, Server};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -163,7 +163,7 @@ fn every_kind_holds_a_key_value_store() {
         )
         .and_then(FileSystem::unmount)
         .unwrap_or_else(|e| panic!("{kind}: mkfs on {spec}: {e}"));
-        let store = || Store::Device {
+        let store = || Location::Device {
             spec: spec.clone(),
             path: "/db".into(),
             registry: registry.clone(),

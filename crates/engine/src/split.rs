@@ -1,6 +1,6 @@
 //! Splitting requests larger than the device's maximum transfer, and retiring them as one.
 //!
-//! A backend cuts a large request into [`Piece`]s, issues each as its own command, and keeps a
+//! A backend cuts a large request into [`CommandSpan`]s, issues each as its own command, and keeps a
 //! [`SplitParent`] that owns the original request (and its buffer) until every piece has
 //! completed; the caller then sees one completion carrying the first error, if any.
 
@@ -9,7 +9,7 @@ use crate::error::{DeviceError, DeviceResult};
 
 /// One device command's share of a larger request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Piece {
+pub struct CommandSpan {
     pub lba: u64,
     pub blocks: u64,
     /// Offset of this piece's data within the request's buffer.
@@ -22,12 +22,12 @@ pub fn pieces(
     blocks: u64,
     max_blocks: u64,
     block_size: u32,
-) -> impl Iterator<Item = Piece> {
+) -> impl Iterator<Item = CommandSpan> {
     let max_blocks = max_blocks.max(1);
     let count = blocks.div_ceil(max_blocks);
     (0..count).map(move |i| {
         let first = i * max_blocks;
-        Piece {
+        CommandSpan {
             lba: lba + first,
             blocks: max_blocks.min(blocks - first),
             buf_offset: (first * u64::from(block_size)) as usize,
@@ -105,7 +105,7 @@ mod tests {
         assert_eq!(p.len(), 3);
         assert_eq!(
             p[0],
-            Piece {
+            CommandSpan {
                 lba: 10,
                 blocks: 256,
                 buf_offset: 0
@@ -113,7 +113,7 @@ mod tests {
         );
         assert_eq!(
             p[2],
-            Piece {
+            CommandSpan {
                 lba: 522,
                 blocks: 88,
                 buf_offset: 512 * 4096

@@ -21,7 +21,7 @@ pub type Pair = (Vec<u8>, Vec<u8>);
 
 /// Where a database lives.
 #[derive(Debug, Clone)]
-pub enum Store {
+pub enum Location {
     /// Directory `path` on the AccelFS of device `spec` (formatted with `kura mkfs`), opened with
     /// the kinds of `registry`; the device is mounted for the life of the `Db`.
     Device {
@@ -216,7 +216,7 @@ fn classify(msg: String) -> KvError {
 }
 
 impl Db {
-    pub fn open(store: Store, opts: &DbOptions) -> Result<Db, KvError> {
+    pub fn open(store: Location, opts: &DbOptions) -> Result<Db, KvError> {
         if cfg!(kura_no_leveldb) {
             return Err(KvError::Unavailable(
                 "kura-kv was built without Google LevelDB: install libleveldb-dev and rebuild"
@@ -224,7 +224,7 @@ impl Db {
             ));
         }
         let (name, ctx, mounted) = match store {
-            Store::Device {
+            Location::Device {
                 spec,
                 path,
                 registry,
@@ -241,8 +241,8 @@ impl Db {
                 )?;
                 (path, Some(Box::new(FsContext::new(fs.clone()))), Some(fs))
             }
-            Store::AccelFs { fs, path } => (path, Some(Box::new(FsContext::new(fs))), None),
-            Store::Dir(dir) => {
+            Location::AccelFs { fs, path } => (path, Some(Box::new(FsContext::new(fs))), None),
+            Location::Dir(dir) => {
                 let name = dir
                     .to_str()
                     .ok_or_else(|| KvError::Invalid(format!("{} is not UTF-8", dir.display())))?

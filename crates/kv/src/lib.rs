@@ -13,7 +13,7 @@ mod error;
 #[allow(unsafe_code)] // the C ABI of cpp/kura_leveldb.cc and the Env callbacks
 mod ffi;
 
-pub use db::{Db, DbOptions, Pair, Snapshot, Store, WriteBatch};
+pub use db::{Db, DbOptions, Location, Pair, Snapshot, WriteBatch};
 pub use error::KvError;
 
 /// Fault injection into the C++ bridge, compiled in only with the `test-hooks` feature (which

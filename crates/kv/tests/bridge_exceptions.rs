@@ -8,7 +8,7 @@ use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_kv::test_hooks::{throw_once, Site, Throw};
-use kura_kv::{Db, DbOptions, KvError, Store, WriteBatch};
+use kura_kv::{Db, DbOptions, KvError, Location, WriteBatch};
 
 fn file_system() -> FileSystem {
     FileSystem::format(
@@ -32,7 +32,7 @@ fn opts() -> DbOptions {
 
 fn open(fs: &FileSystem) -> Result<Db, KvError> {
     Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },

@@ -6,7 +6,7 @@ use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
-use kura_kv::{Db, DbOptions, KvError, Store, WriteBatch};
+use kura_kv::{Db, DbOptions, KvError, Location, WriteBatch};
 use proptest::prelude::*;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -57,7 +57,7 @@ fn open_on(fs: &FileSystem) -> Db {
 
 fn open_with(fs: &FileSystem, opts: &DbOptions) -> Db {
     Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },
@@ -169,7 +169,7 @@ proptest! {
     fn host_store_behaves_like_a_sorted_map(ops in prop::collection::vec(op(), 1..120)) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
-        run_model(ops, |_| Db::open(Store::Dir(path.clone()), &small_opts()).expect("open"))?;
+        run_model(ops, |_| Db::open(Location::Dir(path.clone()), &small_opts()).expect("open"))?;
     }
 }
 
@@ -177,7 +177,7 @@ proptest! {
 fn host_directory_store_and_snapshots_and_ranges() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("db");
-    let db = Db::open(Store::Dir(path.clone()), &small_opts()).expect("open");
+    let db = Db::open(Location::Dir(path.clone()), &small_opts()).expect("open");
     for i in 0..2000u16 {
         db.put(&key(i), &value(i, 1)).expect("put");
     }
@@ -197,7 +197,7 @@ fn host_directory_store_and_snapshots_and_ranges() {
     );
     drop(snap);
     db.close().expect("close");
-    let db = Db::open(Store::Dir(path), &small_opts()).expect("reopen");
+    let db = Db::open(Location::Dir(path), &small_opts()).expect("reopen");
     assert_eq!(db.get(&key(5)).expect("get"), Some(b"changed".to_vec()));
     assert_eq!(db.scan_all().expect("scan").len(), 1999);
 }
@@ -251,7 +251,7 @@ fn every_synced_write_survives_a_crash_and_nothing_is_invented() {
         let crashed: MemStorage = Arc::new(Mutex::new(image));
         let fs = mount(&crashed);
         let db = Db::open(
-            Store::AccelFs {
+            Location::AccelFs {
                 fs: fs.clone(),
                 path: "/db".into(),
             },
@@ -302,7 +302,7 @@ fn bad_input_is_a_clear_error() {
         create_if_missing: false,
         ..small_opts()
     };
-    let e = Db::open(Store::Dir(dir.path().join("nothing")), &opts)
+    let e = Db::open(Location::Dir(dir.path().join("nothing")), &opts)
         .err()
         .expect("refused");
     assert!(
@@ -340,7 +340,7 @@ fn bad_input_is_a_clear_error() {
     }
     let mut errors = 0;
     match Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },
@@ -380,7 +380,7 @@ fn bad_input_is_a_clear_error() {
     // write, or says the device is full. Either way the file system stays consistent.
     let fs = mount(&storage);
     match Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },

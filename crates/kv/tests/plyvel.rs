@@ -5,7 +5,7 @@
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
-use kura_kv::{Db, DbOptions, Store, WriteBatch};
+use kura_kv::{Db, DbOptions, Location, WriteBatch};
 use std::path::Path;
 use std::process::Command;
 
@@ -62,7 +62,7 @@ fn accelfs_database_opens_in_plyvel_and_back() {
         ..DbOptions::default()
     };
     let db = Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/db".into(),
         },
@@ -143,7 +143,7 @@ fn accelfs_database_opens_in_plyvel_and_back() {
         .expect("copy in");
     }
     let db = Db::open(
-        Store::AccelFs {
+        Location::AccelFs {
             fs: fs.clone(),
             path: "/theirs".into(),
         },

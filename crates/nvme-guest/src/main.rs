@@ -327,7 +327,7 @@ fn run_fs(bdf: &str, failed: &mut bool) {
     let dev = || -> Result<Box<dyn BlockDevice>, String> { Ok(Box::new(open_vfio(&spec)?)) };
     let write_tree = || -> Result<String, String> {
         let opts = MkfsOptions::default();
-        let mut io = kura_accelfs::blockio::BlockIo::new(dev()?, opts.block_size as usize)
+        let mut io = kura_accelfs::fsdevice::FsDevice::new(dev()?, opts.block_size as usize)
             .map_err(|e| e.to_string())?;
         mkfs(&mut io, opts).map_err(|e| format!("mkfs: {e}"))?;
         let fs = FileSystem::mount(io.into_device(), MountOptions::default())

@@ -3,7 +3,7 @@
 //! does not depend on the host's byte order.
 
 use crate::status::NvmeStatus;
-use kura_engine::split::{pieces, Piece};
+use kura_engine::split::{pieces, CommandSpan};
 use kura_engine::Opcode;
 
 /// Admin opcodes.
@@ -38,9 +38,9 @@ pub fn command_pieces(
     nlbs: u64,
     max_rw_lbas: u64,
     lba_size: u32,
-) -> Vec<Piece> {
+) -> Vec<CommandSpan> {
     match op {
-        Opcode::Flush => vec![Piece {
+        Opcode::Flush => vec![CommandSpan {
             lba: 0,
             blocks: 0,
             buf_offset: 0,

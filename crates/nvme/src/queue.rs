@@ -23,7 +23,7 @@ use crate::qpair::QueuePair;
 use crate::regs::{self, PAGE};
 use crate::status::NvmeStatus;
 use kura_engine::poison::FlushPoison;
-use kura_engine::split::{Piece, SplitParent};
+use kura_engine::split::{CommandSpan, SplitParent};
 use kura_engine::{
     BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode,
     Rejected, Request,
@@ -367,7 +367,7 @@ impl NvmeQueue {
         let parts = command_pieces(op, slba, nlbs, self.max_cmd_lbas, lba_bytes as u32);
         let slot = self.new_slot(req, bounce, parts.len());
         let base = self.data_addr(slot);
-        for Piece {
+        for CommandSpan {
             lba,
             blocks: n,
             buf_offset,

@@ -4,7 +4,7 @@
 //! except for its LBA; one that crosses a boundary is cut into a piece per child and completed as
 //! one, with the first piece's error. Children must share one block size.
 
-use crate::mapped::{Layout, MappedDrive, Piece};
+use crate::mapped::{ChildCommand, Layout, MappedDrive};
 use kura_engine::open::ChildOpener;
 use kura_engine::{BlockDevice, OpenError, Spec};
 
@@ -34,14 +34,14 @@ impl Layout for Chain {
         self.total
     }
 
-    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<Piece>) {
+    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<ChildCommand>) {
         let mut leg = self.starts.partition_point(|&s| s <= lba).saturating_sub(1);
         let (mut at, end) = (lba, lba + blocks);
         while at < end && leg < self.starts.len() {
             let leg_end = self.starts.get(leg + 1).copied().unwrap_or(self.total);
             let n = end.min(leg_end) - at;
             if n > 0 {
-                out.push(Piece {
+                out.push(ChildCommand {
                     leg,
                     lba: at - self.starts[leg],
                     blocks: n,

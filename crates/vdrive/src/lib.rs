@@ -32,22 +32,22 @@ pub mod concat;
 mod fanout;
 pub mod mapped;
 pub mod mirror;
+pub mod partition;
 pub mod priority;
 pub mod snapshot;
 pub mod spill;
-pub mod split;
 pub mod stripe;
 
 pub use atomic::{AtomicDrive, AtomicError, AtomicStats};
 pub use cache::{Cache, CacheMode, CacheStats};
 pub use coalesce::{Coalesce, CoalesceStats};
 pub use concat::Concat;
-pub use mapped::{Layout, MappedDrive, Piece};
+pub use mapped::{ChildCommand, Layout, MappedDrive};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
+pub use partition::Partition;
 pub use priority::{ClassHandle, ClassStats, Priority, PriorityOptions};
 pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
-pub use split::Split;
 pub use stripe::Stripe;
 
 use kura_engine::open::ChildOpener;
@@ -64,7 +64,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "split(CHILD)?offset=SIZE&len=SIZE",
             help: "a window of the child (a partition)",
-            open: |spec, r| boxed(split::open(spec, &children_of(r))),
+            open: |spec, r| boxed(partition::open(spec, &children_of(r))),
         },
         Kind {
             name: "concat",

@@ -16,7 +16,7 @@ use kura_engine::{
 /// One child command: `blocks` blocks at `lba` on child `leg`, carrying the caller's data from
 /// the runs `segs` (each `(first block within the request, blocks)`, in child order).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Piece {
+pub struct ChildCommand {
     pub leg: usize,
     pub lba: u64,
     pub blocks: u64,
@@ -30,7 +30,7 @@ pub trait Layout: Send {
     /// Blocks the drive exposes.
     fn num_blocks(&self) -> u64;
     /// Appends to `out` the child commands that cover `blocks` blocks at `lba` (within range).
-    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<Piece>);
+    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<ChildCommand>);
     /// Options for the drive's description (e.g. `?chunk=65536`), or empty.
     fn options(&self) -> String;
 }
@@ -50,7 +50,7 @@ pub struct MappedDrive<L: Layout> {
     fan: Fanout<PieceData>,
     geo: Geometry,
     layout: L,
-    pieces: Vec<Piece>,
+    pieces: Vec<ChildCommand>,
 }
 
 impl<L: Layout> MappedDrive<L> {

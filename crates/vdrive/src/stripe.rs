@@ -7,7 +7,7 @@
 //! scratch buffer, and completes as one with the first piece's error. Each child contributes
 //! whole chunks up to the smallest child's size; `chunk` must be a multiple of the block size.
 
-use crate::mapped::{Layout, MappedDrive, Piece};
+use crate::mapped::{ChildCommand, Layout, MappedDrive};
 use kura_engine::open::ChildOpener;
 use kura_engine::{BlockDevice, OpenError, Spec};
 
@@ -39,7 +39,7 @@ impl Layout for Chunks {
         self.leg_blocks * self.legs as u64
     }
 
-    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<Piece>) {
+    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<ChildCommand>) {
         let first = out.len();
         let (cb, n) = (self.chunk_blocks, self.legs as u64);
         let (mut at, end) = (lba, lba + blocks);
@@ -55,7 +55,7 @@ impl Layout for Chunks {
                     p.blocks += take;
                     p.segs.push(seg);
                 }
-                _ => out.push(Piece {
+                _ => out.push(ChildCommand {
                     leg,
                     lba: child_lba,
                     blocks: take,

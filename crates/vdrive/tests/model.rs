@@ -109,7 +109,7 @@ fn pattern(blocks: usize) -> Vec<u8> {
 fn split_maps_onto_the_childs_window() {
     let child = mem(1 << 20);
     let storage = child.storage();
-    let mut dev = kura_vdrive::split::new(Box::new(child), 64 << 10, Some(128 << 10)).unwrap();
+    let mut dev = kura_vdrive::partition::new(Box::new(child), 64 << 10, Some(128 << 10)).unwrap();
     assert_eq!(dev.geometry().num_blocks, 32);
     dev.write_blocks(0, &pattern(32)).unwrap();
     let disk = storage.lock().unwrap();

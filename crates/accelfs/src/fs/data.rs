@@ -3,8 +3,8 @@
 //! queue depth.
 
 use super::meta::{corrupt, io_buffer, Inner};
-use crate::blockio::{BatchOp, Piece};
 use crate::error::FsError;
+use crate::fsdevice::{BatchOp, StreamPart};
 use crate::inode::Kind;
 use kura_engine::IoBuf;
 use std::collections::{BTreeMap, HashSet};
@@ -270,7 +270,7 @@ impl Inner {
                 match map.lookup(b as u32) {
                     Some((p, run)) => {
                         let take = u64::from(run).min(rest).min(max_blocks);
-                        pieces.push(Piece::Device {
+                        pieces.push(StreamPart::Device {
                             block: p,
                             bytes: take as usize * self.bs,
                         });
@@ -279,7 +279,7 @@ impl Inner {
                     None => {
                         let next = map.next_mapped_after(b as u32).unwrap_or(u64::MAX);
                         let take = (next - b).min(rest).min(max_blocks);
-                        pieces.push(Piece::Zero {
+                        pieces.push(StreamPart::Zero {
                             bytes: take as usize * self.bs,
                         });
                         b += take;
@@ -289,8 +289,8 @@ impl Inner {
             let device: Vec<(u64, u64)> = pieces
                 .iter()
                 .filter_map(|p| match *p {
-                    Piece::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
-                    Piece::Zero { .. } => None,
+                    StreamPart::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
+                    StreamPart::Zero { .. } => None,
                 })
                 .collect();
             self.before_device_reads(&device)?;

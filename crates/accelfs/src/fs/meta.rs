@@ -8,10 +8,10 @@
 use super::alloc::Allocator;
 use super::cache::Cache;
 use super::MountOptions;
-use crate::blockio::{BatchOp, BlockIo};
 use crate::dir::{self, DirEntry};
 use crate::error::{FormatError, FsError};
 use crate::extent::{Extent, ExtentMap};
+use crate::fsdevice::{BatchOp, FsDevice};
 use crate::header::{seal, verify, BlockKind, HEADER_LEN};
 use crate::inode::{Inode, Kind, INLINE_EXTENTS, INODE_SIZE};
 use crate::layout::{Layout, Superblock};
@@ -66,7 +66,7 @@ impl Dir {
 }
 
 pub(crate) struct Inner {
-    pub(crate) io: BlockIo,
+    pub(crate) io: FsDevice,
     pub(crate) sb: Superblock,
     pub(crate) bs: usize,
     pub(crate) journal: Journal,
@@ -99,7 +99,7 @@ pub(crate) fn corrupt(msg: String) -> FsError {
 
 impl Inner {
     pub(crate) fn new(
-        io: BlockIo,
+        io: FsDevice,
         sb: Superblock,
         journal: Journal,
         alloc: Allocator,

@@ -164,7 +164,7 @@ impl FileSystem {
         mkfs: MkfsOptions,
         opts: MountOptions,
     ) -> Result<FileSystem, FsError> {
-        let mut io = crate::blockio::BlockIo::new(dev, mkfs.block_size as usize)?;
+        let mut io = crate::fsdevice::FsDevice::new(dev, mkfs.block_size as usize)?;
         crate::mkfs::mkfs(&mut io, mkfs)?;
         FileSystem::mount(io.into_device(), opts)
     }
@@ -580,7 +580,7 @@ fn with_path(e: FsError, path: &str) -> FsError {
 }
 
 fn read_bitmap(
-    io: &mut crate::blockio::BlockIo,
+    io: &mut crate::fsdevice::FsDevice,
     l: &Layout,
     kind: BlockKind,
 ) -> Result<Bitmap, FsError> {

@@ -79,7 +79,7 @@ pub struct UringDevice {
 // with the device. Nothing is shared with another thread.
 unsafe impl Send for UringDevice {}
 
-/// Piece `index` of a request: its LBA, block count and byte offset in the buffer.
+/// The span of command `index` of a request: its LBA, block count and byte offset in the buffer.
 fn piece_of(req: &Request, max_blocks: u64, block_size: u64, index: u32) -> (u64, u64, usize) {
     let first = u64::from(index) * max_blocks;
     let blocks = max_blocks.min(req.blocks - first);

@@ -5,7 +5,7 @@ use crate::error::FsError;
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, DeviceError, IoBuf, Request};
 use std::collections::BTreeMap;
 
-/// One read or write of whole AccelFS blocks for [`BlockIo::batch`].
+/// One read or write of whole AccelFS blocks for [`FsDevice::batch`].
 #[derive(Debug)]
 pub struct BatchOp {
     pub write: bool,
@@ -13,15 +13,15 @@ pub struct BatchOp {
     pub buf: IoBuf,
 }
 
-/// One piece of a [`BlockIo::stream_read`]: device blocks to read, or zeroes (a file hole).
+/// One piece of a [`FsDevice::stream_read`]: device blocks to read, or zeroes (a file hole).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Piece {
+pub enum StreamPart {
     Device { block: u64, bytes: usize },
     Zero { bytes: usize },
 }
 
 /// A device seen in AccelFS blocks.
-pub struct BlockIo {
+pub struct FsDevice {
     dev: Box<dyn BlockDevice>,
     block_size: usize,
     per_block: u64,
@@ -34,7 +34,7 @@ pub struct BlockIo {
     overlay: BTreeMap<u64, Vec<u8>>,
 }
 
-impl BlockIo {
+impl FsDevice {
     /// Views `dev` in blocks of `block_size` bytes, which must be a multiple of its block size.
     pub fn new(dev: Box<dyn BlockDevice>, block_size: usize) -> Result<Self, FsError> {
         let g = dev.geometry();
@@ -43,7 +43,7 @@ impl BlockIo {
             return Err(FsError::Invalid(format!("AccelFS block size {block_size} is not a multiple of the device's {dbs}-byte blocks")));
         }
         let per_block = (block_size / dbs) as u64;
-        Ok(BlockIo {
+        Ok(FsDevice {
             blocks: g.num_blocks / per_block,
             dev,
             block_size,
@@ -132,7 +132,7 @@ impl BlockIo {
         self.batch_each(ops, |_, _| {})
     }
 
-    /// Like [`BlockIo::batch`], calling `on_done(index, buffer)` for each operation that
+    /// Like [`FsDevice::batch`], calling `on_done(index, buffer)` for each operation that
     /// succeeds as soon as it completes, while the others are still in flight (so a reader can
     /// copy one piece out while the device fills the next).
     pub fn batch_each(
@@ -231,24 +231,24 @@ impl BlockIo {
     /// engine buffer the device read into. Memory stays bounded by `depth` pieces.
     pub fn stream_read(
         &mut self,
-        pieces: &[Piece],
+        pieces: &[StreamPart],
         depth: usize,
         mut deliver: impl FnMut(&[u8]),
     ) -> Result<(), FsError> {
         self.stream_read_owned(pieces, depth, |buf| deliver(&buf))
     }
 
-    /// [`BlockIo::stream_read`] that hands over the buffers themselves (a zeroed one for a hole):
+    /// [`FsDevice::stream_read`] that hands over the buffers themselves (a zeroed one for a hole):
     /// the caller may keep them, so a consumer on another thread reads the device's buffers with
     /// no copy. Held buffers are no longer the pool's to lend, so the caller should bound them.
     pub fn stream_read_owned(
         &mut self,
-        pieces: &[Piece],
+        pieces: &[StreamPart],
         depth: usize,
         mut deliver: impl FnMut(IoBuf),
     ) -> Result<(), FsError> {
         for p in pieces {
-            if let Piece::Device { block, bytes } = *p {
+            if let StreamPart::Device { block, bytes } = *p {
                 if bytes == 0 || !bytes.is_multiple_of(self.block_size) {
                     return Err(FsError::Invalid(format!(
                         "streamed read of {bytes} bytes is not whole {}-byte blocks",
@@ -267,10 +267,10 @@ impl BlockIo {
         while next_deliver < pieces.len() && failure.is_none() {
             while next_submit < pieces.len() && self.dev.in_flight() + ready.len() < depth {
                 match pieces[next_submit] {
-                    Piece::Zero { bytes } => {
+                    StreamPart::Zero { bytes } => {
                         ready.insert(next_submit, Err(bytes));
                     }
-                    Piece::Device { block, bytes } => {
+                    StreamPart::Device { block, bytes } => {
                         let buf = BufferPool::global()
                             .alloc(bytes)
                             .unwrap_or_else(|_| IoBuf::zeroed(bytes));
@@ -309,7 +309,9 @@ impl BlockIo {
                 match c.status {
                     Ok(()) => match c.buf {
                         Some(mut buf) => {
-                            if let Some(Piece::Device { block, .. }) = pieces.get(c.tag as usize) {
+                            if let Some(StreamPart::Device { block, .. }) =
+                                pieces.get(c.tag as usize)
+                            {
                                 apply_overlay(&self.overlay, self.block_size, *block, &mut buf);
                             }
                             ready.insert(c.tag as usize, Ok(buf));

@@ -5,7 +5,7 @@
 //! LBA (no copy), and the child's errors come back as they are. `offset` defaults to 0 and `len`
 //! to the rest of the child; both must be whole blocks, and the window must end within the child.
 
-use crate::mapped::{Layout, MappedDrive, Piece};
+use crate::mapped::{ChildCommand, Layout, MappedDrive};
 use kura_engine::open::ChildOpener;
 use kura_engine::{BlockDevice, OpenError, Spec};
 
@@ -21,7 +21,7 @@ pub struct Window {
 }
 
 /// A window of one child.
-pub type Split = MappedDrive<Window>;
+pub type Partition = MappedDrive<Window>;
 
 impl Layout for Window {
     fn kind(&self) -> &'static str {
@@ -32,8 +32,8 @@ impl Layout for Window {
         self.blocks
     }
 
-    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<Piece>) {
-        out.push(Piece {
+    fn map(&self, lba: u64, blocks: u64, out: &mut Vec<ChildCommand>) {
+        out.push(ChildCommand {
             leg: 0,
             lba: self.offset + lba,
             blocks,
@@ -48,7 +48,11 @@ impl Layout for Window {
 }
 
 /// A window of `child` from byte `offset` for `len` bytes (the rest of the child when `None`).
-pub fn new(child: Box<dyn BlockDevice>, offset: u64, len: Option<u64>) -> Result<Split, OpenError> {
+pub fn new(
+    child: Box<dyn BlockDevice>,
+    offset: u64,
+    len: Option<u64>,
+) -> Result<Partition, OpenError> {
     let geo = child.geometry();
     let bs = u64::from(geo.block_size);
     let capacity = geo.capacity_bytes();
@@ -82,7 +86,7 @@ pub fn new(child: Box<dyn BlockDevice>, offset: u64, len: Option<u64>) -> Result
 }
 
 /// Opens `split(CHILD)?offset=SIZE&len=SIZE`.
-pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Split, OpenError> {
+pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Partition, OpenError> {
     spec.check_options(SPLIT_OPTIONS)?;
     let offset = spec.size_option("offset")?.unwrap_or(0);
     let len = spec.size_option("len")?;
