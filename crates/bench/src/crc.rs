@@ -2,22 +2,19 @@
 //! `crc32` instruction one word at a time, and vectorized folding (`crc-fast`, what AccelFS
 //! uses), with the `crc32c` crate as an outside peer — from 64 B to 1 MiB, in GiB/s.
 
+use crate::output::{plot_help, OutputArgs};
 use serde::Serialize;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 /// Arguments of `kura bench crc`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("plot", |a| plot_help(a, "crc")))]
 pub struct CrcArgs {
     /// Seconds per measured point.
     #[arg(long, default_value_t = 0.2)]
     pub seconds: f64,
-    /// Write the figures as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write a PNG plot here (default: next to --json, else bench-out/crc.png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub output: OutputArgs,
 }
 
 const PLOT_SCRIPT: &str = include_str!("../../../scripts/plot_crc.py");
@@ -170,24 +167,7 @@ pub fn run(args: &CrcArgs) -> anyhow::Result<()> {
             gib_per_s: peer,
         });
     }
-    if let Some(path) = &args.json {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&points)?)?;
-        println!("JSON: {}", path.display());
-    }
-    let png = args.plot.clone().unwrap_or_else(|| {
-        args.json.as_ref().map_or_else(
-            || PathBuf::from("bench-out/crc.png"),
-            |j| j.with_extension("png"),
-        )
-    });
-    match crate::io::plot::render_with(PLOT_SCRIPT, &points, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.output.emit("crc", PLOT_SCRIPT, &points)
 }
 
 #[cfg(test)]
@@ -213,8 +193,10 @@ mod tests {
         let json = dir.path().join("crc.json");
         run(&CrcArgs {
             seconds: 0.001,
-            json: Some(json.clone()),
-            plot: Some(dir.path().join("crc.png")),
+            output: OutputArgs {
+                json: Some(json.clone()),
+                plot: Some(dir.path().join("crc.png")),
+            },
         })
         .unwrap();
         let v: Vec<serde_json::Value> =

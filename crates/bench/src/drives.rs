@@ -12,8 +12,8 @@
 //! The layers alternate with pass-through in rounds (best round kept for each), because the
 //! shared disk's speed drifts during a run.
 
-use crate::io::plot::render_with;
 use crate::io::workload::{self, Job, Pattern};
+use crate::output::{plot_help, RunArgs};
 use anyhow::Context;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 const PLOT: &str = include_str!("../../../scripts/plot_drives.py");
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("plot", |a| plot_help(a, "drives")))]
 pub struct DrivesArgs {
     /// Directory for the backing image (a disk file system, not tmpfs).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
@@ -38,9 +39,8 @@ pub struct DrivesArgs {
     /// Rounds per point (each layer and pass-through alternate; the best round counts).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// A short run for smoke tests.
-    #[arg(long)]
-    pub quick: bool,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Run one part only.
     #[arg(long, value_enum)]
     pub only: Option<Part>,
@@ -51,10 +51,6 @@ pub struct DrivesArgs {
     /// part (0: sent whole).
     #[arg(long, default_value = "0")]
     pub bg_chunk: String,
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
 }
 
 /// The parts of the benchmark.
@@ -144,7 +140,7 @@ fn measure(spec: &str, job: &Job) -> anyhow::Result<f64> {
 pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
     let mut size = kura_engine::spec::parse_size(&args.size).map_err(anyhow::Error::msg)?;
     let (mut seconds, mut rounds) = (args.seconds, args.rounds.max(1));
-    if args.quick {
+    if args.run.quick {
         size = size.min(128 << 20);
         seconds = seconds.min(0.2);
         rounds = 1;
@@ -256,19 +252,7 @@ pub fn run(args: &DrivesArgs) -> anyhow::Result<()> {
         "atomic: 4K writes pass straight through (one block is the child's unit of atomicity); its 64K row pays the log write and three flushes per group".into(),
     );
     print_report(&report);
-    if let Some(json) = &args.json {
-        std::fs::write(json, serde_json::to_string_pretty(&report)?)?;
-        println!("JSON: {}", json.display());
-    }
-    let png = args.plot.clone().unwrap_or_else(|| match &args.json {
-        Some(j) => j.with_extension("png"),
-        None => PathBuf::from("bench-out/drives.png"),
-    });
-    match render_with(PLOT, &report, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.run.output.emit("drives", PLOT, &report)
 }
 
 /// Cases of the isolation measurement: alone, loaded without and with `priority`.

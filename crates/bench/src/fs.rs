@@ -8,7 +8,8 @@
 //! the device. Reads are cold: the AccelFS cache is kept far smaller than the region read at
 //! random, and the page cache is dropped for the ext4 file before each read point.
 
-use crate::io::{drop_page_cache, plot::render_with};
+use crate::io::drop_page_cache;
+use crate::output::{plot_help, RunArgs};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::fsdevice::{BatchOp, FsDevice, StreamPart};
@@ -24,6 +25,7 @@ use std::time::Instant;
 const PLOT: &str = include_str!("../../../scripts/plot_fsbench.py");
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("quick", |a| a.help("A short run for smoke tests: small region, sizes and files")), mut_arg("plot", |a| plot_help(a, "fs")))]
 pub struct FsBenchArgs {
     /// Directory for the images and the ext4 file (a real disk file system, not tmpfs).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
@@ -52,15 +54,8 @@ pub struct FsBenchArgs {
     /// Skip AccelFS over `redirect`.
     #[arg(long)]
     pub no_redirect: bool,
-    /// A short run for smoke tests: small region, sizes and files.
-    #[arg(long)]
-    pub quick: bool,
-    /// Write every figure as JSON here.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write the PNG plot here (default: next to --json, else bench-out/fs.png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -152,7 +147,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         block_size: u32::try_from(size_arg(&args.block_size)?).context("block size")?,
         cache: size_arg(&args.cache)?,
     };
-    if args.quick {
+    if args.run.quick {
         plan.sizes = vec![4096, 65536, 1 << 20];
         plan.iters = plan.iters.min(30);
         plan.region = plan.region.min(16 << 20);
@@ -307,20 +302,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         "AccelFS write = write into the buffer cache below 256 KiB (bypass above); ext4 write = buffered pwrite; raw write = device write. write+sync adds fdatasync (AccelFS File::sync_data: an overwrite needs no journal commit) / fdatasync / flush. Appends use File::sync_all (a journal commit: the size changes) against ext4 fdatasync".into(),
     );
     print_report(&report);
-    if let Some(json) = &args.json {
-        std::fs::write(json, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", json.display()))?;
-        println!("JSON: {}", json.display());
-    }
-    let png = args.plot.clone().unwrap_or_else(|| match &args.json {
-        Some(j) => j.with_extension("png"),
-        None => PathBuf::from("bench-out/fs.png"),
-    });
-    match render_with(PLOT, &report, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.run.output.emit("fs", PLOT, &report)
 }
 
 pub(crate) fn write_host_file(path: &Path, bytes: u64) -> anyhow::Result<()> {

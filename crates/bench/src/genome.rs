@@ -5,8 +5,8 @@
 //! (`wait4`) are its own. Accuracy of both is scored from the read names. Read loading is set
 //! against the device's sequential read bandwidth measured on the same image file.
 
-use crate::io::plot::render_with;
 use crate::io::workload::{Job, Pattern};
+use crate::output::{plot_help, RunArgs};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_engine::BlockDevice;
@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 const PLOT: &str = include_str!("../../../scripts/plot_genome.py");
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("quick", |a| a.help("A short run for smoke tests (at most 20k reads, one round)")), mut_arg("plot", |a| plot_help(a, "genome")))]
 pub struct GenomeBenchArgs {
     /// Directory for the dataset, the images and the outputs (a disk file system).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
@@ -40,13 +41,8 @@ pub struct GenomeBenchArgs {
     /// Rounds per system (alternating); the fastest counts.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// A short run for smoke tests (at most 20k reads, one round).
-    #[arg(long)]
-    pub quick: bool,
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 /// One system's best round.
@@ -85,12 +81,16 @@ pub struct Report {
 }
 
 pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
-    let reads = if args.quick {
+    let reads = if args.run.quick {
         args.reads.min(20_000)
     } else {
         args.reads
     };
-    let rounds = if args.quick { 1 } else { args.rounds.max(1) };
+    let rounds = if args.run.quick {
+        1
+    } else {
+        args.rounds.max(1)
+    };
     let kura = std::env::current_exe().context("finding the kura binary")?;
     let minimap2 = which("minimap2");
     let dir = tempfile::Builder::new()
@@ -154,22 +154,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         "peak RSS by wait4 of each child process; kura's includes copying the dataset into its image before the pipeline starts".into(),
     );
     print_report(&report);
-    if let Some(json) = &args.json {
-        if let Some(parent) = json.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(json, serde_json::to_string_pretty(&report)?)?;
-        println!("JSON: {}", json.display());
-    }
-    let png = args.plot.clone().unwrap_or_else(|| match &args.json {
-        Some(j) => j.with_extension("png"),
-        None => PathBuf::from("bench-out/genome.png"),
-    });
-    match render_with(PLOT, &report, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.run.output.emit("genome", PLOT, &report)
 }
 
 fn keep_best(slot: &mut Option<SystemPoint>, p: SystemPoint) {

@@ -7,7 +7,7 @@
 //! Every system gets a fresh database per workload; the load phase is untimed, the run phase is
 //! timed per operation (throughput and p50/p99/p99.9 latency).
 
-use crate::io::plot::render_with;
+use crate::output::{plot_help, RunArgs};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
@@ -22,6 +22,7 @@ const PLOT: &str = include_str!("../../../scripts/plot_kvbench.py");
 const PEER: &str = include_str!("../../../scripts/kv_rocksdb_peer.py");
 
 #[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("plot", |a| plot_help(a, "kv")))]
 pub struct KvBenchArgs {
     /// Directory for the images, the ext4 databases and RocksDB (a disk file system).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
@@ -54,14 +55,8 @@ pub struct KvBenchArgs {
     /// fillsync writes this many keys (each one synced).
     #[arg(long, default_value_t = 2000)]
     pub sync_records: u64,
-    /// A short run for smoke tests.
-    #[arg(long)]
-    pub quick: bool,
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// PNG plot (default: next to --json, else bench-out/kv.png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -338,7 +333,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         .map(|s| s.trim().to_lowercase())
         .collect();
     let (mut records, mut ops, mut sync_records) = (args.records, args.ops, args.sync_records);
-    if args.quick {
+    if args.run.quick {
         records = records.min(2000);
         ops = ops.min(2000);
         sync_records = sync_records.min(100);
@@ -475,20 +470,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         notes,
     };
     print_report(&report);
-    if let Some(json) = &args.json {
-        std::fs::write(json, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", json.display()))?;
-        println!("JSON: {}", json.display());
-    }
-    let png = args.plot.clone().unwrap_or_else(|| match &args.json {
-        Some(j) => j.with_extension("png"),
-        None => PathBuf::from("bench-out/kv.png"),
-    });
-    match render_with(PLOT, &report, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.run.output.emit("kv", PLOT, &report)
 }
 
 fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {

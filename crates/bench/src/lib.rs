@@ -9,3 +9,4 @@ pub mod fs;
 pub mod genome;
 pub mod io;
 pub mod kv;
+pub mod output;

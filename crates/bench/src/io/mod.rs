@@ -20,6 +20,7 @@ pub mod plot;
 pub mod target;
 pub mod workload;
 
+use crate::output::{plot_help, RunArgs};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_engine::BlockDevice;
@@ -44,7 +45,9 @@ file as the peer. With --device the named devices are measured instead, and comp
 other (the first against the rest): for example, an NVMe namespace through the user-space driver, \
 io_uring passthrough and the block layer:\n\n  kura bench io --overwrite --rebind \\\n    \
 --device nvme:0000:00:04.0 --device nvme-pt:/dev/ng0n1 --device uring:/dev/nvme0n1\n\n\
---device writes over the start of each device (--size of it, default 1G): its data there is lost."
+--device writes over the start of each device (--size of it, default 1G): its data there is lost.",
+    mut_arg("quick", |a| a.help("A short run (under a minute): fewer sizes and depths, shorter points")),
+    mut_arg("plot", |a| plot_help(a, "io"))
 )]
 pub struct IoArgs {
     /// Directory for the test image (must allow O_DIRECT: not tmpfs).
@@ -75,15 +78,8 @@ pub struct IoArgs {
     /// Seconds per measured point (default 1, or 0.25 with --quick).
     #[arg(long)]
     pub seconds: Option<f64>,
-    /// A short run (under a minute): fewer sizes and depths, shorter points.
-    #[arg(long)]
-    pub quick: bool,
-    /// Write every figure as JSON to this file.
-    #[arg(long)]
-    pub json: Option<PathBuf>,
-    /// Write a PNG plot to this file (default: next to --json, else bench-out/io.png).
-    #[arg(long)]
-    pub plot: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
     /// Do not run fio even when it is installed.
     #[arg(long)]
     pub no_fio: bool,
@@ -180,7 +176,7 @@ pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
             args.size.as_deref().unwrap_or("1G, or 256M with --quick")
         );
     }
-    let size = kura_engine::spec::parse_size(args.size.as_deref().unwrap_or(if args.quick {
+    let size = kura_engine::spec::parse_size(args.size.as_deref().unwrap_or(if args.run.quick {
         "256M"
     } else {
         "1G"
@@ -189,17 +185,19 @@ pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
     if size < (16 << 20) {
         bail!("--size must be at least 16M");
     }
-    let seconds = args.seconds.unwrap_or(if args.quick { 0.25 } else { 1.0 });
+    let seconds = args
+        .seconds
+        .unwrap_or(if args.run.quick { 0.25 } else { 1.0 });
     if !(0.01..=600.0).contains(&seconds) {
         bail!("--seconds must be between 0.01 and 600");
     }
     let plan = Plan {
-        latency_sizes: if args.quick {
+        latency_sizes: if args.run.quick {
             vec![4 << 10, 64 << 10, 1 << 20]
         } else {
             vec![4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20]
         },
-        depths: if args.quick {
+        depths: if args.run.quick {
             vec![1, 8, 32, 128]
         } else {
             vec![1, 2, 4, 8, 16, 32, 64, 128]
@@ -228,24 +226,10 @@ pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
         report
     };
     print_report(&report);
-    let json_path = args.json.clone();
-    if let Some(path) = &json_path {
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent)?;
-        }
-        std::fs::write(path, serde_json::to_string_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-        println!("\nJSON: {}", path.display());
+    if args.run.output.json.is_some() {
+        println!();
     }
-    let png = args.plot.clone().unwrap_or_else(|| match &json_path {
-        Some(j) => j.with_extension("png"),
-        None => PathBuf::from("bench-out/io.png"),
-    });
-    match plot::render(&report, &png) {
-        Ok(()) => println!("plot: {}", png.display()),
-        Err(e) => println!("plot skipped: {e}"),
-    }
-    Ok(())
+    args.run.output.emit("io", plot::SCRIPT, &report)
 }
 
 fn bar(len: u64) -> ProgressBar {
@@ -882,9 +866,13 @@ mod tests {
             rebind: false,
             label: None,
             seconds: Some(0.02),
-            quick: true,
-            json: Some(dir.join("io.json")),
-            plot: Some(dir.join("io.png")),
+            run: RunArgs {
+                quick: true,
+                output: crate::output::OutputArgs {
+                    json: Some(dir.join("io.json")),
+                    plot: Some(dir.join("io.png")),
+                },
+            },
             no_fio: true,
             keep_image: false,
         }
