@@ -152,7 +152,7 @@ impl File {
         self.need(true)?;
         let ino = self.ino;
         let at = self.fs.with_handle(ino, self.generation, |g| {
-            let at = g.node(ino)?.inode.size;
+            let at = g.inode(ino)?.size;
             g.write_at(ino, at, data)?;
             Ok(at)
         })?;

@@ -1,5 +1,7 @@
-//! A mounted AccelFS: the `std::fs`-like API ([`FileSystem`], [`File`]) over the in-memory
-//! metadata ([`meta`]), the buffer cache ([`cache`]), the allocator ([`alloc`]) and the journal.
+//! A mounted AccelFS: the `std::fs`-like API ([`FileSystem`], [`File`]) over the mounted state
+//! (`state/`: inode metadata, names, the data path and the journal, each a file), which owns
+//! the buffer cache ([`cache`]) and the allocator (`alloc.rs`). Every call takes the lock and
+//! calls one method of the mounted state; paths are split by `path.rs`.
 //!
 //! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads; operations
 //! are serialised by one lock around the mounted state (finer locking is future work).
@@ -8,14 +10,13 @@
 
 mod alloc;
 pub mod cache;
-mod data;
 mod file;
-mod meta;
-mod namespace;
+mod path;
+mod state;
 
 pub use cache::CacheStats;
 pub use file::{File, OpenOptions};
-pub use namespace::MAX_DEPTH;
+pub use path::MAX_DEPTH;
 
 use crate::bitmap::Bitmap;
 use crate::error::{FormatError, FsError};
@@ -23,11 +24,11 @@ use crate::fsck::load_superblock;
 use crate::header::BlockKind;
 use crate::inode::Kind;
 use crate::journal::JournalArea;
-use crate::layout::{Layout, ROOT_INODE, VERSION};
+use crate::layout::{Layout, VERSION};
 use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
-use meta::Inner;
+use state::Mounted;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
@@ -140,7 +141,7 @@ pub struct FsStats {
 /// A mounted AccelFS. Clone it to share it between threads.
 #[derive(Clone)]
 pub struct FileSystem {
-    inner: Arc<Mutex<Inner>>,
+    inner: Arc<Mutex<Mounted>>,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -191,7 +192,7 @@ impl FileSystem {
 
     /// Whether this file system was mounted with [`FileSystem::mount_read_only`].
     pub fn is_read_only(&self) -> bool {
-        self.lock().mounted_read_only
+        self.lock().mounted_read_only()
     }
 
     fn mount_with(
@@ -226,29 +227,16 @@ impl FileSystem {
         } else {
             Journal::recover(&mut io, area)?
         };
-        let bs = l.block_size as usize;
         let blocks = read_bitmap(&mut io, &l, BlockKind::BlockBitmap)?;
         let inodes = read_bitmap(&mut io, &l, BlockKind::InodeBitmap)?;
         let alloc = alloc::Allocator::new(l, blocks, inodes);
-        let mut inner = Inner::new(io, sb, journal, alloc, opts, recovery);
-        if read_only {
-            inner.read_only = Some(READ_ONLY_MOUNT.into());
-            inner.mounted_read_only = true;
-        }
-        debug_assert_eq!(inner.bs, bs);
-        let root = inner.node(ROOT_INODE)?;
-        if root.inode.kind != Kind::Directory {
-            return Err(
-                FormatError::Corrupt("inode 1 (the root) is not a directory".into()).into(),
-            );
-        }
-        inner.dir(ROOT_INODE)?;
+        let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         Ok(FileSystem {
-            inner: Arc::new(Mutex::new(inner)),
+            inner: Arc::new(Mutex::new(mounted)),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Inner> {
+    fn lock(&self) -> MutexGuard<'_, Mounted> {
         // A panic while holding the lock cannot leave a half-applied change on the device (only
         // commits write metadata), so the state is still usable.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
@@ -288,12 +276,12 @@ impl FileSystem {
             }
             Err(e) => return Err(e),
         };
-        let node = g.node(ino)?;
-        if node.inode.kind == Kind::Directory {
+        let inode = g.inode(ino)?;
+        if inode.kind == Kind::Directory {
             return Err(FsError::IsADirectory(path.to_string()));
         }
-        let generation = node.inode.generation;
-        if o.truncate && (o.write || o.append) && node.inode.size != 0 {
+        let generation = inode.generation;
+        if o.truncate && (o.write || o.append) && inode.size != 0 {
             g.set_len(ino, 0)?;
         }
         drop(g);
@@ -336,7 +324,7 @@ impl FileSystem {
     /// Creates a directory and every missing parent.
     pub fn create_dir_all(&self, path: &str) -> Result<(), FsError> {
         let mut at = String::new();
-        for c in namespace::components(path)? {
+        for c in path::components(path)? {
             at.push('/');
             at.push_str(&String::from_utf8_lossy(c));
             match self.mkdir(&at) {
@@ -391,61 +379,18 @@ impl FileSystem {
     }
 
     pub fn statfs(&self) -> FsStats {
-        let g = self.lock();
-        let l = g.layout();
-        FsStats {
-            block_size: l.block_size,
-            total_blocks: l.total_blocks,
-            free_blocks: g.alloc.free_block_count(),
-            total_inodes: l.inode_count,
-            free_inodes: g.alloc.free_inode_count(),
-            cache: g.cache.stats,
-            commits: g.commits,
-            recovery: g.recovery,
-        }
+        self.lock().stats()
     }
 
     /// Commits, checkpoints the journal and closes the file system; other handles then fail.
     pub fn unmount(self) -> Result<(), FsError> {
-        let mut g = self.lock();
-        if g.closed {
-            return Ok(());
-        }
-        if g.read_only.is_none() {
-            g.commit()?;
-            let Inner { journal, io, .. } = &mut *g;
-            journal.checkpoint(io)?;
-        }
-        g.closed = true;
-        Ok(())
+        self.lock().unmount()
     }
 
     // ---- inode API (used by the FUSE adapter) ---------------------------------------------
 
     pub fn metadata_of(&self, ino: u64) -> Result<Metadata, FsError> {
-        let mut g = self.lock();
-        let bs = g.layout().block_size;
-        let n = g.node(ino)?;
-        if n.inode.kind == Kind::Free {
-            return Err(FsError::NotFound(format!("inode {ino}")));
-        }
-        Ok(Metadata {
-            ino,
-            file_type: file_type(n.inode.kind),
-            size: n.inode.size,
-            blocks: n.map.mapped_blocks() + n.chain_len() as u64,
-            block_size: bs,
-            links: n.inode.links,
-            mode: n.inode.mode,
-            mtime_ns: n.inode.mtime_ns,
-            ctime_ns: n.inode.ctime_ns,
-            generation: n.inode.generation,
-            parent: if ino == ROOT_INODE {
-                ROOT_INODE
-            } else {
-                n.inode.parent
-            },
-        })
+        self.lock().metadata(ino)
     }
 
     /// The entry `name` in directory `parent`.
@@ -459,18 +404,7 @@ impl FileSystem {
 
     /// Entries of directory `ino`, sorted by name.
     pub fn list(&self, ino: u64) -> Result<Vec<DirEntryInfo>, FsError> {
-        let mut g = self.lock();
-        let mut out: Vec<DirEntryInfo> = g
-            .dir(ino)?
-            .entries()
-            .map(|e| DirEntryInfo {
-                name: e.name.clone(),
-                ino: e.ino,
-                file_type: file_type(e.kind),
-            })
-            .collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        self.lock().list(ino)
     }
 
     /// Creates `name` in directory `parent`.
@@ -528,43 +462,17 @@ impl FileSystem {
         mode: Option<u16>,
         mtime_ns: Option<u64>,
     ) -> Result<(), FsError> {
-        let mut g = self.lock();
-        g.writable()?;
-        g.make_transaction_room()?;
-        let n = g.node(ino)?;
-        if n.inode.kind == Kind::Free {
-            return Err(FsError::NotFound(format!("inode {ino}")));
-        }
-        if let Some(m) = mode {
-            n.inode.mode = m & 0o7777;
-        }
-        if let Some(t) = mtime_ns {
-            n.inode.mtime_ns = t;
-        }
-        n.inode.ctime_ns = crate::mkfs::now_ns();
-        g.touch(ino);
-        Ok(())
-    }
-
-    /// Checks that a handle opened on inode `ino` of `generation` still names that file.
-    fn check_handle(g: &mut Inner, ino: u64, generation: u32) -> Result<(), FsError> {
-        let n = g.node(ino)?;
-        if n.inode.kind == Kind::Free || n.inode.generation != generation {
-            return Err(FsError::NotFound(format!(
-                "inode {ino}: the file was removed while open"
-            )));
-        }
-        Ok(())
+        self.lock().set_attr(ino, mode, mtime_ns)
     }
 
     pub(crate) fn with_handle<T>(
         &self,
         ino: u64,
         generation: u32,
-        f: impl FnOnce(&mut Inner) -> Result<T, FsError>,
+        f: impl FnOnce(&mut Mounted) -> Result<T, FsError>,
     ) -> Result<T, FsError> {
         let mut g = self.lock();
-        Self::check_handle(&mut g, ino, generation)?;
+        g.check_handle(ino, generation)?;
         f(&mut g)
     }
 }
@@ -600,15 +508,4 @@ fn read_bitmap(
         )?;
     }
     Ok(map)
-}
-
-impl Drop for Inner {
-    fn drop(&mut self) {
-        // The last handle went away without `unmount`: make what was written durable, as
-        // closing a file system would. Errors cannot be reported here; the journal keeps
-        // what was committed before.
-        if !self.closed && self.read_only.is_none() && self.commit().is_ok() {
-            let _ = self.journal.checkpoint(&mut self.io);
-        }
-    }
 }

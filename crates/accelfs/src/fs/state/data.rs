@@ -1,12 +1,23 @@
 //! The data path: file reads and writes through the buffer cache, read-ahead for sequential
 //! readers, and the bypass that sends large reads and writes to the engine as big commands at
 //! queue depth.
+//!
+//! A read is [`Mounted::read_at`]: cached blocks are copied, missing ones fetched from the
+//! device (with read-ahead) into the cache, large reads go straight to the device; a write is
+//! [`Mounted::write_at`]: holes get blocks from the allocator, small writes land in the cache,
+//! large whole blocks go straight to the device. Both submit through
+//! [`crate::fsdevice::FsDevice`] only, after checkpointing the journal when it holds a newer
+//! image of a block they touch.
+//!
+//! Owns the fields `cache` and `next_sequential` of [`Mounted`] (the buffer cache and the
+//! read-ahead state) and hands dirty data to the commit ([`Mounted::take_dirty_data`],
+//! [`Mounted::journaled`], [`Mounted::placed`]).
 
-use super::meta::{corrupt, io_buffer, Inner};
+use super::{corrupt, Mounted};
 use crate::error::FsError;
 use crate::fsdevice::{BatchOp, StreamPart};
 use crate::inode::Kind;
-use kura_engine::IoBuf;
+use kura_engine::{BufferPool, IoBuf};
 use std::collections::{BTreeMap, HashSet};
 
 /// A write is applied in steps of this many bytes, each its own metadata update, so that one
@@ -16,7 +27,7 @@ const WRITE_STEP: usize = 8 << 20;
 /// Device commands (of `max_command_bytes`) a streaming read plans at once.
 const STREAM_WINDOW_COMMANDS: u64 = 256;
 
-impl Inner {
+impl Mounted {
     fn file_node(&mut self, ino: u64) -> Result<(), FsError> {
         match self.node(ino)?.inode.kind {
             Kind::File => Ok(()),
@@ -198,7 +209,7 @@ impl Inner {
             return Ok(());
         }
         self.writable()?;
-        if self.layout_changed.contains(&ino) {
+        if self.layout_changed_in_transaction(ino) {
             return self.commit();
         }
         let result = (|| {
@@ -244,7 +255,7 @@ impl Inner {
         if self.read_only.is_none() {
             let ops = self.dirty_data_ops(Some(ino))?;
             self.io.batch(ops)?;
-        } else if self.cache_has_dirty(ino) {
+        } else if self.cache.has_dirty(ino) {
             return Err(FsError::ReadOnly(
                 "cannot stream a file whose newest data could not be written".into(),
             ));
@@ -387,7 +398,7 @@ impl Inner {
         node.inode.mtime_ns = now;
         node.inode.ctime_ns = now;
         if grew {
-            self.layout_changed.insert(ino);
+            self.mark_layout_changed(ino);
         }
         self.touch(ino);
         Ok(data.len())
@@ -485,7 +496,7 @@ impl Inner {
         if holes.is_empty() {
             return Ok(HashSet::new());
         }
-        self.layout_changed.insert(ino);
+        self.mark_layout_changed(ino);
         // Extent blocks may be needed too; keep a small reserve for them.
         if self.alloc.free_block_count() < holes.len() as u64 + 4 {
             return Err(FsError::NoSpace(format!(
@@ -568,7 +579,7 @@ impl Inner {
                 }
             }
         }
-        self.layout_changed.insert(ino);
+        self.mark_layout_changed(ino);
         let now = crate::mkfs::now_ns();
         let node = self.node(ino)?;
         node.inode.size = size;
@@ -578,4 +589,147 @@ impl Inner {
         self.next_sequential.remove(&ino);
         Ok(())
     }
+
+    /// Drops the cached blocks and read-ahead state of file `ino` (its inode was freed).
+    pub(super) fn forget_data(&mut self, ino: u64) {
+        self.cache.remove_from(ino, 0);
+        self.next_sequential.remove(&ino);
+    }
+
+    /// Every dirty cached block as (file, file block, contents), marked clean.
+    pub(super) fn take_dirty_data(&mut self) -> Vec<(u64, u32, IoBuf)> {
+        self.cache.take_dirty(None)
+    }
+
+    /// Dirty cached blocks (of one file or all) as coalesced writes, marked clean.
+    pub(super) fn dirty_data_ops(&mut self, only: Option<u64>) -> Result<Vec<BatchOp>, FsError> {
+        let dirty = self.cache.take_dirty(only);
+        self.placed(dirty)
+    }
+
+    /// Maps (file, file block, data) to device writes, merging physically contiguous blocks.
+    pub(super) fn placed(
+        &mut self,
+        blocks: Vec<(u64, u32, IoBuf)>,
+    ) -> Result<Vec<BatchOp>, FsError> {
+        let mut located = Vec::with_capacity(blocks.len());
+        for (ino, b, buf) in blocks {
+            let node = self.node(ino)?;
+            if node.inode.kind == Kind::Free {
+                continue;
+            }
+            let (p, _) = node.map.lookup(b).ok_or_else(|| {
+                corrupt(format!("inode {ino}: cached block {b} has no device block"))
+            })?;
+            located.push((p, buf));
+        }
+        let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
+        self.before_direct_writes(&targets)?;
+        Ok(coalesce(located, self.bs, self.opts.max_command_bytes))
+    }
+
+    /// Dirty cached blocks as (device block, contents) for the journal, which writes them with
+    /// the metadata when they are few (format §7); blocks of freed files are dropped.
+    pub(super) fn journaled(
+        &mut self,
+        blocks: Vec<(u64, u32, IoBuf)>,
+    ) -> Result<Vec<(u64, Vec<u8>)>, FsError> {
+        let mut images = Vec::with_capacity(blocks.len());
+        for (ino, b, buf) in blocks {
+            let node = self.node(ino)?;
+            if node.inode.kind == Kind::Free {
+                continue;
+            }
+            let (p, _) = node.map.lookup(b).ok_or_else(|| {
+                corrupt(format!("inode {ino}: cached block {b} has no device block"))
+            })?;
+            images.push((p, buf.to_vec()));
+        }
+        Ok(images)
+    }
+
+    /// A block whose newest committed contents sit in the journal (a journaled data block) may
+    /// not be written home directly: replay, or the next checkpoint, would put the older image
+    /// back over the newer data. Such writes first checkpoint the journal, which writes every
+    /// pending image home and retires it.
+    pub(super) fn before_direct_writes(&mut self, targets: &[u64]) -> Result<(), FsError> {
+        if targets.iter().any(|&b| self.journal.image(b).is_some()) {
+            let Mounted { journal, io, .. } = self;
+            journal.checkpoint(io)?;
+        }
+        Ok(())
+    }
+
+    /// The read-side twin of [`Mounted::before_direct_writes`]: a file block whose newest committed
+    /// contents sit in the journal (small fsync'd data is journaled, and its cached copy may have
+    /// been evicted since) has a stale home copy, so reading it from the device would return old
+    /// data. Such reads first checkpoint the journal. `runs` are (first device block, blocks).
+    pub(super) fn before_device_reads(&mut self, runs: &[(u64, u64)]) -> Result<(), FsError> {
+        if runs
+            .iter()
+            .any(|&(start, count)| self.journal.has_image_in(start, count))
+        {
+            let Mounted { journal, io, .. } = self;
+            journal.checkpoint(io)?;
+        }
+        Ok(())
+    }
+
+    /// Writes dirty blocks evicted from the cache.
+    pub(super) fn write_victims(&mut self, victims: Vec<(u64, u32, IoBuf)>) -> Result<(), FsError> {
+        if victims.is_empty() {
+            return Ok(());
+        }
+        let ops = self.placed(victims)?;
+        self.io.batch(ops)?;
+        Ok(())
+    }
+}
+
+/// A buffer for the device to read into, or for data about to be copied in whole: from the
+/// registered pool, not zeroed, since every byte is overwritten before anyone looks.
+fn io_buffer(len: usize) -> IoBuf {
+    BufferPool::global()
+        .alloc(len)
+        .unwrap_or_else(|_| IoBuf::zeroed(len))
+}
+
+/// Sorts writes by device block and merges runs into commands of at most `max_bytes`.
+fn coalesce(mut blocks: Vec<(u64, IoBuf)>, bs: usize, max_bytes: usize) -> Vec<BatchOp> {
+    blocks.sort_by_key(|(p, _)| *p);
+    let mut out: Vec<BatchOp> = Vec::new();
+    let mut run: Vec<(u64, IoBuf)> = Vec::new();
+    let flush_run = |run: &mut Vec<(u64, IoBuf)>, out: &mut Vec<BatchOp>| {
+        if run.len() == 1 {
+            if let Some((p, buf)) = run.pop() {
+                out.push(BatchOp {
+                    write: true,
+                    block: p,
+                    buf,
+                });
+            }
+        } else if let Some(&(first, _)) = run.first() {
+            let mut buf = io_buffer(run.len() * bs);
+            for (i, (_, b)) in run.iter().enumerate() {
+                buf[i * bs..(i + 1) * bs].copy_from_slice(&b[..bs]);
+            }
+            out.push(BatchOp {
+                write: true,
+                block: first,
+                buf,
+            });
+            run.clear();
+        }
+    };
+    for (p, buf) in blocks {
+        let continues = run
+            .last()
+            .is_some_and(|(last, _)| *last + 1 == p && (run.len() + 1) * bs <= max_bytes);
+        if !continues {
+            flush_run(&mut run, &mut out);
+        }
+        run.push((p, buf));
+    }
+    flush_run(&mut run, &mut out);
+    out
 }

@@ -1,0 +1,179 @@
+//! The mounted state of an AccelFS: one value, [`Mounted`], that owns everything a mount holds
+//! in memory — the device, the superblock, the journal, the allocator, the inodes, the
+//! directories, the buffer cache — behind the one lock of a `FileSystem`. Its fields are private
+//! to this module; its methods are grouped by concern, one file each:
+//!
+//! - [`inodes`]: inode metadata (inodes with their block maps, the inode-table blocks, which
+//!   inodes the running transaction changed, attributes);
+//! - [`names`]: directories and every operation on names (resolve, create, remove, rename, list);
+//! - [`data`]: the data path (reads, writes, truncation, streaming, the buffer cache, read-ahead,
+//!   the bypass and the device writes of dirty data);
+//! - [`journal`]: the running transaction and its commit, and metadata blocks as committed.
+//!
+//! This file holds what belongs to the mount as a whole: mounting, whether it may still write,
+//! statistics, unmounting and the commit when the last handle is dropped. The groups of fields
+//! below follow the concerns, so that finer locking can later split them along the same lines.
+
+mod data;
+mod inodes;
+mod journal;
+mod names;
+
+use super::alloc::Allocator;
+use super::cache::Cache;
+use super::{FsStats, MountOptions, READ_ONLY_MOUNT};
+use crate::error::{FormatError, FsError};
+use crate::fsdevice::FsDevice;
+use crate::inode::Kind;
+use crate::layout::{Layout, Superblock, ROOT_INODE};
+use crate::wal::{Journal, Recovery};
+use inodes::Node;
+use names::Dir;
+use std::collections::{BTreeSet, HashMap};
+
+/// Everything a mounted file system holds in memory (see the module documentation).
+pub(crate) struct Mounted {
+    // ---- the mount as a whole (this file) ----
+    io: FsDevice,
+    sb: Superblock,
+    bs: usize,
+    opts: MountOptions,
+    /// Set after a failed commit or flush, or for a read-only mount: nothing more is written.
+    read_only: Option<String>,
+    /// Mounted with `FileSystem::mount_read_only`: nothing is ever dirty, so `sync` has
+    /// nothing to do (rather than failing as after an I/O error).
+    mounted_read_only: bool,
+    closed: bool,
+    recovery: Recovery,
+    /// Free blocks and inodes (both bitmaps), shared by every concern that allocates.
+    alloc: Allocator,
+    // ---- inode metadata (`inodes.rs`) ----
+    nodes: HashMap<u64, Node>,
+    dirty_nodes: BTreeSet<u64>,
+    itable: HashMap<u64, Vec<u8>>,
+    dirty_itable: BTreeSet<u64>,
+    // ---- names (`names.rs`) ----
+    dirs: HashMap<u64, Dir>,
+    // ---- the data path (`data.rs`) ----
+    cache: Cache,
+    /// Per file: where the next read continues a sequential stream.
+    next_sequential: HashMap<u64, u64>,
+    // ---- the journal and the running transaction (`journal.rs`) ----
+    journal: Journal,
+    /// Files whose size or block map changed in the running transaction (fdatasync must
+    /// commit for them).
+    layout_changed: BTreeSet<u64>,
+    commits: u64,
+}
+
+fn corrupt(msg: String) -> FsError {
+    FsError::Format(FormatError::Corrupt(msg))
+}
+
+impl Mounted {
+    /// The mounted state of a file system whose journal was recovered (`read_only`: mounted
+    /// with `FileSystem::mount_read_only`); checks that the root is a directory and loads it.
+    pub(crate) fn mount(
+        io: FsDevice,
+        sb: Superblock,
+        journal: Journal,
+        alloc: Allocator,
+        opts: MountOptions,
+        recovery: Recovery,
+        read_only: bool,
+    ) -> Result<Mounted, FsError> {
+        let bs = sb.layout.block_size as usize;
+        let mut m = Mounted {
+            io,
+            sb,
+            bs,
+            opts,
+            read_only: None,
+            mounted_read_only: false,
+            closed: false,
+            recovery,
+            alloc,
+            nodes: HashMap::new(),
+            dirty_nodes: BTreeSet::new(),
+            itable: HashMap::new(),
+            dirty_itable: BTreeSet::new(),
+            dirs: HashMap::new(),
+            cache: Cache::new(bs, opts.cache_bytes),
+            next_sequential: HashMap::new(),
+            journal,
+            layout_changed: BTreeSet::new(),
+            commits: 0,
+        };
+        if read_only {
+            m.read_only = Some(READ_ONLY_MOUNT.into());
+            m.mounted_read_only = true;
+        }
+        let root = m.node(ROOT_INODE)?;
+        if root.inode.kind != Kind::Directory {
+            return Err(
+                FormatError::Corrupt("inode 1 (the root) is not a directory".into()).into(),
+            );
+        }
+        m.dir(ROOT_INODE)?;
+        Ok(m)
+    }
+
+    pub(crate) fn layout(&self) -> Layout {
+        self.sb.layout
+    }
+
+    /// Whether this is a read-only mount (`FileSystem::mount_read_only`).
+    pub(crate) fn mounted_read_only(&self) -> bool {
+        self.mounted_read_only
+    }
+
+    /// Refuses writes once the file system has gone read-only or been closed.
+    pub(crate) fn writable(&self) -> Result<(), FsError> {
+        if let Some(why) = &self.read_only {
+            return Err(FsError::ReadOnly(why.clone()));
+        }
+        if self.closed {
+            return Err(FsError::ReadOnly("the file system was unmounted".into()));
+        }
+        Ok(())
+    }
+
+    /// Space, inodes and cache counters.
+    pub(crate) fn stats(&self) -> FsStats {
+        let l = self.layout();
+        FsStats {
+            block_size: l.block_size,
+            total_blocks: l.total_blocks,
+            free_blocks: self.alloc.free_block_count(),
+            total_inodes: l.inode_count,
+            free_inodes: self.alloc.free_inode_count(),
+            cache: self.cache.stats,
+            commits: self.commits,
+            recovery: self.recovery,
+        }
+    }
+
+    /// Commits, checkpoints the journal and closes the file system; later calls fail.
+    pub(crate) fn unmount(&mut self) -> Result<(), FsError> {
+        if self.closed {
+            return Ok(());
+        }
+        if self.read_only.is_none() {
+            self.commit()?;
+            self.journal.checkpoint(&mut self.io)?;
+        }
+        self.closed = true;
+        Ok(())
+    }
+}
+
+impl Drop for Mounted {
+    fn drop(&mut self) {
+        // The last handle went away without `unmount`: make what was written durable, as
+        // closing a file system would. Errors cannot be reported here; the journal keeps
+        // what was committed before.
+        if !self.closed && self.read_only.is_none() && self.commit().is_ok() {
+            let _ = self.journal.checkpoint(&mut self.io);
+        }
+    }
+}
