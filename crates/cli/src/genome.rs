@@ -4,15 +4,17 @@
 //! given files or on a dataset it makes (the real E. coli genome when Debian's ragout-examples is
 //! installed, else a seeded synthetic one).
 
+//!
+//! This file is the command line only (arguments, progress bars, printing); the pipeline on each
+//! path, the dataset, the workspace and the report live in `kura_genome::run`.
+
 use crate::fs::human;
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_genome::index::IndexParams;
-use kura_genome::paths::{IoPath, Workspace, MG1655};
-use kura_genome::pipeline::{self, Event, MapJob, OutputFormat, RunOptions, RunReport};
-use kura_genome::simulate::{self, GenomeOptions, ReadOptions};
-use kura_genome::store::Store;
+use kura_genome::paths::{IoPath, Opened};
+use kura_genome::pipeline::{self, Event, MapJob, OutputFormat, RunReport};
+use kura_genome::run::{self as genome_run, Dataset, DatasetOptions, Inputs, PathRun, RunPlan};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -167,29 +169,18 @@ fn threads(t: Option<usize>) -> usize {
 /// The store of `--dev` (mounted) or the host file system (paths as given). A job that only
 /// reads from the device (`map` writing to stdout) mounts it read-only: the image is opened
 /// `ro=1` and not a byte of it changes.
-fn store_of(dev: Option<&str>, read_only: bool) -> anyhow::Result<(Store, Option<FileSystem>)> {
-    match dev {
+fn store_of(dev: Option<&str>, read_only: bool) -> anyhow::Result<Opened> {
+    Ok(match dev {
         Some(spec) if read_only => {
-            let dev = crate::dev::open_dev_read_only(spec)?;
-            let fs = FileSystem::mount_read_only(dev, MountOptions::default())
-                .with_context(|| format!("mounting AccelFS read-only from {spec}"))?;
-            Ok((Store::AccelFs(fs), None))
+            Opened::mount_read_only(crate::dev::open_dev_read_only(spec)?, spec)?
         }
-        Some(spec) => {
-            let dev = crate::dev::open_dev(spec)?;
-            let fs = FileSystem::mount(dev, MountOptions::default())
-                .with_context(|| format!("mounting AccelFS from {spec}"))?;
-            Ok((Store::AccelFs(fs.clone()), Some(fs)))
-        }
-        None => Ok((Store::host(""), None)),
-    }
+        Some(spec) => Opened::mount(crate::dev::open_dev(spec)?, spec)?,
+        None => Opened::host(""),
+    })
 }
 
-fn close(fs: Option<FileSystem>) -> anyhow::Result<()> {
-    if let Some(fs) = fs {
-        fs.unmount().context("unmounting AccelFS")?;
-    }
-    Ok(())
+fn close(opened: Opened) -> anyhow::Result<()> {
+    opened.unmount().context("unmounting AccelFS")
 }
 
 fn spinner(msg: &str, quiet: bool) -> ProgressBar {
@@ -238,16 +229,17 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
             w,
         } => {
             let params = IndexParams { k, w };
-            let (store, fs) = store_of(common.dev.as_deref(), false)?;
+            let opened = store_of(common.dev.as_deref(), false)?;
+            let store = &opened.store;
             let bar = spinner("loading the reference", false);
-            let pref = pipeline::load_reference(&store, &reference)?;
+            let pref = pipeline::load_reference(store, &reference)?;
             let (contigs, bases) = (pref.contigs().len(), pref.total_len());
             bar.set_message("indexing");
             let index = pipeline::build_index(pref, params, threads(common.threads))?;
             bar.set_message("saving the index");
-            let bytes = pipeline::save_index(&store, &index, &output)?;
+            let bytes = pipeline::save_index(store, &index, &output)?;
             bar.finish_and_clear();
-            close(fs)?;
+            close(opened)?;
             println!(
                 "{output}: {contigs} contigs, {bases} bases, {} minimizers at {} positions, {}",
                 index.distinct_minimizers(),
@@ -266,12 +258,13 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
             score,
         } => {
             let to_stdout = output == "-";
-            let (store, fs) = store_of(common.dev.as_deref(), to_stdout)?;
+            let opened = store_of(common.dev.as_deref(), to_stdout)?;
+            let store = &opened.store;
             let bar = spinner("loading the reference", to_stdout);
-            let index = if pipeline::is_index(&store, &reference)? {
-                pipeline::load_index(&store, &reference)?
+            let index = if pipeline::is_index(store, &reference)? {
+                pipeline::load_index(store, &reference)?
             } else {
-                let pref = pipeline::load_reference(&store, &reference)?;
+                let pref = pipeline::load_reference(store, &reference)?;
                 bar.set_message("indexing");
                 pipeline::build_index(pref, IndexParams::default(), threads(common.threads))?
             };
@@ -290,14 +283,14 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
                 command_line: &command_line,
             };
             let bar = byte_bar("mapping", to_stdout);
-            let report = pipeline::map_reads(&store, &index, &job, &mut |e| {
+            let report = pipeline::map_reads(store, &index, &job, &mut |e| {
                 if let Event::Reads { bytes, total } = e {
                     bar.set_length(total);
                     bar.set_position(bytes);
                 }
             })?;
             bar.finish_and_clear();
-            close(fs)?;
+            close(opened)?;
             eprintln!(
                 "{} reads ({}) mapped in {:.2} s (load {:.2} s, match {:.2} s, write {:.2} s)",
                 report.reads,
@@ -322,65 +315,24 @@ pub fn run(cmd: GenomeCommand) -> anyhow::Result<()> {
             gzip,
         } => {
             let size = kura_engine::spec::parse_size(&genome_size).map_err(anyhow::Error::msg)?;
-            let files = simulate_dataset(
+            let dataset = genome_run::simulate_dataset(
                 &output,
-                reference.as_deref(),
-                usize::try_from(size).context("--genome-size")?,
-                reads,
-                paired,
-                seed,
-                gzip,
+                &DatasetOptions {
+                    from: reference.as_deref(),
+                    genome_size: usize::try_from(size).context("--genome-size")?,
+                    reads,
+                    paired,
+                    seed,
+                    gzip,
+                },
             )?;
-            for f in files {
+            for f in dataset.files() {
                 println!("{}", f.display());
             }
             Ok(())
         }
         GenomeCommand::Run(args) => run_paths(&args).map(|_| ()),
     }
-}
-
-/// Writes `reference.fa` (a copy of `from`, or a synthetic genome) and simulated reads into
-/// `dir`; returns the files written.
-fn simulate_dataset(
-    dir: &Path,
-    from: Option<&Path>,
-    genome_size: usize,
-    reads: u64,
-    paired: bool,
-    seed: u64,
-    gzip: bool,
-) -> anyhow::Result<Vec<PathBuf>> {
-    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let genome = match from {
-        Some(path) => {
-            let store = Store::host("");
-            let name = path.display().to_string();
-            kura_genome::fasta::FastaReader::new(store.open_stream(&name)?, name.as_str())
-                .read_all()?
-        }
-        None => simulate::synthetic_genome(&GenomeOptions::with_total(seed, genome_size)),
-    };
-    let reference = dir.join("reference.fa");
-    let file = std::fs::File::create(&reference)
-        .with_context(|| format!("creating {}", reference.display()))?;
-    simulate::write_fasta(std::io::BufWriter::new(file), &genome, 80)
-        .with_context(|| format!("writing {}", reference.display()))?;
-    let ext = if gzip { "fq.gz" } else { "fq" };
-    let first = dir.join(format!("reads_1.{ext}"));
-    let second = dir.join(format!("reads_2.{ext}"));
-    let opts = ReadOptions {
-        seed,
-        n: reads,
-        ..ReadOptions::default()
-    };
-    simulate::write_reads(&genome, &opts, &first, paired.then_some(&*second), gzip)
-        .with_context(|| format!("writing reads into {}", dir.display()))?;
-    let mut files = vec![reference, first];
-    if paired {
-        files.push(second);
-    }
-    Ok(files)
 }
 
 fn accuracy_line(a: &pipeline::Accuracy) -> String {
@@ -402,140 +354,144 @@ fn accuracy_line(a: &pipeline::Accuracy) -> String {
     line
 }
 
-/// One path's result.
-pub struct PathRun {
-    pub path: IoPath,
-    pub spec: Option<String>,
-    pub report: RunReport,
+/// The progress bars and Table 2 of `kura genome run`.
+struct Progress<'a> {
+    args: &'a RunArgs,
+    threads: usize,
+    simulating: Option<ProgressBar>,
+    copying: Option<ProgressBar>,
+    stage: Option<(ProgressBar, ProgressBar)>,
+}
+
+impl genome_run::Observer for Progress<'_> {
+    fn simulating(&mut self, from: Option<&Path>) {
+        let args = self.args;
+        self.simulating = Some(spinner(
+            &format!(
+                "simulating {} {} from {}",
+                args.simulate,
+                if args.paired { "pairs" } else { "reads" },
+                from.map_or(format!("a synthetic {} bp genome", args.genome_size), |p| p
+                    .display()
+                    .to_string())
+            ),
+            args.quiet,
+        ));
+    }
+
+    fn simulated(&mut self, from: Option<&Path>) {
+        if let Some(bar) = self.simulating.take() {
+            bar.finish_and_clear();
+        }
+        let args = self.args;
+        if !args.quiet {
+            println!(
+                "dataset: {} ({}), {} reads of 150 bp{}",
+                from.map_or("synthetic genome".to_string(), |p| p.display().to_string()),
+                if from.is_some() {
+                    "real"
+                } else {
+                    "seeded synthetic; install ragout-examples for E. coli MG1655"
+                },
+                args.simulate,
+                if args.paired { ", paired" } else { "" }
+            );
+        }
+    }
+
+    fn copying(&mut self, done: u64, total: u64) {
+        let bar = self.copying.get_or_insert_with(|| {
+            byte_bar(
+                "copying the dataset into the AccelFS image",
+                self.args.quiet,
+            )
+        });
+        bar.set_length(total);
+        bar.set_position(done);
+    }
+
+    fn copied(&mut self) {
+        if let Some(bar) = self.copying.take() {
+            bar.finish_and_clear();
+        }
+    }
+
+    fn path_started(&mut self, path: IoPath) {
+        let quiet = self.args.quiet;
+        self.stage = Some((
+            spinner(&format!("{}: starting", path.name()), quiet),
+            byte_bar(&format!("{}: load reads + match", path.name()), quiet),
+        ));
+    }
+
+    fn event(&mut self, path: IoPath, event: Event) {
+        let Some((stage, bytes)) = &self.stage else {
+            return;
+        };
+        match event {
+            Event::Stage(s) => stage.set_message(format!("{}: {s}", path.name())),
+            Event::Reads { bytes: b, total } => {
+                bytes.set_length(total);
+                bytes.set_position(b);
+            }
+        }
+    }
+
+    fn path_done(&mut self, run: &PathRun) {
+        if let Some((stage, bytes)) = self.stage.take() {
+            stage.finish_and_clear();
+            bytes.finish_and_clear();
+        }
+        print_table2(run.path, run.spec.as_deref(), &run.report, self.threads);
+    }
 }
 
 /// Prepares the dataset and runs the pipeline on each path; prints Table 2 for each and the
 /// side-by-side comparison.
 pub fn run_paths(args: &RunArgs) -> anyhow::Result<Vec<PathRun>> {
     let paths = IoPath::parse_list(&args.paths).map_err(|e| anyhow::anyhow!("--paths: {e}"))?;
-    let temp = match &args.dir {
-        Some(_) => None,
-        None => Some(
-            tempfile::Builder::new()
-                .prefix("kura-genome")
-                .tempdir()
-                .context("creating a temp dir")?,
-        ),
-    };
-    let dir = match (&args.dir, &temp) {
-        (Some(d), _) => d.clone(),
-        (None, Some(t)) => t.path().to_path_buf(),
-        (None, None) => bail!("no work directory"),
-    };
     let threads = threads(args.threads);
-    let (reference, reads, mates) = dataset(args, &dir)?;
-    let mut inputs: Vec<(&str, &Path)> = vec![("reference", &reference), ("reads_1", &reads)];
-    if let Some(m) = &mates {
-        inputs.push(("reads_2", m));
-    }
-    let bar = byte_bar("copying the dataset into the AccelFS image", args.quiet);
-    let work = Workspace::prepare(&dir.join("work"), &inputs, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })?;
-    bar.finish_and_clear();
-    let opts = RunOptions {
-        reference: "reference".into(),
-        reads: "reads_1".into(),
-        mates: mates.as_ref().map(|_| "reads_2".to_string()),
-        index: "reference.kgi".into(),
-        output: (!args.no_output).then(|| ("mapped.sam".to_string(), OutputFormat::Sam)),
+    let inputs = match (&args.reference, &args.reads) {
+        (Some(r), Some(q)) => Inputs::Files(Dataset {
+            reference: r.clone(),
+            reads: q.clone(),
+            mates: args.mates.clone(),
+        }),
+        (None, Some(_)) => bail!("--reads needs --ref"),
+        (reference, None) => {
+            let size =
+                kura_engine::spec::parse_size(&args.genome_size).map_err(anyhow::Error::msg)?;
+            Inputs::Simulate {
+                reference: reference.clone(),
+                genome_size: usize::try_from(size).context("--genome-size")?,
+                reads: args.simulate,
+                paired: args.paired,
+            }
+        }
+    };
+    let plan = RunPlan {
+        inputs,
+        paths,
+        dir: args.dir.clone(),
         threads,
-        params: IndexParams::default(),
-        batch_bases: pipeline::DEFAULT_BATCH_BASES,
+        write_output: !args.no_output,
         command_line: std::env::args().collect::<Vec<_>>().join(" "),
     };
-    let mut runs = Vec::new();
-    for path in paths {
-        let opened = work.open(path)?;
-        let stage = spinner(&format!("{}: starting", path.name()), args.quiet);
-        let bytes = byte_bar(&format!("{}: load reads + match", path.name()), args.quiet);
-        let report = pipeline::run(&opened.store, &opts, &mut |e| match e {
-            Event::Stage(s) => stage.set_message(format!("{}: {s}", path.name())),
-            Event::Reads { bytes: b, total } => {
-                bytes.set_length(total);
-                bytes.set_position(b);
-            }
-        })
-        .with_context(|| format!("the pipeline on the {} path", path.name()))?;
-        stage.finish_and_clear();
-        bytes.finish_and_clear();
-        opened.close()?;
-        print_table2(path, work.spec(path).as_deref(), &report, threads);
-        runs.push(PathRun {
-            path,
-            spec: work.spec(path),
-            report,
-        });
-    }
+    let mut progress = Progress {
+        args,
+        threads,
+        simulating: None,
+        copying: None,
+        stage: None,
+    };
+    let runs = genome_run::run_paths(&plan, &mut progress)?;
     if runs.len() > 1 {
         print_side_by_side(&runs);
     }
     if let Some(json) = &args.json {
-        write_json(json, &runs, threads)?;
+        genome_run::write_json(json, &runs, threads)?;
     }
     Ok(runs)
-}
-
-/// The input files: given, or simulated into `dir`.
-fn dataset(args: &RunArgs, dir: &Path) -> anyhow::Result<(PathBuf, PathBuf, Option<PathBuf>)> {
-    if let (Some(r), Some(q)) = (&args.reference, &args.reads) {
-        return Ok((r.clone(), q.clone(), args.mates.clone()));
-    }
-    if args.reads.is_some() {
-        bail!("--reads needs --ref");
-    }
-    let real = Path::new(MG1655);
-    let from = match &args.reference {
-        Some(r) => Some(r.as_path()),
-        None if real.exists() => Some(real),
-        None => None,
-    };
-    let bar = spinner(
-        &format!(
-            "simulating {} {} from {}",
-            args.simulate,
-            if args.paired { "pairs" } else { "reads" },
-            from.map_or(format!("a synthetic {} bp genome", args.genome_size), |p| p
-                .display()
-                .to_string())
-        ),
-        args.quiet,
-    );
-    let size = kura_engine::spec::parse_size(&args.genome_size).map_err(anyhow::Error::msg)?;
-    let files = simulate_dataset(
-        &dir.join("data"),
-        from,
-        usize::try_from(size).context("--genome-size")?,
-        args.simulate,
-        args.paired,
-        42,
-        false,
-    )?;
-    bar.finish_and_clear();
-    if !args.quiet {
-        println!(
-            "dataset: {} ({}), {} reads of 150 bp{}",
-            from.map_or("synthetic genome".to_string(), |p| p.display().to_string()),
-            if from.is_some() {
-                "real"
-            } else {
-                "seeded synthetic; install ragout-examples for E. coli MG1655"
-            },
-            args.simulate,
-            if args.paired { ", paired" } else { "" }
-        );
-    }
-    let mut it = files.into_iter();
-    let (Some(r), Some(q)) = (it.next(), it.next()) else {
-        bail!("the simulator wrote no files");
-    };
-    Ok((r, q, it.next()))
 }
 
 fn print_table2(path: IoPath, spec: Option<&str>, r: &RunReport, threads: usize) {
@@ -592,62 +548,14 @@ fn print_side_by_side(runs: &[PathRun]) {
         print!(" {:>10.3}", run.report.stages.total().as_secs_f64());
     }
     println!();
-    let total_of = |p: IoPath| {
-        runs.iter()
-            .find(|r| r.path == p)
-            .map(|r| r.report.stages.total().as_secs_f64())
-    };
-    for (other, label, paper) in [
-        (IoPath::Redirect, "redirect", " (paper: 33-46 % reduction)"),
-        (IoPath::Host, "host files", ""),
-    ] {
-        if let (Some(direct), Some(them)) = (total_of(IoPath::Direct), total_of(other)) {
-            println!(
-                "end to end: direct {direct:.3} s vs {label} {them:.3} s: {:+.1} % reduction{paper}",
-                100.0 * (1.0 - direct / them.max(1e-9))
-            );
-        }
+    for r in genome_run::reductions(runs) {
+        let (label, paper) = match r.other {
+            IoPath::Redirect => ("redirect", " (paper: 33-46 % reduction)"),
+            _ => ("host files", ""),
+        };
+        println!(
+            "end to end: direct {:.3} s vs {label} {:.3} s: {:+.1} % reduction{paper}",
+            r.direct_s, r.other_s, r.percent
+        );
     }
-}
-
-fn write_json(path: &Path, runs: &[PathRun], threads: usize) -> anyhow::Result<()> {
-    let list: Vec<serde_json::Value> = runs
-        .iter()
-        .map(|run| {
-            let r = &run.report;
-            // An array, so the stages keep the paper's order.
-            let stages: Vec<serde_json::Value> = r
-                .stages
-                .named()
-                .iter()
-                .map(|(n, d)| serde_json::json!([n, d.as_secs_f64()]))
-                .collect();
-            serde_json::json!({
-                "path": run.path.name(),
-                "spec": run.spec,
-                "threads": threads,
-                "stages_s": stages,
-                "total_s": r.stages.total().as_secs_f64(),
-                "wall_s": r.wall.as_secs_f64(),
-                "contigs": r.contigs,
-                "reference_bases": r.reference_bases,
-                "index_bytes": r.index_bytes,
-                "reads": r.reads,
-                "read_bytes": r.read_bytes,
-                "accuracy": {
-                    "reads": r.accuracy.reads,
-                    "mapped": r.accuracy.mapped,
-                    "correct": r.accuracy.correct,
-                    "misplaced_mapq_ge_20": r.accuracy.misplaced_confident,
-                    "misplaced_mapq_lt_20": r.accuracy.misplaced_low,
-                    "proper_pairs": r.accuracy.proper_pairs,
-                },
-            })
-        })
-        .collect();
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)?;
-    }
-    std::fs::write(path, serde_json::to_string_pretty(&list)?)
-        .with_context(|| format!("writing {}", path.display()))
 }

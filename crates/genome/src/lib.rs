@@ -15,6 +15,7 @@
 //! | [`store`] | where files live: host files or a mounted AccelFS, streamed at device bandwidth |
 //! | [`paths`] | the I/O paths compared (direct AccelFS, host files, redirect) and their workspace |
 //! | [`pipeline`] | the whole application (the paper's Table 2), stage by stage, with accuracy |
+//! | [`run`] | the pipeline on each I/O path (dataset, workspace, per-path reports, JSON) |
 
 #![forbid(unsafe_code)]
 
@@ -26,6 +27,7 @@ pub mod map;
 pub mod pack;
 pub mod paths;
 pub mod pipeline;
+pub mod run;
 pub mod sam;
 pub mod simulate;
 pub mod source;

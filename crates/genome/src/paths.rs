@@ -82,24 +82,75 @@ pub struct Workspace {
     files: Vec<String>,
 }
 
-/// A store opened on one path; keeps the file system mounted while it lives.
+/// A store opened on one path, or on a device the caller opened (`kura genome index|map --dev`);
+/// keeps the file system mounted while it lives.
 pub struct Opened {
     pub store: Store,
+    /// The file system to unmount on [`Opened::close`]: `None` for host files and for a
+    /// read-only mount, which has nothing to commit.
     fs: Option<FileSystem>,
 }
 
 impl Opened {
-    /// Unmounts (committing anything written) and reports a failure to do so.
-    pub fn close(self) -> Result<(), PipelineError> {
+    /// Host files, paths relative to `root` (or absolute).
+    pub fn host(root: impl Into<PathBuf>) -> Opened {
+        Opened {
+            store: Store::host(root),
+            fs: None,
+        }
+    }
+
+    /// Mounts the AccelFS of `dev` (opened from `spec`, named in the error) read-write.
+    pub fn mount(
+        dev: Box<dyn kura_engine::BlockDevice>,
+        spec: &str,
+    ) -> Result<Opened, PipelineError> {
+        let fs = FileSystem::mount(dev, MountOptions::default()).map_err(|source| {
+            PipelineError::Mount {
+                spec: spec.to_string(),
+                source,
+            }
+        })?;
+        Ok(Opened {
+            store: Store::AccelFs(fs.clone()),
+            fs: Some(fs),
+        })
+    }
+
+    /// Mounts the AccelFS of `dev` read-only, for a job that only reads (`map` writing to
+    /// standard output): with a device opened `ro=1`, not a byte of the image changes.
+    pub fn mount_read_only(
+        dev: Box<dyn kura_engine::BlockDevice>,
+        spec: &str,
+    ) -> Result<Opened, PipelineError> {
+        let fs = FileSystem::mount_read_only(dev, MountOptions::default()).map_err(|source| {
+            PipelineError::MountReadOnly {
+                spec: spec.to_string(),
+                source,
+            }
+        })?;
+        Ok(Opened {
+            store: Store::AccelFs(fs),
+            fs: None,
+        })
+    }
+
+    /// Unmounts (committing anything written); the file system's own error.
+    pub fn unmount(self) -> Result<(), kura_accelfs::FsError> {
         match self.fs {
-            Some(fs) => fs.unmount().map_err(|source| {
-                PipelineError::Store(StoreError::Fs {
-                    path: "(unmount)".into(),
-                    source,
-                })
-            }),
+            Some(fs) => fs.unmount(),
             None => Ok(()),
         }
+    }
+
+    /// Unmounts (committing anything written) and reports a failure to do so.
+    pub fn close(self) -> Result<(), PipelineError> {
+        self.unmount().map_err(|source| {
+            PipelineError::Store(StoreError::Fs {
+                path: "(unmount)".into(),
+                source,
+            })
+        })
     }
 }
 
@@ -214,10 +265,7 @@ impl Workspace {
             drop_page_cache(&self.dir.join(name))?;
         }
         let Some(spec) = self.spec(path) else {
-            return Ok(Opened {
-                store: Store::host(&self.dir),
-                fs: None,
-            });
+            return Ok(Opened::host(&self.dir));
         };
         let dev = match open_device(&spec) {
             // Where io_uring is refused (old kernels, seccomp), the direct path is the engine's

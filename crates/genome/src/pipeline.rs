@@ -45,6 +45,33 @@ pub enum PipelineError {
         spec: String,
         source: kura_engine::OpenError,
     },
+    /// Mounting the AccelFS of a device (read-write) failed.
+    #[error("mounting AccelFS from {spec}")]
+    Mount {
+        spec: String,
+        source: kura_accelfs::FsError,
+    },
+    /// Mounting the AccelFS of a device read-only failed.
+    #[error("mounting AccelFS read-only from {spec}")]
+    MountReadOnly {
+        spec: String,
+        source: kura_accelfs::FsError,
+    },
+    /// A stage failed on one I/O path (`run::run_paths`).
+    #[error("the pipeline on the {path} path")]
+    OnPath {
+        path: &'static str,
+        source: Box<PipelineError>,
+    },
+    /// A host file or directory outside a [`Store`] (the dataset, the JSON report): `what` says
+    /// what was being done (`creating …`, `writing …`).
+    #[error("{what}")]
+    Host {
+        what: String,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
 }
 
 /// Output format of mapped reads.
