@@ -164,36 +164,37 @@ fn fill(reader: &mut dyn Read, buf: &mut Vec<u8>, chunk: usize) -> io::Result<()
 /// One piece of a stream as the consumer sees it: bytes a reader filled, or the part of an
 /// engine buffer that a device read into, handed over without a copy.
 #[derive(Default)]
-pub struct Chunk(Piece);
+pub struct Chunk(ChunkBuf);
 
-enum Piece {
+/// The buffer a [`Chunk`]'s bytes are in: a vector of its own, or a range of an engine buffer.
+enum ChunkBuf {
     Bytes(Vec<u8>),
     Device(IoBuf, Range<usize>),
 }
 
-impl Default for Piece {
+impl Default for ChunkBuf {
     fn default() -> Self {
-        Piece::Bytes(Vec::new())
+        ChunkBuf::Bytes(Vec::new())
     }
 }
 
 impl Chunk {
     /// Bytes in a buffer of their own.
     pub fn bytes(bytes: Vec<u8>) -> Self {
-        Chunk(Piece::Bytes(bytes))
+        Chunk(ChunkBuf::Bytes(bytes))
     }
 
     /// The `range` part of a device buffer (clamped to the buffer).
     pub fn device(buf: IoBuf, range: Range<usize>) -> Self {
         let end = range.end.min(buf.len());
         let start = range.start.min(end);
-        Chunk(Piece::Device(buf, start..end))
+        Chunk(ChunkBuf::Device(buf, start..end))
     }
 
     pub fn as_slice(&self) -> &[u8] {
         match &self.0 {
-            Piece::Bytes(v) => v,
-            Piece::Device(buf, range) => &buf[range.clone()],
+            ChunkBuf::Bytes(v) => v,
+            ChunkBuf::Device(buf, range) => &buf[range.clone()],
         }
     }
 
@@ -208,8 +209,8 @@ impl Chunk {
     /// The byte buffer back, for reuse; a device buffer goes back to its pool when dropped.
     fn into_vec(self) -> Option<Vec<u8>> {
         match self.0 {
-            Piece::Bytes(v) => Some(v),
-            Piece::Device(..) => None,
+            ChunkBuf::Bytes(v) => Some(v),
+            ChunkBuf::Device(..) => None,
         }
     }
 }
