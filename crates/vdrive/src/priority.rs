@@ -89,14 +89,14 @@ enum Target {
     /// Straight back to the caller, with its tag.
     Caller(u64),
     /// Into a split background request: `len` bytes at `offset` of its buffer.
-    Piece {
+    Span {
         parent: u64,
         offset: usize,
         len: usize,
     },
 }
 
-/// A background request cut into pieces, while they are on the child.
+/// A background request cut into spans, while they are on the child.
 struct Parent {
     class: usize,
     req: Request,
@@ -104,8 +104,8 @@ struct Parent {
     status: DeviceResult<()>,
 }
 
-/// A piece of a split request waiting for dispatch.
-struct Piece {
+/// A span of a split background request (a child command of its own) waiting for dispatch.
+struct PendingSpan {
     parent: u64,
     offset: usize,
     len: usize,
@@ -116,8 +116,8 @@ struct Class {
     weight: u32,
     foreground: bool,
     queue: VecDeque<Request>,
-    /// Pieces of this class's split request, sent before anything else of the class.
-    pieces: VecDeque<Piece>,
+    /// Spans of this class's split request, sent before anything else of the class.
+    spans: VecDeque<PendingSpan>,
     deficit: u64,
     ready: Vec<Completion>,
     /// Accepted and not yet returned by `poll`.
@@ -166,7 +166,7 @@ impl Sched {
 
     fn may_dispatch(&self, c: usize) -> bool {
         let class = &self.classes[c];
-        (!class.queue.is_empty() || !class.pieces.is_empty())
+        (!class.queue.is_empty() || !class.spans.is_empty())
             && (class.foreground || self.bg_on_child < self.bg_depth)
     }
 
@@ -178,7 +178,7 @@ impl Sched {
         };
         let class = &self.classes[c];
         let cut = !class.foreground
-            && class.pieces.is_empty()
+            && class.spans.is_empty()
             && class
                 .queue
                 .front()
@@ -214,7 +214,7 @@ impl Sched {
                 blocks,
                 buf,
             };
-            self.classes[c].pieces.push_back(Piece {
+            self.classes[c].spans.push_back(PendingSpan {
                 parent,
                 offset,
                 len,
@@ -261,7 +261,7 @@ impl Sched {
             }
             self.split_head(c);
             let class = &self.classes[c];
-            let Some(head) = class.pieces.front().map(|p| &p.req).or(class.queue.front()) else {
+            let Some(head) = class.spans.front().map(|p| &p.req).or(class.queue.front()) else {
                 continue;
             };
             let cost = self.cost(head);
@@ -269,8 +269,8 @@ impl Sched {
                 self.advance();
                 continue;
             }
-            let sent = if let Some(p) = self.classes[c].pieces.pop_front() {
-                let target = Target::Piece {
+            let sent = if let Some(p) = self.classes[c].spans.pop_front() {
+                let target = Target::Span {
                     parent: p.parent,
                     offset: p.offset,
                     len: p.len,
@@ -314,13 +314,13 @@ impl Sched {
                 match (target, full) {
                     (Target::Caller(_), true) => self.classes[c].queue.push_front(req),
                     (
-                        Target::Piece {
+                        Target::Span {
                             parent,
                             offset,
                             len,
                         },
                         true,
-                    ) => self.classes[c].pieces.push_front(Piece {
+                    ) => self.classes[c].spans.push_front(PendingSpan {
                         parent,
                         offset,
                         len,
@@ -349,7 +349,7 @@ impl Sched {
                 done.tag = tag;
                 return self.complete(c, done);
             }
-            Target::Piece {
+            Target::Span {
                 parent,
                 offset,
                 len,
@@ -479,7 +479,7 @@ impl Priority {
                 weight,
                 foreground: weight == top,
                 queue: VecDeque::new(),
-                pieces: VecDeque::new(),
+                spans: VecDeque::new(),
                 deficit: 0,
                 ready: Vec::new(),
                 accepted: 0,
@@ -564,7 +564,7 @@ impl Drop for ClassHandle {
         let class = &mut s.classes[self.class];
         class.alive = false;
         class.queue.clear();
-        class.pieces.clear();
+        class.spans.clear();
         class.ready.clear();
         class.accepted = 0;
         let gone = self.class;
@@ -626,7 +626,7 @@ impl BlockDevice for ClassHandle {
             let class = &s.classes[self.class];
             let mine_on_child = s.sent.values().any(|&(c, _)| c == self.class);
             if class.queue.is_empty()
-                && class.pieces.is_empty()
+                && class.spans.is_empty()
                 && !mine_on_child
                 && class.ready.is_empty()
             {
