@@ -1,6 +1,7 @@
 //! What every benchmark shares about its results: the `--quick`, `--json` and `--plot`
-//! arguments (flattened into each bench's arguments with `#[command(flatten)]`) and [`emit`],
-//! which writes the JSON report and draws the PNG plot with the bench's Python script.
+//! arguments (flattened into each bench's arguments with `#[command(flatten)]`) and
+//! [`OutputArgs::emit`], which writes the JSON report and draws the PNG plot with the bench's
+//! Python script.
 //!
 //! The plotting scripts are compiled into the binary so `kura` works from any directory; without
 //! python3 or matplotlib the plot is skipped with the reason.
