@@ -2,7 +2,7 @@
 //! writable clone, or a read-only view pinned to a snapshot. Every handle shares the volume's
 //! child; each keeps its own requests and gets its own completions back.
 
-use super::volume::{Core, Piece, Route, UNMAPPED};
+use super::volume::{Core, Handback, Route, UNMAPPED};
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Geometry, Opcode, Rejected, Request,
 };
@@ -116,7 +116,7 @@ impl SnapshotDrive {
             let route = Route {
                 handle: self.handle,
                 parent: id,
-                piece: Piece::Nothing,
+                handback: Handback::Nothing,
             };
             let (op, lba, blocks) = (req.op, req.lba, req.blocks);
             self.parents.insert(
@@ -200,7 +200,7 @@ impl SnapshotDrive {
                 };
                 core.send(
                     Route {
-                        piece: Piece::Whole,
+                        handback: Handback::Whole,
                         ..route
                     },
                     req,
@@ -220,7 +220,7 @@ impl SnapshotDrive {
             let buf = crate::fanout::scratch(range.len());
             core.send(
                 Route {
-                    piece: Piece::Scatter(range.start),
+                    handback: Handback::Scatter(range.start),
                     ..route
                 },
                 Request::read(0, core.child_lba(pc, off), n, buf),
@@ -276,7 +276,7 @@ impl SnapshotDrive {
                         .and_then(|p| p.req.buf.take());
                     core.send(
                         Route {
-                            piece: Piece::Whole,
+                            handback: Handback::Whole,
                             ..route
                         },
                         Request {
@@ -317,9 +317,9 @@ impl SnapshotDrive {
             let Some(p) = self.parents.get_mut(&route.parent) else {
                 continue;
             };
-            match route.piece {
-                Piece::Whole => p.req.buf = done.buf,
-                Piece::Scatter(at) => {
+            match route.handback {
+                Handback::Whole => p.req.buf = done.buf,
+                Handback::Scatter(at) => {
                     if let (Ok(()), Some(src), Some(dst)) =
                         (&done.status, done.buf.as_ref(), p.req.buf.as_mut())
                     {
@@ -327,7 +327,7 @@ impl SnapshotDrive {
                         dst[at..at + len].copy_from_slice(&src[..len]);
                     }
                 }
-                Piece::Nothing => {}
+                Handback::Nothing => {}
             }
             if let (Err(e), Ok(())) = (&done.status, &p.status) {
                 p.status = Err(e.clone());

@@ -87,16 +87,18 @@ pub(crate) struct Version {
     pub writer: bool,
 }
 
-/// Where a child completion goes: which handle, which of its requests, and what the piece was.
+/// Where a child completion goes: which handle, which of its requests, and what its buffer
+/// hands back.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Route {
     pub handle: u64,
     pub parent: u64,
-    pub piece: Piece,
+    pub handback: Handback,
 }
 
+/// What a child command's buffer hands back to the caller's request when it completes.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum Piece {
+pub(crate) enum Handback {
     /// The caller's own buffer; hand it back.
     Whole,
     /// A scratch read buffer to copy into the caller's buffer at this byte offset.
@@ -504,7 +506,7 @@ impl Core {
         let req = Request::write(0, self.child_lba(new, 0), self.chunk_blocks(), buf);
         let tag = self.send(
             Route {
-                piece: Piece::Nothing,
+                handback: Handback::Nothing,
                 ..route
             },
             req,
