@@ -67,15 +67,15 @@ pub(super) fn geometry(d: &ExportDetails, opts: &ConnectOptions) -> Result<Geome
     })
 }
 
-/// One NBD request of a (possibly split) device command.
-struct Piece {
+/// One NBD request on the wire (by its cookie), part of a (possibly split) device command.
+struct WireRequest {
     parent: u64,
     buf_offset: usize,
     len: usize,
     read: bool,
 }
 
-/// A device command in flight as one or more pieces.
+/// A device command in flight as one or more NBD requests.
 struct Parent {
     tag: u64,
     op: Opcode,
@@ -89,7 +89,8 @@ struct Parent {
 /// What the submitting thread and the reply reader share.
 #[derive(Default)]
 struct Shared {
-    pieces: HashMap<u64, Piece>,
+    /// NBD requests awaiting their reply, by cookie.
+    on_wire: HashMap<u64, WireRequest>,
     parents: HashMap<u64, Parent>,
     /// Why the connection is gone, once it is.
     dead: Option<String>,
@@ -250,7 +251,7 @@ impl BlockDevice for NbdClient {
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let mut req = req.admit(&self.geo, self.in_flight)?;
         let flags = self.details.flags;
-        let (command, max_piece) = match req.op {
+        let (command, max_request) = match req.op {
             Opcode::Read => (Command::Read, u64::from(self.geo.max_transfer)),
             Opcode::Write => (Command::Write, u64::from(self.geo.max_transfer)),
             Opcode::Flush => (Command::Flush, 0),
@@ -292,19 +293,19 @@ impl BlockDevice for NbdClient {
                 drop(st);
                 return self.offline(req, &reason);
             }
-            let mut pieces = 0;
+            let mut requests = 0;
             let mut off = 0u64;
             loop {
                 let len = if command == Command::Flush {
                     0
                 } else {
-                    max_piece.min(total - off)
+                    max_request.min(total - off)
                 };
                 let cookie = self.next_cookie;
                 self.next_cookie = self.next_cookie.wrapping_add(1);
-                st.pieces.insert(
+                st.on_wire.insert(
                     cookie,
-                    Piece {
+                    WireRequest {
                         parent,
                         buf_offset: off as usize,
                         len: len as usize,
@@ -326,7 +327,7 @@ impl BlockDevice for NbdClient {
                     header: header.encode(),
                     payload: write.then_some((parent, off as usize, len as usize)),
                 });
-                pieces += 1;
+                requests += 1;
                 off += len;
                 if off >= total {
                     break;
@@ -339,7 +340,7 @@ impl BlockDevice for NbdClient {
                     op: req.op,
                     lba: req.lba,
                     buf: if read { req.buf.take() } else { None },
-                    remaining: pieces,
+                    remaining: requests,
                     status: Ok(()),
                 },
             );
@@ -461,8 +462,8 @@ impl fmt::Debug for NbdClient {
     }
 }
 
-/// The reply reader: matches replies to pieces, reads read data into the parent's buffer, and
-/// completes a parent when its last piece is answered. On any failure it fails everything in
+/// The reply reader: matches replies to wire requests, reads read data into the parent's
+/// buffer, and completes a parent when its last request is answered. On any failure it fails everything in
 /// flight with `Offline` and marks the connection dead.
 fn read_replies(
     input: Box<dyn Read + Send>,
@@ -481,28 +482,28 @@ fn read_replies(
             Err(e) => break format!("bad reply: {e}"),
         };
         let mut st = lock(shared);
-        let Some(piece) = st.pieces.remove(&reply.cookie) else {
+        let Some(sent) = st.on_wire.remove(&reply.cookie) else {
             break format!("reply for unknown handle {:#x}", reply.cookie);
         };
-        if piece.read && reply.error == 0 {
-            let taken = st.parents.get_mut(&piece.parent).and_then(|p| p.buf.take());
+        if sent.read && reply.error == 0 {
+            let taken = st.parents.get_mut(&sent.parent).and_then(|p| p.buf.take());
             drop(st);
             let Some(mut buf) = taken else {
                 break "read reply without a buffer".to_string();
             };
-            let res = match buf.get_mut(piece.buf_offset..piece.buf_offset + piece.len) {
+            let res = match buf.get_mut(sent.buf_offset..sent.buf_offset + sent.len) {
                 Some(dst) => r.read_exact(dst),
                 None => Err(io::Error::other("read reply larger than its buffer")),
             };
             st = lock(shared);
-            if let Some(p) = st.parents.get_mut(&piece.parent) {
+            if let Some(p) = st.parents.get_mut(&sent.parent) {
                 p.buf = Some(buf);
             }
             if let Err(e) = res {
                 break format!("connection closed mid-reply: {e}");
             }
         }
-        let finished = match st.parents.get_mut(&piece.parent) {
+        let finished = match st.parents.get_mut(&sent.parent) {
             Some(p) => {
                 if reply.error != 0 && p.status.is_ok() {
                     p.status = Err(DeviceError::Io {
@@ -517,9 +518,9 @@ fn read_replies(
             None => false,
         };
         if finished {
-            if let Some(p) = st.parents.remove(&piece.parent) {
+            if let Some(p) = st.parents.remove(&sent.parent) {
                 let _ = done.send((
-                    piece.parent,
+                    sent.parent,
                     Completion {
                         tag: p.tag,
                         op: p.op,
@@ -533,7 +534,7 @@ fn read_replies(
     let mut st = lock(shared);
     // A timeout in `poll` may have cut the connection; its reason is the better one.
     let reason = st.dead.get_or_insert(reason).clone();
-    st.pieces.clear();
+    st.on_wire.clear();
     for (parent, p) in st.parents.drain() {
         let _ = done.send((
             parent,
