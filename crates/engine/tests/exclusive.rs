@@ -3,7 +3,6 @@
 //! device (as root) the kernel's exclusive open refuses a second writer too.
 
 use kura_engine::{open, BlockDevice, BlockingIo, DeviceError, IoBuf, OpenError, Request};
-use std::process::Command;
 
 fn locked_holder(spec: &str) -> String {
     match open(spec) {
@@ -112,34 +111,14 @@ fn a_read_only_device_refuses_every_change_and_leaves_the_image_alone() {
     );
 }
 
-/// Detaches the loop device even when the test fails.
-struct LoopGuard(String);
-
-impl Drop for LoopGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_loop_device_has_one_writer() {
     if let Some(m) = kura_testkit::loop_unavailable() {
         return m.skip("a_loop_device_has_one_writer");
     }
     let dir = tempfile::tempdir().unwrap();
-    let img = dir.path().join("loop.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let out = Command::new("losetup")
-        .args(["--find", "--show"])
-        .arg(&img)
-        .output()
-        .expect("run losetup");
-    assert!(out.status.success(), "losetup failed");
-    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let _guard = LoopGuard(loopdev.clone());
+    let attached = kura_testkit::LoopDevice::attach(&dir.path().join("loop.img"), 16 << 20);
+    let loopdev = attached.path();
     let first = open(&format!("sync:{loopdev}")).unwrap();
     let holder = locked_holder(&format!("uring:{loopdev}"));
     assert!(!holder.is_empty());

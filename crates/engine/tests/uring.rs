@@ -3,7 +3,6 @@
 
 use kura_engine::backend::uring;
 use kura_engine::{open, BlockDevice, BlockingIo, DeviceError, IoBuf, OpenError, Request, Spec};
-use std::process::Command;
 
 fn uring_or_skip(spec: &str) -> Option<Box<dyn BlockDevice>> {
     match open(spec) {
@@ -72,15 +71,6 @@ fn sqpoll_and_iopoll_work_or_fall_back_with_a_note() {
     }
 }
 
-/// Detaches the loop device even when the test fails.
-struct LoopGuard(String);
-
-impl Drop for LoopGuard {
-    fn drop(&mut self) {
-        let _ = Command::new("losetup").arg("-d").arg(&self.0).status();
-    }
-}
-
 #[test]
 fn a_real_loop_device_works_as_root() {
     if let Some(m) = kura_testkit::loop_unavailable() {
@@ -88,23 +78,9 @@ fn a_real_loop_device_works_as_root() {
     }
     let dir = tempfile::tempdir().unwrap();
     let img = dir.path().join("loop.img");
-    std::fs::File::create(&img)
-        .unwrap()
-        .set_len(64 << 20)
-        .unwrap();
     // Root, losetup and /dev/loop-control are here: a failing losetup is a failure.
-    let out = Command::new("losetup")
-        .args(["--find", "--show"])
-        .arg(&img)
-        .output()
-        .expect("run losetup");
-    assert!(
-        out.status.success(),
-        "losetup failed: {}",
-        String::from_utf8_lossy(&out.stderr).trim()
-    );
-    let loopdev = String::from_utf8_lossy(&out.stdout).trim().to_string();
-    let _guard = LoopGuard(loopdev.clone());
+    let attached = kura_testkit::LoopDevice::attach(&img, 64 << 20);
+    let loopdev = attached.path().to_string();
     let Some(mut dev) = uring_or_skip(&format!("uring:{loopdev}")) else {
         return;
     };

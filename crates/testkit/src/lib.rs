@@ -273,6 +273,45 @@ pub fn loop_unavailable() -> Option<Missing> {
     None
 }
 
+/// A loop device over an image file, detached when dropped (also when the test fails). Call it
+/// only after [`loop_unavailable`] said `None`: then a failing `losetup` panics as a failure.
+pub struct LoopDevice {
+    path: String,
+}
+
+impl LoopDevice {
+    /// Creates `image` with `bytes` bytes and attaches the first free loop device to it.
+    pub fn attach(image: &Path, bytes: u64) -> LoopDevice {
+        std::fs::File::create(image)
+            .and_then(|f| f.set_len(bytes))
+            .unwrap_or_else(|e| panic!("creating {}: {e}", image.display()));
+        let out = Command::new("losetup")
+            .args(["--find", "--show"])
+            .arg(image)
+            .output()
+            .unwrap_or_else(|e| panic!("running losetup: {e}"));
+        assert!(
+            out.status.success(),
+            "losetup failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+        LoopDevice {
+            path: String::from_utf8_lossy(&out.stdout).trim().to_string(),
+        }
+    }
+
+    /// The device node, e.g. `/dev/loop3`.
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = Command::new("losetup").arg("-d").arg(&self.path).status();
+    }
+}
+
 /// Why `python3 -c "import <module>"` cannot work here, if it cannot: `python3` not on `PATH`
 /// (capability `python3`) or Python reports `No module named '<module>'` (capability
 /// `<module>`; `pip` says how to install it). Any other failure (python3 not starting, the
