@@ -7,7 +7,8 @@
 //!
 //! `put`, `get` and `rm -r` stop at the next file or chunk on SIGINT, SIGTERM or SIGHUP, keep
 //! what is complete (a half-copied file is removed), commit, and say what was kept
-//! ([`crate::interrupt`]). `get` writes holes as holes.
+//! ([`crate::interrupt`]). `put` leaves chunks of zeroes as holes and `get` writes holes as
+//! holes.
 
 use crate::dev::{open_dev, open_dev_read_only};
 use crate::interrupt::{self, Interrupted};
@@ -474,10 +475,16 @@ fn put(
         if n == 0 {
             break;
         }
-        f.write_at(at, &buf[..n])?;
+        // A chunk of zeroes stays a hole: the file is new, so what is not written reads as
+        // zeroes, and a sparse image does not fill the file system.
+        if buf[..n].iter().any(|&b| b != 0) {
+            f.write_at(at, &buf[..n])?;
+        }
         at += n as u64;
         bar.inc(n as u64);
     }
+    // The size covers a hole at the end too.
+    f.set_len(at)?;
     done.files += 1;
     done.bytes += at;
     Ok(())

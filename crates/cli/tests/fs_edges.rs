@@ -1,6 +1,6 @@
 //! `kura fs` at its edges: inspecting an image (even one whose journal still needs replaying)
-//! never changes a byte of it, `get` writes holes as holes, and a `put` stopped by SIGTERM keeps
-//! only complete files, commits them, says so and exits 143.
+//! never changes a byte of it, `put` and `get` keep holes as holes, and a `put` stopped by
+//! SIGTERM keeps only complete files, commits them, says so and exits 143.
 
 mod common;
 
@@ -139,14 +139,18 @@ fn get_writes_holes_as_holes() {
     assert!(std::fs::read(&back).expect("read") == std::fs::read(&src).expect("read"));
     use std::os::unix::fs::MetadataExt;
     let allocated = std::fs::metadata(&back).expect("stat").blocks() * 512;
-    // `put` copies zeroes as data unless the file system skips them; whatever AccelFS holds,
-    // `get` must not turn the hole into 40 MiB of written zeroes on the host.
+    // `put` keeps the hole (it skips chunks of zeroes), so `get` must not turn it into 40 MiB of
+    // written zeroes on the host.
     let held: u64 = ok(&["fs", "stat", &spec, "/sparse.bin"])
         .lines()
         .find_map(|l| l.trim().strip_prefix("blocks: "))
         .and_then(|l| l.split(' ').next()?.parse().ok())
         .expect("blocks line");
     let fs_bytes = held * 8192;
+    assert!(
+        fs_bytes < 16 << 20,
+        "put filled the 40 MiB hole: the file holds {fs_bytes} bytes"
+    );
     assert!(
         allocated <= fs_bytes + (1 << 20),
         "get wrote {allocated} bytes for a file holding {fs_bytes}"
