@@ -612,17 +612,7 @@ impl Mounted {
         &mut self,
         blocks: Vec<(u64, u32, IoBuf)>,
     ) -> Result<Vec<BatchOp>, FsError> {
-        let mut located = Vec::with_capacity(blocks.len());
-        for (ino, b, buf) in blocks {
-            let node = self.node(ino)?;
-            if node.inode.kind == Kind::Free {
-                continue;
-            }
-            let (p, _) = node.map.lookup(b).ok_or_else(|| {
-                corrupt(format!("inode {ino}: cached block {b} has no device block"))
-            })?;
-            located.push((p, buf));
-        }
+        let located = self.locate(blocks)?;
         let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
         self.before_direct_writes(&targets)?;
         Ok(coalesce(located, self.bs, self.opts.max_command_bytes))
@@ -634,7 +624,16 @@ impl Mounted {
         &mut self,
         blocks: Vec<(u64, u32, IoBuf)>,
     ) -> Result<Vec<(u64, Vec<u8>)>, FsError> {
-        let mut images = Vec::with_capacity(blocks.len());
+        Ok(self
+            .locate(blocks)?
+            .into_iter()
+            .map(|(p, buf)| (p, buf.to_vec()))
+            .collect())
+    }
+
+    /// (file, file block, data) as (device block, data); blocks of freed files are dropped.
+    fn locate(&mut self, blocks: Vec<(u64, u32, IoBuf)>) -> Result<Vec<(u64, IoBuf)>, FsError> {
+        let mut located = Vec::with_capacity(blocks.len());
         for (ino, b, buf) in blocks {
             let node = self.node(ino)?;
             if node.inode.kind == Kind::Free {
@@ -643,9 +642,9 @@ impl Mounted {
             let (p, _) = node.map.lookup(b).ok_or_else(|| {
                 corrupt(format!("inode {ino}: cached block {b} has no device block"))
             })?;
-            images.push((p, buf.to_vec()));
+            located.push((p, buf));
         }
-        Ok(images)
+        Ok(located)
     }
 
     /// A block whose newest committed contents sit in the journal (a journaled data block) may
