@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{mem_disk, pattern, Raw};
+use common::{mem_disk, pattern, run_bounded, Raw};
 use kura_nbd::protocol::{Opt, Rep};
 use kura_nbd::psk::{openssl_available, PskError, PskServer};
 use kura_nbd::{bind_loopback, serve_tls_psk, Export, ServeOptions, Server};
@@ -87,21 +87,7 @@ impl Keys {
 
 /// Runs a tool to completion, killing it after a minute.
 fn run(cmd: &mut Command) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("{cmd:?} ran past a minute");
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().expect("output")
+    run_bounded(cmd, Duration::from_secs(60))
 }
 
 fn text(out: &Output) -> String {

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{mem_disk, pattern, start};
+use common::{mem_disk, pattern, run_bounded, start};
 use kura_engine::{BlockDevice, BlockingIo, Completion, IoBuf, Request};
 use kura_nbd::client::connect;
 use kura_nbd::Export;
@@ -17,31 +17,8 @@ use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
 
-/// Runs a tool to completion, killing it after `limit`.
-fn run(cmd: &mut Command, limit: Duration) -> Output {
-    let mut child = cmd
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn");
-    let deadline = Instant::now() + limit;
-    while child.try_wait().expect("wait").is_none() {
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "{cmd:?} ran past {limit:?}: {}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        thread::sleep(Duration::from_millis(5));
-    }
-    child.wait_with_output().expect("output")
-}
-
 fn ok(cmd: &mut Command) -> Output {
-    let out = run(cmd, Duration::from_secs(60));
+    let out = run_bounded(cmd, Duration::from_secs(60));
     assert!(
         out.status.success(),
         "{cmd:?} failed: {}{}",
@@ -118,7 +95,7 @@ fn nbdinfo_lists_exports_with_size_and_flags() {
         (3 * MIB).to_string()
     );
     // An unknown export is an error for the tool, not for the server.
-    let out = run(
+    let out = run_bounded(
         Command::new("nbdinfo").arg(format!("{uri}/nope")),
         Duration::from_secs(30),
     );
@@ -173,7 +150,7 @@ fn nbdcopy_copies_an_image_in_and_out_byte_identically() {
     let ro_uri = format!("nbd://{}/ro", server.local_addr());
     let small = dir.path().join("small.img");
     std::fs::write(&small, pattern(MIB as usize, 1)).unwrap();
-    let out = run(
+    let out = run_bounded(
         Command::new("nbdcopy").arg(&small).arg(&ro_uri),
         Duration::from_secs(30),
     );
