@@ -2,27 +2,11 @@
 //! comes back out identical, through the tools and through a real FUSE mount (`cp -r`, `diff -r`),
 //! and the image is fsck-clean afterwards.
 
+mod common;
+
+use common::{kura, ok, start_mount};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = kura(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    assert!(o.status.success(), "kura {args:?} failed: {text}");
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
+use std::process::{Command, Stdio};
 
 /// A small tree with an empty file, a multi-megabyte file (takes the cache bypass) and nesting.
 fn make_tree(root: &Path) {
@@ -102,12 +86,6 @@ fn put_get_ls_cat_stat_rm_df_round_trip() {
     assert!(ok(&["fsck", &spec]).contains("clean"));
 }
 
-fn mounted(dir: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
-    let want = dir.to_string_lossy();
-    mounts.lines().any(|l| l.split(' ').nth(1) == Some(&want))
-}
-
 #[test]
 fn fuse_mount_copies_a_tree_in_and_out_unchanged() {
     // /dev/fuse opens and fusermount3 is installed: from here on, a mount that fails is a failure.
@@ -120,27 +98,7 @@ fn fuse_mount_copies_a_tree_in_and_out_unchanged() {
     let spec = format!("file:{}", img.display());
     let mnt = dir.path().join("mnt");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut server = Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(["mount", &spec, mnt.to_str().expect("utf8")])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start kura mount");
-    let start = Instant::now();
-    while !mounted(&mnt) {
-        if let Ok(Some(status)) = server.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = server.stderr.take() {
-                use std::io::Read;
-                let _ = e.read_to_string(&mut err);
-            }
-            panic!("kura mount exited ({status}): {err}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "mount did not appear"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let mut server = start_mount(&spec, &mnt, &[]);
     let src = dir.path().join("tree");
     make_tree(&src);
     let cp = Command::new("cp")
