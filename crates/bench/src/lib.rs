@@ -10,3 +10,4 @@ pub mod genome;
 pub mod io;
 pub mod kv;
 pub mod output;
+pub mod stats;
