@@ -36,3 +36,42 @@ pub enum KvError {
     #[error("{0}")]
     Unavailable(String),
 }
+
+/// What [`KvError::Unavailable`] says in a build without LevelDB.
+pub(crate) const NO_LEVELDB: &str =
+    "kura-kv was built without Google LevelDB: install libleveldb-dev and rebuild";
+
+/// Prefixes the bridge gives messages about C++ exceptions it caught (`kOutOfMemory`,
+/// `kCppException` in `cpp/kura_leveldb.cc`); they may sit inside a LevelDB status message
+/// ("IO error: ...") when an Env method caught them.
+const BRIDGE_OOM: &str = "kura-bridge: out of memory";
+const BRIDGE_EXCEPTION: &str = "kura-bridge: C++ exception";
+
+impl KvError {
+    /// The typed error for a message from the bridge (a LevelDB status string or a caught C++
+    /// exception).
+    pub(crate) fn from_bridge(msg: String) -> KvError {
+        if msg.contains(BRIDGE_OOM) {
+            KvError::OutOfMemory(msg)
+        } else if msg.contains(BRIDGE_EXCEPTION) {
+            KvError::CppException(msg)
+        } else if msg.starts_with("Corruption") {
+            KvError::Corruption(msg)
+        } else if msg.contains("does not exist") || msg.starts_with("NotFound") {
+            KvError::NotFound(msg)
+        } else if msg.contains("lock ") && msg.contains("already held") {
+            KvError::Locked(msg)
+        } else if msg.contains("no space left") {
+            KvError::NoSpace(msg)
+        } else if msg.starts_with("Invalid argument") {
+            KvError::Invalid(msg)
+        } else {
+            KvError::Io(msg)
+        }
+    }
+
+    /// The error of every call in a build without LevelDB.
+    pub(crate) fn no_leveldb() -> KvError {
+        KvError::Unavailable(NO_LEVELDB.into())
+    }
+}

@@ -7,14 +7,21 @@
 //! C ABI over `leveldb::DB`; [`Db`] is the safe API. The same API opens a host directory through
 //! LevelDB's own POSIX Env, so the two compare one for one.
 
-#[allow(unsafe_code)] // the safe API over the bridge's C ABI (raw LevelDB handles)
 mod db;
 mod error;
-#[allow(unsafe_code)] // the C ABI of cpp/kura_leveldb.cc and the Env callbacks
+#[allow(unsafe_code)]
+// the only unsafe code: the bridge's C ABI, the handles over it, the Env callbacks
 mod ffi;
 
 pub use db::{Db, DbOptions, Location, Pair, Snapshot, WriteBatch};
 pub use error::KvError;
+
+/// Whether this build has the LevelDB engine. Without it (`libleveldb-dev` missing at build time,
+/// or `KURA_NO_LEVELDB=1`), every [`Db::open`] fails with [`KvError::Unavailable`], saying how to
+/// install it.
+pub fn leveldb_available() -> bool {
+    !cfg!(kura_no_leveldb)
+}
 
 /// Fault injection into the C++ bridge, compiled in only with the `test-hooks` feature (which
 /// only this crate's tests turn on): makes the bridge throw so tests can check that no C++

@@ -4,6 +4,8 @@
 //! non-`std::exception`. Each time the caller gets a typed `KvError`, the process goes on, and
 //! the database still answers correctly afterwards.
 
+mod common;
+
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
@@ -65,6 +67,9 @@ fn assert_typed(e: &KvError, what: Throw, place: &str) {
 
 #[test]
 fn every_bridge_entry_point_turns_an_exception_into_a_typed_error() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("every_bridge_entry_point_turns_an_exception_into_a_typed_error");
+    }
     let fs = file_system();
     let db = open(&fs).expect("open");
     for i in 0..500 {
@@ -144,6 +149,9 @@ fn every_bridge_entry_point_turns_an_exception_into_a_typed_error() {
 /// finds every key.
 #[test]
 fn an_exception_in_the_listing_callback_fails_open_with_a_typed_error() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("an_exception_in_the_listing_callback_fails_open_with_a_typed_error");
+    }
     let fs = file_system();
     let db = open(&fs).expect("open");
     for i in 0..200 {
@@ -165,6 +173,9 @@ fn an_exception_in_the_listing_callback_fails_open_with_a_typed_error() {
 /// here opening a table file during a get.
 #[test]
 fn an_exception_in_an_env_method_fails_only_that_call() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("an_exception_in_an_env_method_fails_only_that_call");
+    }
     let fs = file_system();
     let db = open(&fs).expect("open");
     for i in 0..2000 {

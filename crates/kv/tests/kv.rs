@@ -2,6 +2,8 @@
 //! with reopens, crash consistency of synced writes through the `fault` device, bad input, and
 //! format interoperability with Google LevelDB through plyvel.
 
+mod common;
+
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
@@ -152,8 +154,7 @@ fn run_model(ops: Vec<Op>, mut open: impl FnMut(bool) -> Db) -> Result<(), TestC
 proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
-    #[test]
-    fn accelfs_store_behaves_like_a_sorted_map(ops in prop::collection::vec(op(), 1..120)) {
+    fn accelfs_model(ops in prop::collection::vec(op(), 1..120)) {
         let storage = formatted(64 << 20);
         let fs = std::cell::RefCell::new(mount(&storage));
         run_model(ops, |again| {
@@ -165,8 +166,7 @@ proptest! {
         })?;
     }
 
-    #[test]
-    fn host_store_behaves_like_a_sorted_map(ops in prop::collection::vec(op(), 1..120)) {
+    fn host_model(ops in prop::collection::vec(op(), 1..120)) {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("db");
         run_model(ops, |_| Db::open(Location::Dir(path.clone()), &small_opts()).expect("open"))?;
@@ -174,7 +174,26 @@ proptest! {
 }
 
 #[test]
+fn accelfs_store_behaves_like_a_sorted_map() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("accelfs_store_behaves_like_a_sorted_map");
+    }
+    accelfs_model();
+}
+
+#[test]
+fn host_store_behaves_like_a_sorted_map() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("host_store_behaves_like_a_sorted_map");
+    }
+    host_model();
+}
+
+#[test]
 fn host_directory_store_and_snapshots_and_ranges() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("host_directory_store_and_snapshots_and_ranges");
+    }
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("db");
     let db = Db::open(Location::Dir(path.clone()), &small_opts()).expect("open");
@@ -204,6 +223,9 @@ fn host_directory_store_and_snapshots_and_ranges() {
 
 #[test]
 fn every_synced_write_survives_a_crash_and_nothing_is_invented() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("every_synced_write_survives_a_crash_and_nothing_is_invented");
+    }
     let points: usize = std::env::var("KURA_KV_CRASH_POINTS")
         .ok()
         .and_then(|v| v.parse().ok())
@@ -296,6 +318,9 @@ fn every_synced_write_survives_a_crash_and_nothing_is_invented() {
 
 #[test]
 fn bad_input_is_a_clear_error() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("bad_input_is_a_clear_error");
+    }
     // No database there, and not allowed to create one.
     let dir = tempfile::tempdir().expect("tempdir");
     let opts = DbOptions {
@@ -403,6 +428,9 @@ fn bad_input_is_a_clear_error() {
 /// no more reads; with no budget, every read still goes to the file system.
 #[test]
 fn tables_read_often_are_served_from_memory_with_the_same_answers() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("tables_read_often_are_served_from_memory_with_the_same_answers");
+    }
     let fs_reads = |fs: &FileSystem| {
         let c = fs.statfs().cache;
         c.hits + c.misses + c.bypass_bytes / 4096
@@ -461,4 +489,56 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
         with * 20 < without,
         "loaded tables answer from memory ({with} file-system reads vs {without})"
     );
+}
+
+/// Runs in both builds: with LevelDB the store opens on every kind of location; without it
+/// every open fails with the typed `Unavailable` error saying how to get LevelDB, before it
+/// mounts or creates anything.
+#[test]
+fn a_store_says_clearly_whether_this_build_has_leveldb() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("db");
+    let storage = formatted(16 << 20);
+    let fs = mount(&storage);
+    let locations = [
+        Location::Dir(path.clone()),
+        Location::AccelFs {
+            fs: fs.clone(),
+            path: "/db".into(),
+        },
+    ];
+    for location in locations {
+        let what = format!("{location:?}");
+        match Db::open(location, &small_opts()) {
+            Ok(db) => {
+                assert!(
+                    kura_kv::leveldb_available(),
+                    "{what}: opened without LevelDB"
+                );
+                db.put(b"k", b"v").expect("put");
+                assert_eq!(db.get(b"k").expect("get"), Some(b"v".to_vec()));
+                db.close().expect("close");
+            }
+            Err(KvError::Unavailable(msg)) => {
+                assert!(!kura_kv::leveldb_available(), "{what}: {msg}");
+                assert!(
+                    msg.contains("built without Google LevelDB") && msg.contains("libleveldb-dev"),
+                    "{what}: {msg}"
+                );
+            }
+            Err(e) => panic!("{what}: {e:?}"),
+        }
+    }
+    if !kura_kv::leveldb_available() {
+        assert!(
+            !path.exists(),
+            "a build without LevelDB created {}",
+            path.display()
+        );
+        assert!(
+            !fs.exists("/db"),
+            "a build without LevelDB created /db on AccelFS"
+        );
+    }
+    fs.unmount().expect("unmount");
 }

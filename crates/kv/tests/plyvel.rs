@@ -2,6 +2,8 @@
 //! written on AccelFS and copied out opens in plyvel with every key intact, and one written by
 //! plyvel and copied in opens here. Skipped visibly when python3 or plyvel is missing.
 
+mod common;
+
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
@@ -53,6 +55,9 @@ fn mounted() -> FileSystem {
 
 #[test]
 fn accelfs_database_opens_in_plyvel_and_back() {
+    if let Some(m) = common::leveldb_missing() {
+        return m.skip("accelfs_database_opens_in_plyvel_and_back");
+    }
     if let Some(m) = plyvel_missing() {
         return m.skip("accelfs_database_opens_in_plyvel_and_back");
     }
