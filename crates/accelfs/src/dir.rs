@@ -72,7 +72,7 @@ pub fn encode_block(entries: &[DirEntry], block_size: usize, number: u64) -> Opt
         write_u64(&mut b, at, e.ino);
         b[at + 8..at + 10].copy_from_slice(&(len as u16).to_le_bytes());
         b[at + 10] = e.name.len() as u8;
-        b[at + 11] = if e.kind == Kind::Directory { 2 } else { 1 };
+        b[at + 11] = e.kind.code() as u8;
         b[at + FIXED..at + FIXED + e.name.len()].copy_from_slice(&e.name);
         at += len;
     }
@@ -109,10 +109,11 @@ pub fn decode_block(b: &[u8], number: u64) -> Result<Vec<DirEntry>, FormatError>
             }
             let name = b[at + FIXED..at + FIXED + name_len].to_vec();
             validate_name(&name).map_err(|e| bad(at, &e.to_string()))?;
-            let kind = match b[at + 11] {
-                1 => Kind::File,
-                2 => Kind::Directory,
-                k => return Err(bad(at, &format!("unknown entry kind {k}"))),
+            let kind = match Kind::from_code(u16::from(b[at + 11])) {
+                Some(Kind::Free) | None => {
+                    return Err(bad(at, &format!("unknown entry kind {}", b[at + 11])))
+                }
+                Some(k) => k,
             };
             out.push(DirEntry { ino, kind, name });
         }

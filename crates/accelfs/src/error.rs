@@ -74,6 +74,28 @@ pub enum FsError {
     /// The handle was opened without the access the operation needs.
     #[error("{0}")]
     BadHandle(String),
+    /// Not allowed for this kind of inode (a hard link to a directory).
+    #[error("{0}: operation not permitted")]
+    NotPermitted(String),
+    /// The image or the file system does not support this (a `posix` feature on an image made
+    /// before it, an attribute namespace AccelFS does not store).
+    #[error("{0}: not supported")]
+    Unsupported(String),
+    /// The extended attribute does not exist.
+    #[error("{0}: no such attribute")]
+    NoAttribute(String),
+    /// An extended-attribute name longer than 255 bytes.
+    #[error("{0}: attribute name too long")]
+    AttributeNameTooLong(String),
+    /// An extended-attribute value longer than 64 KiB.
+    #[error("{0}: attribute value too large")]
+    AttributeTooLarge(String),
+    /// `readlink` of something that is not a symbolic link.
+    #[error("{0}: not a symbolic link")]
+    NotASymlink(String),
+    /// The link count would overflow.
+    #[error("{0}: too many links")]
+    TooManyLinks(String),
 }
 
 impl FsError {
@@ -91,6 +113,13 @@ impl FsError {
             FsError::FileTooLarge(_) => libc::EFBIG,
             FsError::ReadOnly(_) => libc::EROFS,
             FsError::BadHandle(_) => libc::EBADF,
+            FsError::NotPermitted(_) => libc::EPERM,
+            FsError::Unsupported(_) => libc::EOPNOTSUPP,
+            FsError::NoAttribute(_) => libc::ENODATA,
+            FsError::AttributeNameTooLong(_) => libc::ERANGE,
+            FsError::AttributeTooLarge(_) => libc::E2BIG,
+            FsError::NotASymlink(_) => libc::EINVAL,
+            FsError::TooManyLinks(_) => libc::EMLINK,
         }
     }
 }

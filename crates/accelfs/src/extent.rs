@@ -176,6 +176,43 @@ impl ExtentMap {
         freed
     }
 
+    /// Unmaps file blocks `from..to`; returns the extents (file and device ranges) removed.
+    pub fn punch(&mut self, from: u32, to: u32) -> Vec<Extent> {
+        if from >= to {
+            return Vec::new();
+        }
+        let mut removed = Vec::new();
+        let mut kept = Vec::with_capacity(self.extents.len() + 1);
+        for e in self.extents.drain(..) {
+            let (lo, hi) = (u64::from(e.logical), e.end());
+            let (cut_lo, cut_hi) = (lo.max(u64::from(from)), hi.min(u64::from(to)));
+            if cut_lo >= cut_hi {
+                kept.push(e);
+                continue;
+            }
+            if lo < cut_lo {
+                kept.push(Extent {
+                    length: (cut_lo - lo) as u32,
+                    ..e
+                });
+            }
+            removed.push(Extent {
+                logical: cut_lo as u32,
+                length: (cut_hi - cut_lo) as u32,
+                physical: e.physical + (cut_lo - lo),
+            });
+            if cut_hi < hi {
+                kept.push(Extent {
+                    logical: cut_hi as u32,
+                    length: (hi - cut_hi) as u32,
+                    physical: e.physical + (cut_hi - lo),
+                });
+            }
+        }
+        self.extents = kept;
+        removed
+    }
+
     /// Checks order, non-emptiness, that every extent lies in device blocks `lo..hi`, and that
     /// no two extents share a device block. The error names the first extent (in file order)
     /// that breaks a rule, so everything before it is a valid map (repair keeps that prefix).

@@ -131,6 +131,7 @@ impl Reader {
 pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
     let (sb, io, note) = load_superblock(dev)?;
     let mut c = Checker::new(sb.layout, io);
+    c.posix = sb.features & crate::layout::FEATURE_POSIX != 0;
     c.superblocks(&sb, note)?;
     c.journal()?;
     let l = c.l;
@@ -150,6 +151,7 @@ pub fn fsck(dev: Box<dyn BlockDevice>) -> Result<FsckReport, FsError> {
     c.inode_bitmap(&inode_bitmap);
     c.root();
     c.claim_blocks()?;
+    c.posix_inodes()?;
     c.block_bitmap(&block_bitmap);
     c.directories()?;
     c.link_counts();
@@ -180,6 +182,8 @@ struct Checker {
     refs: HashMap<u64, u32>,
     /// Each directory's entries, by inode.
     children: HashMap<u64, Vec<u64>>,
+    /// The image has the `posix` feature.
+    posix: bool,
 }
 
 impl Checker {
@@ -205,7 +209,66 @@ impl Checker {
             lookups: 0,
             refs: HashMap::new(),
             children: HashMap::new(),
+            posix: false,
         }
+    }
+
+    // What the `posix` feature adds (format §5): nothing of it on an image without the flag;
+    // a slow symbolic link maps exactly its block 0 and its target has no NUL; each
+    // extended-attribute block lies in the data region, is claimed once and decodes.
+    fn posix_inodes(&mut self) -> Result<(), FsError> {
+        let inos: Vec<u64> = self.inodes.keys().copied().collect();
+        for ino in inos {
+            let inode = self.inodes[&ino].clone();
+            if !self.posix
+                && (inode.kind.needs_posix()
+                    || inode.xattr_block != 0
+                    || (inode.kind != Kind::Directory && inode.links > 1))
+            {
+                self.problem(format!(
+                    "inode {ino} uses the posix feature (kind {:?}, {} links, attribute block {}) but the image does not have it",
+                    inode.kind, inode.links, inode.xattr_block
+                ));
+            }
+            if inode.kind == Kind::Symlink && !inode.is_fast_symlink() {
+                if let Some(map) = self.maps.get(&ino) {
+                    let e = map.extents();
+                    if e.len() != 1 || e[0].logical != 0 || e[0].length != 1 {
+                        self.problem(format!(
+                            "symbolic link inode {ino}: its target is not exactly file block 0"
+                        ));
+                    } else {
+                        let b = self.rd.read(e[0].physical)?;
+                        if b[..inode.size as usize].contains(&0) {
+                            self.problem(format!(
+                                "symbolic link inode {ino}: its target contains a NUL byte"
+                            ));
+                        }
+                    }
+                }
+            }
+            let b = inode.xattr_block;
+            if b == 0 {
+                continue;
+            }
+            if b < self.l.data_start || b >= self.l.backup_superblock() {
+                self.problem(format!(
+                    "inode {ino}: extended-attribute block {b} lies outside the data region"
+                ));
+                continue;
+            }
+            if self.claimed.set(b, true) {
+                let other = self.owner_of(b, ino);
+                self.problem(format!(
+                    "block {b} (extended attributes of inode {ino}) is also claimed by {other}"
+                ));
+                continue;
+            }
+            if let Err(e) = crate::xattr::decode_block(&self.rd.read(b)?, b) {
+                self.problem(format!("inode {ino}: {e}"));
+            }
+        }
+        Ok(())
     }
 
     fn problem(&mut self, what: String) {

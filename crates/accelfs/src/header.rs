@@ -20,6 +20,7 @@ pub enum BlockKind {
     InodeTable,
     Directory,
     Extents,
+    Xattrs,
 }
 
 impl BlockKind {
@@ -34,6 +35,7 @@ impl BlockKind {
             BlockKind::InodeTable => b"AKIT",
             BlockKind::Directory => b"AKDR",
             BlockKind::Extents => b"AKEX",
+            BlockKind::Xattrs => b"AKXA",
         };
         u32::from_le_bytes(*tag)
     }
@@ -49,6 +51,7 @@ impl BlockKind {
             BlockKind::InodeTable => "inode table",
             BlockKind::Directory => "directory",
             BlockKind::Extents => "extent",
+            BlockKind::Xattrs => "extended-attribute",
         }
     }
 }

@@ -8,6 +8,11 @@ use crate::header::{
 
 /// Format version written by this code.
 pub const VERSION: u32 = 1;
+/// Feature flag `posix` (format §4): symbolic links, special files, hard links, extended
+/// attributes. Set by mkfs.
+pub const FEATURE_POSIX: u32 = 1;
+/// Every feature flag this code understands; any other bit refuses the image.
+pub const KNOWN_FEATURES: u32 = FEATURE_POSIX;
 /// Default block size.
 pub const DEFAULT_BLOCK_SIZE: u32 = 8192;
 /// Bytes of one inode.
@@ -304,9 +309,10 @@ impl Superblock {
             )));
         }
         let features = read_u32(b, 144);
-        if features != 0 {
+        if features & !KNOWN_FEATURES != 0 {
             return Err(FormatError::BadSuperblock(format!(
-                "unknown feature flags {features:#x}"
+                "unknown feature flags {:#x} (this kura knows {KNOWN_FEATURES:#x})",
+                features & !KNOWN_FEATURES
             )));
         }
         if read_u64(b, 112) != ROOT_INODE {

@@ -3,7 +3,7 @@
 //! The on-disk encoding, each piece with tests: sealed metadata block headers ([`header`], with
 //! the engine's CRC32C, [`kura_engine::crc32c`]), the superblock and region layout with the
 //! limits an image must respect ([`layout`]), allocation bitmaps ([`bitmap`]), inodes
-//! ([`inode`]), block maps ([`extent`]), directory blocks ([`dir`]), journal records and the
+//! ([`inode`]), block maps ([`extent`]), directory blocks ([`dir`]), extended-attribute blocks ([`xattr`]), journal records and the
 //! recovery scan ([`journal`]); the journal at run time — commit, checkpoint, recovery, in-memory
 //! replay for read-only mounts — ([`wal`]); [`mkfs`], [`fsck`] (never writes) and [`repair`]; and
 //! the mounted file system ([`fs`]), read-write or read-only. Images are untrusted: every size,
@@ -27,10 +27,12 @@ pub mod repair;
 #[doc(hidden)]
 pub mod testing;
 pub mod wal;
+pub mod xattr;
 
 pub use error::{FormatError, FsError};
 pub use fs::{
-    DirEntryInfo, File, FileSystem, FileType, FsStats, Metadata, MountOptions, OpenOptions,
+    DirEntryInfo, Fallocate, File, FileSystem, FileType, FsStats, Metadata, MountOptions, NodeSpec,
+    OpenOptions, RenameMode, XattrMode,
 };
 pub use fsck::{fsck, FsckReport};
 pub use mkfs::{mkfs, MkfsOptions};

@@ -56,7 +56,7 @@ pub fn mkfs(io: &mut FsDevice, opts: MkfsOptions) -> Result<Superblock, FsError>
         layout,
         uuid,
         mkfs_time_ns: now,
-        features: 0,
+        features: crate::layout::FEATURE_POSIX,
     };
     let root_block = layout.data_start;
 

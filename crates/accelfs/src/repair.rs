@@ -103,6 +103,8 @@ struct Repairer {
     reseal: BTreeSet<u64>,
     maps: HashMap<u64, Vec<Extent>>,
     chains: HashMap<u64, Vec<u64>>,
+    /// Extended-attribute blocks claimed, by inode.
+    xattr_blocks: HashMap<u64, u64>,
     /// Blocks of an inode that an earlier owner claimed first.
     shared: HashMap<u64, SharedBlocks>,
     /// Blocks in use: metadata regions, the backup superblock, and every inode's blocks.
@@ -168,6 +170,11 @@ fn kind_name(kind: Kind) -> &'static str {
         Kind::Free => "free inode",
         Kind::File => "file",
         Kind::Directory => "directory",
+        Kind::Symlink => "symbolic link",
+        Kind::Fifo => "FIFO",
+        Kind::Socket => "socket",
+        Kind::CharDevice => "character device",
+        Kind::BlockDevice => "block device",
     }
 }
 
@@ -226,6 +233,7 @@ impl Repairer {
             reseal: BTreeSet::new(),
             maps: HashMap::new(),
             chains: HashMap::new(),
+            xattr_blocks: HashMap::new(),
             shared: HashMap::new(),
             claimed,
             dirs: BTreeMap::new(),
@@ -566,8 +574,69 @@ impl Repairer {
                 self.shared.insert(ino, shared);
             }
             self.fix_impossible_size(ino);
+            self.claim_xattrs(ino)?;
+            self.check_symlink_target(ino);
         }
         Ok(())
+    }
+
+    /// An inode's extended-attribute block is claimed when it lies in the data region, nobody
+    /// claimed it before and it decodes; otherwise the inode loses its attributes.
+    fn claim_xattrs(&mut self, ino: u64) -> Result<(), FsError> {
+        let Some(b) = self
+            .inodes
+            .get(&ino)
+            .map(|i| i.xattr_block)
+            .filter(|&b| b != 0)
+        else {
+            return Ok(());
+        };
+        let why = if b < self.l.data_start || b >= self.l.backup_superblock() {
+            Some("lies outside the data region".to_string())
+        } else if self.claimed.get(b) {
+            Some("is also claimed by another owner".to_string())
+        } else {
+            crate::xattr::decode_block(&self.read(b)?, b)
+                .err()
+                .map(|e| e.to_string())
+        };
+        match why {
+            None => {
+                self.claimed.set(b, true);
+                self.xattr_blocks.insert(ino, b);
+            }
+            Some(why) => {
+                if let Some(i) = self.inodes.get_mut(&ino) {
+                    i.xattr_block = 0;
+                }
+                self.dirty.insert(ino);
+                self.fixed(format!(
+                    "inode {ino}: its extended-attribute block {b} {why}; dropped its attributes"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// A symbolic link whose target block was lost (its block map was cut) is removed: its
+    /// directory entries then name a free inode and are dropped.
+    fn check_symlink_target(&mut self, ino: u64) {
+        let Some(inode) = self.inodes.get(&ino) else {
+            return;
+        };
+        if inode.kind != Kind::Symlink || inode.is_fast_symlink() {
+            return;
+        }
+        let has_target = self
+            .maps
+            .get(&ino)
+            .is_some_and(|m| m.first().is_some_and(|e| e.logical == 0) && m.len() == 1);
+        if !has_target {
+            self.forget_inode(ino);
+            self.fixed(format!(
+                "inode {ino}: symbolic link whose target block is lost; removed it"
+            ));
+        }
     }
 
     /// A size no file or directory of this layout can have (mount refuses the inode, see
@@ -587,7 +656,12 @@ impl Repairer {
             Kind::Directory => {
                 !inode.size.is_multiple_of(bs) || inode.size / bs > l.max_dir_blocks()
             }
-            Kind::Free => false,
+            Kind::Free
+            | Kind::Symlink
+            | Kind::Fifo
+            | Kind::Socket
+            | Kind::CharDevice
+            | Kind::BlockDevice => false,
         };
         if impossible {
             let old = inode.size;
@@ -707,6 +781,9 @@ impl Repairer {
         let shared = self.shared.remove(&ino).unwrap_or_default();
         let chain = self.chains.remove(&ino).unwrap_or_default();
         let extents = self.maps.remove(&ino).unwrap_or_default();
+        if let Some(b) = self.xattr_blocks.remove(&ino) {
+            self.claimed.set(b, false);
+        }
         for b in chain {
             if !shared.contains(&b) {
                 self.claimed.set(b, false);

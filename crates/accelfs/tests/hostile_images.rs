@@ -521,6 +521,12 @@ fn walk(fs: &FileSystem, ino: u64, depth: usize, budget: &mut usize) {
                 let mut buf = vec![0u8; 64 << 10];
                 let _ = fs.read_ino(e.ino, 0, &mut buf);
             }
+            FileType::Symlink => {
+                let _ = fs.read_link_ino(e.ino);
+            }
+            _ => {
+                let _ = fs.list_xattr(e.ino);
+            }
         }
     }
 }

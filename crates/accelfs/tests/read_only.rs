@@ -93,6 +93,8 @@ fn all_files(fs: &FileSystem, dir: &str, out: &mut BTreeMap<String, Vec<u8>>) {
             FileType::File => {
                 out.insert(path.clone(), fs.read(&path).expect("read"));
             }
+            // This test's images hold only files and directories.
+            other => panic!("{path}: unexpected {other:?}"),
         }
     }
 }

@@ -1,6 +1,10 @@
-//! `kura mount SPEC DIR`: AccelFS through FUSE (the fuser crate), so `ls`, `cp`, `diff` and
-//! `sha256sum` work on it. Each FUSE request maps to one call of the inode-level API of
-//! `kura_accelfs::FileSystem`; `fsync` is a journal commit. Unmounting (`fusermount3 -u DIR`,
+//! `kura mount SPEC DIR`: AccelFS through FUSE (the fuser crate), so `ls`, `cp`, `diff`,
+//! `sha256sum`, `tar` and `ln -s` work on it. Each FUSE request maps to one call of the
+//! inode-level API of `kura_accelfs::FileSystem` (files, directories, symbolic links, hard
+//! links, FIFOs, sockets, device nodes, extended attributes, owners, nanosecond times,
+//! `renameat2` flags, `fallocate`); `fsync` is a journal commit. New inodes record the
+//! caller's uid and gid; inodes without a recorded owner (images made before it) show the
+//! mount point's owner. Unmounting (`fusermount3 -u DIR`,
 //! or SIGINT, SIGTERM or SIGHUP) commits and checkpoints before the command exits 0.
 //!
 //! On a signal everything written so far is committed first, then the mount is detached: a plain
@@ -15,9 +19,12 @@ use anyhow::Context;
 use fuser::{
     Errno, FileAttr, FileHandle, FileType as FuseType, Filesystem, FopenFlags, Generation, INodeNo,
     LockOwner, OpenFlags, RenameFlags, ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory,
-    ReplyEmpty, ReplyEntry, ReplyStatfs, ReplyWrite, Request, TimeOrNow, WriteFlags,
+    ReplyEmpty, ReplyEntry, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow, WriteFlags,
 };
-use kura_accelfs::{FileSystem, FileType, FsError, Metadata, MountOptions};
+use kura_accelfs::{
+    Fallocate, FileSystem, FileType, FsError, Metadata, MountOptions, NodeSpec, RenameMode,
+    XattrMode,
+};
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
@@ -67,27 +74,71 @@ fn ns(t: TimeOrNow) -> u64 {
         .map_or(0, |d| d.as_nanos() as u64)
 }
 
+/// Linux ABI values the FUSE requests carry (this crate does not link libc).
+mod abi {
+    pub const S_IFMT: u32 = 0o170_000;
+    pub const S_IFREG: u32 = 0o100_000;
+    pub const S_IFIFO: u32 = 0o010_000;
+    pub const S_IFSOCK: u32 = 0o140_000;
+    pub const S_IFCHR: u32 = 0o020_000;
+    pub const S_IFBLK: u32 = 0o060_000;
+    pub const XATTR_CREATE: i32 = 1;
+    pub const XATTR_REPLACE: i32 = 2;
+    pub const FALLOC_FL_KEEP_SIZE: i32 = 1;
+    pub const FALLOC_FL_PUNCH_HOLE: i32 = 2;
+}
+
+fn fuse_type(t: FileType) -> FuseType {
+    match t {
+        FileType::Directory => FuseType::Directory,
+        FileType::File => FuseType::RegularFile,
+        FileType::Symlink => FuseType::Symlink,
+        FileType::Fifo => FuseType::NamedPipe,
+        FileType::Socket => FuseType::Socket,
+        FileType::CharDevice => FuseType::CharDevice,
+        FileType::BlockDevice => FuseType::BlockDevice,
+    }
+}
+
+/// The file type in a `mknod` mode, when AccelFS can create it.
+fn mknod_type(mode: u32) -> Option<FileType> {
+    match mode & abi::S_IFMT {
+        abi::S_IFREG | 0 => Some(FileType::File),
+        abi::S_IFIFO => Some(FileType::Fifo),
+        abi::S_IFSOCK => Some(FileType::Socket),
+        abi::S_IFCHR => Some(FileType::CharDevice),
+        abi::S_IFBLK => Some(FileType::BlockDevice),
+        _ => None,
+    }
+}
+
 impl Fuse {
     fn attr(&self, m: &Metadata) -> FileAttr {
+        let (uid, gid) = m.owner.unwrap_or((self.uid, self.gid));
         FileAttr {
             ino: INodeNo(m.ino),
             size: m.size,
             blocks: m.blocks * u64::from(m.block_size) / 512,
-            atime: time(m.mtime_ns),
+            atime: time(m.atime_ns),
             mtime: time(m.mtime_ns),
             ctime: time(m.ctime_ns),
             crtime: time(m.ctime_ns),
-            kind: match m.file_type {
-                FileType::Directory => FuseType::Directory,
-                FileType::File => FuseType::RegularFile,
-            },
+            kind: fuse_type(m.file_type),
             perm: m.mode & 0o7777,
             nlink: if m.is_dir() { 2 } else { m.links },
-            uid: self.uid,
-            gid: self.gid,
-            rdev: 0,
+            uid,
+            gid,
+            rdev: m.rdev as u32,
             blksize: m.block_size,
             flags: 0,
+        }
+    }
+
+    /// A new inode's spec with the caller as its owner.
+    fn spec(req: &Request, file_type: FileType, mode: u32, umask: u32) -> NodeSpec {
+        NodeSpec {
+            owner: Some((req.uid(), req.gid())),
+            ..NodeSpec::new(file_type, (mode & !umask & 0o7777) as u16)
         }
     }
 
@@ -95,6 +146,18 @@ impl Fuse {
         match r {
             Ok(m) => reply.entry(&TTL, &self.attr(&m), Generation(u64::from(m.generation))),
             Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    /// A value for `getxattr`/`listxattr`: its size when asked for 0 bytes, `ERANGE` when it
+    /// does not fit in `size`.
+    fn xattr_reply(v: &[u8], size: u32, reply: ReplyXattr) {
+        if size == 0 {
+            reply.size(v.len() as u32);
+        } else if v.len() > size as usize {
+            reply.error(Errno::ERANGE);
+        } else {
+            reply.data(v);
         }
     }
 
@@ -129,10 +192,10 @@ impl Filesystem for Fuse {
         _req: &Request,
         ino: INodeNo,
         mode: Option<u32>,
-        _uid: Option<u32>,
-        _gid: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
         size: Option<u64>,
-        _atime: Option<TimeOrNow>,
+        atime: Option<TimeOrNow>,
         mtime: Option<TimeOrNow>,
         _ctime: Option<SystemTime>,
         _fh: Option<FileHandle>,
@@ -146,9 +209,15 @@ impl Filesystem for Fuse {
             if let Some(size) = size {
                 self.fs.set_len_ino(ino.0, size)?;
             }
-            if mode.is_some() || mtime.is_some() {
+            if mode.is_some() {
                 self.fs
-                    .set_attr(ino.0, mode.map(|m| (m & 0o7777) as u16), mtime.map(ns))?;
+                    .set_attr(ino.0, mode.map(|m| (m & 0o7777) as u16), None)?;
+            }
+            if uid.is_some() || gid.is_some() {
+                self.fs.set_owner(ino.0, uid, gid)?;
+            }
+            if atime.is_some() || mtime.is_some() {
+                self.fs.set_times(ino.0, atime.map(ns), mtime.map(ns))?;
             }
             self.fs.metadata_of(ino.0)
         })();
@@ -160,19 +229,151 @@ impl Filesystem for Fuse {
 
     fn mkdir(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let mode = (mode & !umask & 0o7777) as u16;
+        let spec = Self::spec(req, FileType::Directory, mode, umask);
+        self.entry(self.fs.make_node(parent.0, name.as_bytes(), &spec), reply);
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let Some(file_type) = mknod_type(mode) else {
+            reply.error(Errno::EINVAL);
+            return;
+        };
+        let spec = NodeSpec {
+            rdev: u64::from(rdev),
+            ..Self::spec(req, file_type, mode, umask)
+        };
+        self.entry(self.fs.make_node(parent.0, name.as_bytes(), &spec), reply);
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        let spec = NodeSpec {
+            owner: Some((req.uid(), req.gid())),
+            ..NodeSpec::symlink(target.as_os_str().as_bytes())
+        };
         self.entry(
-            self.fs
-                .create_in(parent.0, name.as_bytes(), FileType::Directory, mode),
+            self.fs.make_node(parent.0, link_name.as_bytes(), &spec),
             reply,
         );
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.fs.read_link_ino(ino.0) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        self.entry(
+            self.fs.link_in(ino.0, newparent.0, newname.as_bytes()),
+            reply,
+        );
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match flags {
+            0 => XattrMode::Any,
+            abi::XATTR_CREATE => XattrMode::Create,
+            abi::XATTR_REPLACE => XattrMode::Replace,
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        if position != 0 {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        Self::empty(
+            self.fs.set_xattr(ino.0, name.as_bytes(), value, mode),
+            reply,
+        );
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.fs.get_xattr(ino.0, name.as_bytes()) {
+            Ok(v) => Self::xattr_reply(&v, size, reply),
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.fs.list_xattr(ino.0) {
+            Ok(names) => {
+                let mut all = Vec::new();
+                for n in names {
+                    all.extend_from_slice(&n);
+                    all.push(0);
+                }
+                Self::xattr_reply(&all, size, reply)
+            }
+            Err(e) => reply.error(errno(&e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        Self::empty(self.fs.remove_xattr(ino.0, name.as_bytes()), reply);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        let mode = match mode {
+            0 => Fallocate::Allocate { keep_size: false },
+            abi::FALLOC_FL_KEEP_SIZE => Fallocate::Allocate { keep_size: true },
+            m if m == abi::FALLOC_FL_PUNCH_HOLE | abi::FALLOC_FL_KEEP_SIZE => Fallocate::PunchHole,
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        Self::empty(self.fs.fallocate(ino.0, offset, length, mode), reply);
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
@@ -193,14 +394,25 @@ impl Filesystem for Fuse {
         flags: RenameFlags,
         reply: ReplyEmpty,
     ) {
-        if flags.bits() != 0 {
-            // RENAME_EXCHANGE / RENAME_NOREPLACE are not supported.
+        let mode = if flags.is_empty() {
+            RenameMode::Replace
+        } else if flags == RenameFlags::RENAME_NOREPLACE {
+            RenameMode::NoReplace
+        } else if flags == RenameFlags::RENAME_EXCHANGE {
+            RenameMode::Exchange
+        } else {
+            // RENAME_WHITEOUT (overlayfs) and combinations are not supported.
             reply.error(Errno::EINVAL);
             return;
-        }
+        };
         Self::empty(
-            self.fs
-                .rename_in(parent.0, name.as_bytes(), newparent.0, newname.as_bytes()),
+            self.fs.rename_in_with(
+                parent.0,
+                name.as_bytes(),
+                newparent.0,
+                newname.as_bytes(),
+                mode,
+            ),
             reply,
         );
     }
@@ -296,13 +508,11 @@ impl Filesystem for Fuse {
             (parent, FuseType::Directory, b"..".to_vec()),
         ]
         .into_iter()
-        .chain(entries.into_iter().map(|e| {
-            let kind = match e.file_type {
-                FileType::Directory => FuseType::Directory,
-                FileType::File => FuseType::RegularFile,
-            };
-            (e.ino, kind, e.name)
-        }));
+        .chain(
+            entries
+                .into_iter()
+                .map(|e| (e.ino, fuse_type(e.file_type), e.name)),
+        );
         for (i, (ino, kind, name)) in all.enumerate().skip(offset as usize) {
             if reply.add(INodeNo(ino), i as u64 + 1, kind, OsStr::from_bytes(&name)) {
                 break;
@@ -327,7 +537,7 @@ impl Filesystem for Fuse {
 
     fn create(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         mode: u32,
@@ -335,11 +545,8 @@ impl Filesystem for Fuse {
         _flags: i32,
         reply: ReplyCreate,
     ) {
-        let mode = (mode & !umask & 0o7777) as u16;
-        match self
-            .fs
-            .create_in(parent.0, name.as_bytes(), FileType::File, mode)
-        {
+        let spec = Self::spec(req, FileType::File, mode, umask);
+        match self.fs.make_node(parent.0, name.as_bytes(), &spec) {
             Ok(m) => reply.created(
                 &TTL,
                 &self.attr(&m),

@@ -65,11 +65,86 @@ impl Default for MountOptions {
     }
 }
 
-/// File or directory.
+/// What kind of inode a name leads to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FileType {
     File,
     Directory,
+    Symlink,
+    Fifo,
+    Socket,
+    CharDevice,
+    BlockDevice,
+}
+
+/// How [`FileSystem::rename_with`] treats an existing new name (Linux `renameat2` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RenameMode {
+    /// Replace a file or an empty directory there (plain `rename`).
+    #[default]
+    Replace,
+    /// Fail with [`FsError::Exists`] when the new name exists (`RENAME_NOREPLACE`).
+    NoReplace,
+    /// Swap the two names, which must both exist (`RENAME_EXCHANGE`).
+    Exchange,
+}
+
+/// What [`FileSystem::fallocate`] does with a byte range (Linux `fallocate` modes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fallocate {
+    /// Give every hole in the range zeroed blocks; grow the size to the range's end unless
+    /// `keep_size` (`FALLOC_FL_KEEP_SIZE`).
+    Allocate { keep_size: bool },
+    /// Free the whole blocks inside the range and zero the partial ones; the size stays
+    /// (`FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE`).
+    PunchHole,
+}
+
+/// How [`FileSystem::set_xattr`] treats an existing name (`setxattr` flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XattrMode {
+    /// Create or replace.
+    #[default]
+    Any,
+    /// Fail with [`FsError::Exists`] when it exists (`XATTR_CREATE`).
+    Create,
+    /// Fail with [`FsError::NoAttribute`] when it does not (`XATTR_REPLACE`).
+    Replace,
+}
+
+/// A new inode for [`FileSystem::make_node`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeSpec {
+    pub file_type: FileType,
+    /// Permission bits (incl. setuid, setgid, sticky).
+    pub mode: u16,
+    /// uid and gid to record; `None` leaves them unrecorded (shown as the mount's owner).
+    pub owner: Option<(u32, u32)>,
+    /// Device number of a character or block device.
+    pub rdev: u64,
+    /// A symbolic link's target (1 to 4095 bytes, no NUL).
+    pub target: Vec<u8>,
+}
+
+impl NodeSpec {
+    /// A node of `file_type` with `mode` and nothing else.
+    pub fn new(file_type: FileType, mode: u16) -> Self {
+        NodeSpec {
+            file_type,
+            mode,
+            owner: None,
+            rdev: 0,
+            target: Vec::new(),
+        }
+    }
+
+    /// A symbolic link to `target`.
+    pub fn symlink(target: &[u8]) -> Self {
+        NodeSpec {
+            target: target.to_vec(),
+            ..NodeSpec::new(FileType::Symlink, 0o777)
+        }
+    }
 }
 
 /// What `stat` tells about an inode.
@@ -85,12 +160,24 @@ pub struct Metadata {
     pub mode: u16,
     pub mtime_ns: u64,
     pub ctime_ns: u64,
+    /// Last access as recorded (creation or `utimens`; reads do not update it). Never 0: an
+    /// inode that has none shows its mtime.
+    pub atime_ns: u64,
     pub generation: u32,
-    /// The directory holding it (the root is its own parent).
+    /// For a directory: the directory holding it (the root is its own parent). For other
+    /// kinds, which may have several names, where it was first created.
     pub parent: u64,
+    /// uid and gid, when recorded (`chown` or creation through a mount that knows them).
+    pub owner: Option<(u32, u32)>,
+    /// Device number of a character or block device, else 0.
+    pub rdev: u64,
 }
 
 impl Metadata {
+    pub fn is_symlink(&self) -> bool {
+        self.file_type == FileType::Symlink
+    }
+
     pub fn is_dir(&self) -> bool {
         self.file_type == FileType::Directory
     }
@@ -151,10 +238,26 @@ impl std::fmt::Debug for FileSystem {
 }
 
 fn file_type(kind: Kind) -> FileType {
-    if kind == Kind::Directory {
-        FileType::Directory
-    } else {
-        FileType::File
+    match kind {
+        Kind::Directory => FileType::Directory,
+        Kind::Symlink => FileType::Symlink,
+        Kind::Fifo => FileType::Fifo,
+        Kind::Socket => FileType::Socket,
+        Kind::CharDevice => FileType::CharDevice,
+        Kind::BlockDevice => FileType::BlockDevice,
+        Kind::File | Kind::Free => FileType::File,
+    }
+}
+
+fn kind_of(t: FileType) -> Kind {
+    match t {
+        FileType::File => Kind::File,
+        FileType::Directory => Kind::Directory,
+        FileType::Symlink => Kind::Symlink,
+        FileType::Fifo => Kind::Fifo,
+        FileType::Socket => Kind::Socket,
+        FileType::CharDevice => Kind::CharDevice,
+        FileType::BlockDevice => Kind::BlockDevice,
     }
 }
 
@@ -207,7 +310,7 @@ impl FileSystem {
             ))
             .into());
         }
-        if sb.features != 0 {
+        if sb.features & !crate::layout::KNOWN_FEATURES != 0 {
             return Err(FormatError::BadSuperblock(format!(
                 "unknown feature flags {:#x} (this is AccelFS version {VERSION})",
                 sb.features
@@ -277,8 +380,16 @@ impl FileSystem {
             Err(e) => return Err(e),
         };
         let inode = g.inode(ino)?;
-        if inode.kind == Kind::Directory {
-            return Err(FsError::IsADirectory(path.to_string()));
+        match inode.kind {
+            Kind::Directory => return Err(FsError::IsADirectory(path.to_string())),
+            Kind::File => {}
+            // Paths are resolved without following symbolic links; a FIFO, socket or device
+            // has no data here (the kernel serves them on a mount).
+            _ => {
+                return Err(FsError::Invalid(format!(
+                    "{path}: not a regular file (paths are not followed through symbolic links)"
+                )))
+            }
         }
         let generation = inode.generation;
         if o.truncate && (o.write || o.append) && inode.size != 0 {
@@ -352,10 +463,53 @@ impl FileSystem {
     }
 
     pub fn rename(&self, from: &str, to: &str) -> Result<(), FsError> {
+        self.rename_with(from, to, RenameMode::Replace)
+    }
+
+    /// `rename` with `RENAME_NOREPLACE` or `RENAME_EXCHANGE` semantics ([`RenameMode`]).
+    pub fn rename_with(&self, from: &str, to: &str, mode: RenameMode) -> Result<(), FsError> {
         let mut g = self.lock();
         let (p1, n1) = g.resolve_parent(from)?;
         let (p2, n2) = g.resolve_parent(to)?;
-        g.rename_entry(p1, &n1, p2, &n2)
+        g.rename_entry(p1, &n1, p2, &n2, mode)
+    }
+
+    /// Creates a symbolic link at `path` pointing at `target` (stored as given, never
+    /// followed by this API).
+    pub fn symlink(&self, target: &[u8], path: &str) -> Result<(), FsError> {
+        self.make_node_at(path, &NodeSpec::symlink(target))
+    }
+
+    /// The target of the symbolic link at `path`.
+    pub fn read_link(&self, path: &str) -> Result<Vec<u8>, FsError> {
+        let ino = self.lock().resolve(path)?;
+        self.read_link_ino(ino).map_err(|e| with_path(e, path))
+    }
+
+    /// Creates a new name `new` for the file (not directory) at `existing`.
+    pub fn hard_link(&self, existing: &str, new: &str) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let ino = g.resolve(existing)?;
+        let (parent, name) = g.resolve_parent(new)?;
+        g.link_entry(ino, parent, &name)
+            .map_err(|e| match e {
+                FsError::Exists(_) => FsError::Exists(new.to_string()),
+                e => with_path(e, existing),
+            })
+            .map(|_| ())
+    }
+
+    /// Creates an inode described by `spec` at `path` (a FIFO, socket, device node, symbolic
+    /// link, file or directory).
+    pub fn make_node_at(&self, path: &str, spec: &NodeSpec) -> Result<(), FsError> {
+        let mut g = self.lock();
+        let (parent, name) = g.resolve_parent(path)?;
+        g.create_node(parent, &name, spec)
+            .map_err(|e| match e {
+                FsError::Exists(_) => FsError::Exists(path.to_string()),
+                e => e,
+            })
+            .map(|_| ())
     }
 
     /// Entries of a directory, sorted by name.
@@ -415,12 +569,7 @@ impl FileSystem {
         file_type: FileType,
         mode: u16,
     ) -> Result<Metadata, FsError> {
-        let kind = match file_type {
-            FileType::File => Kind::File,
-            FileType::Directory => Kind::Directory,
-        };
-        let ino = self.lock().create_entry(parent, name, kind, mode)?;
-        self.metadata_of(ino)
+        self.make_node(parent, name, &NodeSpec::new(file_type, mode))
     }
 
     /// Removes file (`dir == false`) or empty directory `name` from `parent`.
@@ -435,7 +584,96 @@ impl FileSystem {
         new_parent: u64,
         new_name: &[u8],
     ) -> Result<(), FsError> {
-        self.lock().rename_entry(parent, name, new_parent, new_name)
+        self.rename_in_with(parent, name, new_parent, new_name, RenameMode::Replace)
+    }
+
+    /// [`FileSystem::rename_in`] with a [`RenameMode`].
+    pub fn rename_in_with(
+        &self,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        mode: RenameMode,
+    ) -> Result<(), FsError> {
+        self.lock()
+            .rename_entry(parent, name, new_parent, new_name, mode)
+    }
+
+    /// Creates `name` in directory `parent` as `spec` describes.
+    pub fn make_node(
+        &self,
+        parent: u64,
+        name: &[u8],
+        spec: &NodeSpec,
+    ) -> Result<Metadata, FsError> {
+        let ino = self.lock().create_node(parent, name, spec)?;
+        self.metadata_of(ino)
+    }
+
+    /// Adds the name `new_parent/new_name` for inode `ino` (a hard link; not a directory).
+    pub fn link_in(&self, ino: u64, new_parent: u64, new_name: &[u8]) -> Result<Metadata, FsError> {
+        self.lock().link_entry(ino, new_parent, new_name)?;
+        self.metadata_of(ino)
+    }
+
+    /// The target of symbolic link `ino`.
+    pub fn read_link_ino(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        self.lock().read_link(ino)
+    }
+
+    /// Records the owner (`chown`): each of uid and gid that is given replaces the recorded
+    /// one; an inode that had none records the other as 0 unless given.
+    pub fn set_owner(&self, ino: u64, uid: Option<u32>, gid: Option<u32>) -> Result<(), FsError> {
+        self.lock().set_owner(ino, uid, gid)
+    }
+
+    /// Sets access and/or modification time in ns since the epoch (`utimens`); ctime becomes
+    /// now.
+    pub fn set_times(
+        &self,
+        ino: u64,
+        atime_ns: Option<u64>,
+        mtime_ns: Option<u64>,
+    ) -> Result<(), FsError> {
+        self.lock().set_times(ino, atime_ns, mtime_ns)
+    }
+
+    /// Preallocates or punches a hole in `len` bytes at `offset` of file `ino` ([`Fallocate`]).
+    pub fn fallocate(
+        &self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: Fallocate,
+    ) -> Result<(), FsError> {
+        self.lock().fallocate(ino, offset, len, mode)
+    }
+
+    /// The value of extended attribute `name` of inode `ino`.
+    pub fn get_xattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        self.lock().get_xattr(ino, name)
+    }
+
+    /// The names of inode `ino`'s extended attributes, in the order stored.
+    pub fn list_xattr(&self, ino: u64) -> Result<Vec<Vec<u8>>, FsError> {
+        self.lock().list_xattr(ino)
+    }
+
+    /// Sets extended attribute `name` of inode `ino` (format §5 for names and the size cap).
+    pub fn set_xattr(
+        &self,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        mode: XattrMode,
+    ) -> Result<(), FsError> {
+        self.lock().set_xattr(ino, name, value, mode)
+    }
+
+    /// Removes extended attribute `name` of inode `ino`.
+    pub fn remove_xattr(&self, ino: u64, name: &[u8]) -> Result<(), FsError> {
+        self.lock().remove_xattr(ino, name)
     }
 
     /// [`File::allocated_ranges`] of file `ino`: its data ranges in bytes, holes left out.
@@ -483,6 +721,8 @@ fn with_path(e: FsError, path: &str) -> FsError {
         FsError::IsADirectory(_) => FsError::IsADirectory(path.to_string()),
         FsError::NotADirectory(_) => FsError::NotADirectory(path.to_string()),
         FsError::NotEmpty(_) => FsError::NotEmpty(path.to_string()),
+        FsError::NotASymlink(_) => FsError::NotASymlink(path.to_string()),
+        FsError::NotPermitted(_) => FsError::NotPermitted(path.to_string()),
         e => e,
     }
 }

@@ -15,6 +15,7 @@
 
 use super::{corrupt, Mounted};
 use crate::error::FsError;
+use crate::fs::Fallocate;
 use crate::fsdevice::{BatchOp, StreamPart};
 use crate::inode::Kind;
 use kura_engine::{BufferPool, IoBuf};
@@ -33,6 +34,9 @@ impl Mounted {
             Kind::File => Ok(()),
             Kind::Directory => Err(FsError::IsADirectory(format!("inode {ino}"))),
             Kind::Free => Err(FsError::NotFound(format!("inode {ino} (removed)"))),
+            k => Err(FsError::Invalid(format!(
+                "inode {ino} is a {k:?}, not a regular file"
+            ))),
         }
     }
 
@@ -59,6 +63,17 @@ impl Mounted {
         out: &mut [u8],
     ) -> Result<usize, FsError> {
         self.file_node(ino)?;
+        self.read_data(ino, offset, out)
+    }
+
+    /// [`Mounted::read_at`] without the check that `ino` is a regular file (a slow symbolic
+    /// link's target is read this way).
+    pub(super) fn read_data(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, FsError> {
         let size = self.node(ino)?.inode.size;
         if offset >= size || out.is_empty() {
             return Ok(0);
@@ -374,6 +389,17 @@ impl Mounted {
     ) -> Result<usize, FsError> {
         self.writable()?;
         self.file_node(ino)?;
+        self.write_data(ino, offset, data)
+    }
+
+    /// [`Mounted::write_at`] without the check that `ino` is a regular file (a slow symbolic
+    /// link's target is written this way).
+    pub(super) fn write_data(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
         let end = offset
             .checked_add(data.len() as u64)
             .filter(|&e| e <= self.max_file_bytes())
@@ -585,6 +611,147 @@ impl Mounted {
         node.inode.size = size;
         node.inode.mtime_ns = now;
         node.inode.ctime_ns = now;
+        self.touch(ino);
+        self.next_sequential.remove(&ino);
+        Ok(())
+    }
+
+    /// `fallocate` of `len` bytes at `offset` ([`Fallocate`], format §6 "Preallocation").
+    pub(crate) fn fallocate(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        len: u64,
+        mode: Fallocate,
+    ) -> Result<(), FsError> {
+        self.writable()?;
+        self.file_node(ino)?;
+        let end = offset
+            .checked_add(len)
+            .filter(|&e| e <= self.max_file_bytes())
+            .ok_or_else(|| FsError::FileTooLarge(format!("inode {ino}")))?;
+        if len == 0 {
+            return Err(FsError::Invalid("fallocate of 0 bytes".into()));
+        }
+        match mode {
+            Fallocate::Allocate { keep_size } => self.preallocate(ino, offset, end, keep_size),
+            Fallocate::PunchHole => self.punch_hole(ino, offset, end),
+        }
+    }
+
+    fn preallocate(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        end: u64,
+        keep_size: bool,
+    ) -> Result<(), FsError> {
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((end - 1) / bs) as u32;
+        let step = (WRITE_STEP / self.bs) as u32;
+        let mut at = first;
+        loop {
+            let upto = at.saturating_add(step - 1).min(last);
+            self.make_transaction_room()?;
+            let fresh = self.map_holes(ino, at, upto)?;
+            if !fresh.is_empty() {
+                // The new blocks read as zeroes: write zeroes to them now (ordered data, before
+                // the commit that makes them part of the file).
+                let map = self.node(ino)?.map.clone();
+                let mut blocks: Vec<u32> = fresh.into_iter().collect();
+                blocks.sort_unstable();
+                let mut runs: Vec<(u64, usize)> = Vec::new();
+                for b in blocks {
+                    self.cache.remove(ino, b);
+                    let (p, _) = map.lookup(b).ok_or_else(|| {
+                        corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
+                    })?;
+                    match runs.last_mut() {
+                        Some((start, n))
+                            if *start + *n as u64 == p
+                                && (*n + 1) * self.bs <= self.opts.max_command_bytes =>
+                        {
+                            *n += 1
+                        }
+                        _ => runs.push((p, 1)),
+                    }
+                }
+                let targets: Vec<u64> = runs.iter().flat_map(|&(p, n)| p..p + n as u64).collect();
+                self.before_direct_writes(&targets)?;
+                let ops = runs
+                    .into_iter()
+                    .map(|(p, n)| {
+                        let mut buf = io_buffer(n * self.bs);
+                        buf.fill(0);
+                        BatchOp {
+                            write: true,
+                            block: p,
+                            buf,
+                        }
+                    })
+                    .collect();
+                self.io.batch(ops)?;
+            }
+            if upto == last {
+                break;
+            }
+            at = upto + 1;
+        }
+        let node = self.node(ino)?;
+        if !keep_size && end > node.inode.size {
+            node.inode.size = end;
+            node.inode.mtime_ns = crate::mkfs::now_ns();
+        }
+        node.inode.ctime_ns = crate::mkfs::now_ns();
+        self.mark_layout_changed(ino);
+        self.touch(ino);
+        Ok(())
+    }
+
+    fn punch_hole(&mut self, ino: u64, offset: u64, end: u64) -> Result<(), FsError> {
+        let bs = self.bs as u64;
+        let size = self.node(ino)?.inode.size;
+        let end = end.min(size);
+        if offset >= end {
+            return Ok(());
+        }
+        self.make_transaction_room()?;
+        // Partial blocks at the edges are zeroed in place (only where they hold data).
+        let whole_from = offset.div_ceil(bs);
+        let whole_to = end / bs;
+        let mut edges = Vec::new();
+        if !offset.is_multiple_of(bs) {
+            edges.push((offset, end.min((offset / bs + 1) * bs)));
+        }
+        if !end.is_multiple_of(bs) && (offset.is_multiple_of(bs) || end / bs != offset / bs) {
+            edges.push(((end / bs) * bs, end));
+        }
+        for (lo, hi) in edges {
+            let b = (lo / bs) as u32;
+            if self.node(ino)?.map.lookup(b).is_some() {
+                let zeroes = vec![0u8; (hi - lo) as usize];
+                self.write_step(ino, lo, &zeroes, false)?;
+            }
+        }
+        if whole_to > whole_from {
+            let node = self.node(ino)?;
+            let freed = node.map.punch(whole_from as u32, whole_to as u32);
+            if !freed.is_empty() {
+                node.map_dirty = true;
+            }
+            for e in freed {
+                for b in e.logical..e.logical + e.length {
+                    self.cache.remove(ino, b);
+                }
+                self.alloc.free_blocks(e.physical, u64::from(e.length));
+            }
+        }
+        let now = crate::mkfs::now_ns();
+        let node = self.node(ino)?;
+        node.inode.mtime_ns = now;
+        node.inode.ctime_ns = now;
+        self.mark_layout_changed(ino);
         self.touch(ino);
         self.next_sequential.remove(&ino);
         Ok(())

@@ -23,6 +23,10 @@ pub(super) struct Node {
     /// What each chain block holds on the device (or in the journal) now.
     pub(super) chain_images: Vec<Vec<u8>>,
     pub(super) map_dirty: bool,
+    /// Extended attributes, once loaded (`xattrs.rs`).
+    pub(super) xattrs: Option<Vec<crate::xattr::Xattr>>,
+    /// The attributes changed in the running transaction.
+    pub(super) xattrs_dirty: bool,
 }
 
 impl Mounted {
@@ -75,7 +79,27 @@ impl Mounted {
                 chain: Vec::new(),
                 chain_images: Vec::new(),
                 map_dirty: false,
+                xattrs: None,
+                xattrs_dirty: false,
             });
+        }
+        if !self.posix
+            && (inode.kind.needs_posix()
+                || inode.xattr_block != 0
+                || (inode.kind != Kind::Directory && inode.links > 1))
+        {
+            return Err(corrupt(format!(
+                "inode {ino} uses the posix feature (kind {:?}, {} links, attribute block {}) on an image without it",
+                inode.kind, inode.links, inode.xattr_block
+            )));
+        }
+        if inode.xattr_block != 0
+            && (inode.xattr_block < l.data_start || inode.xattr_block >= l.backup_superblock())
+        {
+            return Err(corrupt(format!(
+                "inode {ino}: extended-attribute block {} is outside the data region",
+                inode.xattr_block
+            )));
         }
         // Size and extent count are checked before either is trusted to size a read.
         if let Some(why) = l.inode_problem(ino, &inode) {
@@ -118,6 +142,20 @@ impl Mounted {
                 "inode {ino}: extent block {b} is also one of its data blocks"
             )));
         }
+        if inode.xattr_block != 0
+            && (chain.contains(&inode.xattr_block)
+                || map.first_mapped_of(&[inode.xattr_block]).is_some())
+        {
+            return Err(corrupt(format!(
+                "inode {ino}: extended-attribute block {} is also one of its other blocks",
+                inode.xattr_block
+            )));
+        }
+        if inode.kind == Kind::Symlink && !inode.is_fast_symlink() && map.lookup(0).is_none() {
+            return Err(corrupt(format!(
+                "inode {ino}: symbolic link without its target block"
+            )));
+        }
         // Blocks an inode holds are marked in the block bitmap by the same transaction that
         // gave them to it. One marked free could be handed to another file by the allocator,
         // cross-linking the two: refuse the inode instead (fsck names it; repair rebuilds the
@@ -128,7 +166,8 @@ impl Mounted {
             .extents()
             .iter()
             .map(|e| (e.physical, u64::from(e.length)))
-            .chain(chain.iter().map(|&b| (b, 1)));
+            .chain(chain.iter().map(|&b| (b, 1)))
+            .chain((inode.xattr_block != 0).then_some((inode.xattr_block, 1)));
         for (start, len) in runs {
             if !self.alloc.all_taken(start, len) {
                 return Err(corrupt(format!(
@@ -143,6 +182,8 @@ impl Mounted {
             chain,
             chain_images,
             map_dirty: false,
+            xattrs: None,
+            xattrs_dirty: false,
         })
     }
 
@@ -174,6 +215,8 @@ impl Mounted {
                 chain: Vec::new(),
                 chain_images: Vec::new(),
                 map_dirty: true,
+                xattrs: Some(Vec::new()),
+                xattrs_dirty: false,
             },
         );
         self.touch(ino);
@@ -187,9 +230,15 @@ impl Mounted {
         let chain = std::mem::take(&mut node.chain);
         node.chain_images.clear();
         let generation = node.inode.generation;
+        let xattr_block = node.inode.xattr_block;
         node.inode = Inode::free();
         node.inode.generation = generation;
         node.map_dirty = false;
+        node.xattrs = None;
+        node.xattrs_dirty = false;
+        if xattr_block != 0 {
+            self.alloc.free_blocks(xattr_block, 1);
+        }
         for (start, len) in freed {
             self.alloc.free_blocks(start, u64::from(len));
         }
@@ -245,7 +294,14 @@ impl Mounted {
             mode: n.inode.mode,
             mtime_ns: n.inode.mtime_ns,
             ctime_ns: n.inode.ctime_ns,
+            atime_ns: if n.inode.atime_ns == 0 {
+                n.inode.mtime_ns
+            } else {
+                n.inode.atime_ns
+            },
             generation: n.inode.generation,
+            owner: n.inode.owner(),
+            rdev: n.inode.rdev,
             parent: if ino == ROOT_INODE {
                 ROOT_INODE
             } else {
@@ -278,6 +334,62 @@ impl Mounted {
         Ok(())
     }
 
+    /// Records the owner (`chown`); a field not given keeps its recorded value (0 when none was).
+    pub(crate) fn set_owner(
+        &mut self,
+        ino: u64,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    ) -> Result<(), FsError> {
+        self.writable()?;
+        self.make_transaction_room()?;
+        let n = self.live_node(ino)?;
+        if uid.is_none() && gid.is_none() {
+            return Ok(());
+        }
+        n.inode.flags |= crate::inode::FLAG_OWNER;
+        if let Some(u) = uid {
+            n.inode.uid = u;
+        }
+        if let Some(g) = gid {
+            n.inode.gid = g;
+        }
+        n.inode.ctime_ns = crate::mkfs::now_ns();
+        self.touch(ino);
+        Ok(())
+    }
+
+    /// Sets access and/or modification time (`utimens`); ctime becomes now.
+    pub(crate) fn set_times(
+        &mut self,
+        ino: u64,
+        atime_ns: Option<u64>,
+        mtime_ns: Option<u64>,
+    ) -> Result<(), FsError> {
+        self.writable()?;
+        self.make_transaction_room()?;
+        let n = self.live_node(ino)?;
+        if let Some(t) = atime_ns {
+            // 0 means "never recorded" on disk; the first nanosecond is close enough.
+            n.inode.atime_ns = t.max(1);
+        }
+        if let Some(t) = mtime_ns {
+            n.inode.mtime_ns = t;
+        }
+        n.inode.ctime_ns = crate::mkfs::now_ns();
+        self.touch(ino);
+        Ok(())
+    }
+
+    /// Inode `ino`, which must be in use.
+    pub(super) fn live_node(&mut self, ino: u64) -> Result<&mut Node, FsError> {
+        let n = self.node(ino)?;
+        if n.inode.kind == Kind::Free {
+            return Err(FsError::NotFound(format!("inode {ino}")));
+        }
+        Ok(n)
+    }
+
     // ---- the inodes' part of the running transaction ----------------------------------------
 
     /// Inode-table and extent blocks the running transaction would write now (an upper
@@ -290,7 +402,13 @@ impl Mounted {
             .filter(|n| n.map_dirty)
             .map(|n| n.chain.len() + 1)
             .sum();
-        self.dirty_itable.len() + self.dirty_nodes.len() + chains
+        let xattrs = self
+            .dirty_nodes
+            .iter()
+            .filter_map(|i| self.nodes.get(i))
+            .filter(|n| n.xattrs_dirty)
+            .count();
+        self.dirty_itable.len() + self.dirty_nodes.len() + chains + xattrs
     }
 
     /// The block images of every inode changed in the running transaction: the extent chains
@@ -302,6 +420,7 @@ impl Mounted {
             if self.node(ino)?.map_dirty {
                 images.extend(self.layout_chain(ino)?);
             }
+            images.extend(self.xattr_image(ino)?);
         }
         for ino in dirty {
             let (block, at) = self.itable_slot(ino);

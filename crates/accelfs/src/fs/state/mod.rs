@@ -8,7 +8,8 @@
 //! - [`names`]: directories and every operation on names (resolve, create, remove, rename, list);
 //! - [`data`]: the data path (reads, writes, truncation, streaming, the buffer cache, read-ahead,
 //!   the bypass and the device writes of dirty data);
-//! - [`journal`]: the running transaction and its commit, and metadata blocks as committed.
+//! - [`journal`]: the running transaction and its commit, and metadata blocks as committed;
+//! - [`xattrs`]: extended attributes (each inode's attribute block, loaded on first use).
 //!
 //! This file holds what belongs to the mount as a whole: mounting, whether it may still write,
 //! statistics, unmounting and the commit when the last handle is dropped. The groups of fields
@@ -18,6 +19,7 @@ mod data;
 mod inodes;
 mod journal;
 mod names;
+mod xattrs;
 
 use super::alloc::Allocator;
 use super::cache::Cache;
@@ -44,6 +46,9 @@ pub(crate) struct Mounted {
     /// nothing to do (rather than failing as after an I/O error).
     mounted_read_only: bool,
     closed: bool,
+    /// The image has the `posix` feature (symbolic links, special files, hard links, extended
+    /// attributes); without it those are refused.
+    posix: bool,
     recovery: Recovery,
     /// Free blocks and inodes (both bitmaps), shared by every concern that allocates.
     alloc: Allocator,
@@ -91,6 +96,7 @@ impl Mounted {
             read_only: None,
             mounted_read_only: false,
             closed: false,
+            posix: sb.features & crate::layout::FEATURE_POSIX != 0,
             recovery,
             alloc,
             nodes: HashMap::new(),
@@ -136,6 +142,16 @@ impl Mounted {
             return Err(FsError::ReadOnly("the file system was unmounted".into()));
         }
         Ok(())
+    }
+
+    /// Refuses what needs the `posix` feature on an image made before it.
+    pub(crate) fn need_posix(&self, what: &str) -> Result<(), FsError> {
+        if self.posix {
+            return Ok(());
+        }
+        Err(FsError::Unsupported(format!(
+            "{what}: this image predates the posix feature (symbolic links, special files, hard links, extended attributes)"
+        )))
     }
 
     /// Space, inodes and cache counters.

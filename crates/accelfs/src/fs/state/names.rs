@@ -1,6 +1,7 @@
 //! Names: directories (their blocks and a name index, loaded on first use, [`Dir`]), path
-//! resolution, create, mkdir, unlink, rmdir, rename and listing. Every operation checks
-//! everything first and changes nothing when it fails.
+//! resolution, create (files, directories, symbolic links, FIFOs, sockets, device nodes),
+//! hard links, unlink, rmdir, rename (with `RENAME_NOREPLACE` and `RENAME_EXCHANGE`), listing
+//! and `readlink`. Every operation checks everything first and changes nothing when it fails.
 //!
 //! Owns the `dirs` field of [`Mounted`]; directory blocks changed in the running transaction
 //! are marked here and encoded by the journal concern at commit.
@@ -9,8 +10,8 @@ use super::{corrupt, Mounted};
 use crate::dir::{self, validate_name, DirEntry};
 use crate::error::FsError;
 use crate::fs::path::components;
-use crate::fs::{file_type, DirEntryInfo};
-use crate::inode::Kind;
+use crate::fs::{file_type, kind_of, DirEntryInfo, NodeSpec, RenameMode};
+use crate::inode::{Kind, INLINE_TARGET, MAX_TARGET};
 use crate::layout::ROOT_INODE;
 use std::collections::{BTreeSet, HashMap};
 
@@ -244,22 +245,71 @@ impl Mounted {
         kind: Kind,
         mode: u16,
     ) -> Result<u64, FsError> {
+        self.create_node(parent, name, &NodeSpec::new(file_type(kind), mode))
+    }
+
+    /// Creates `name` in `parent` as `spec` describes; returns its inode.
+    pub(crate) fn create_node(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        spec: &NodeSpec,
+    ) -> Result<u64, FsError> {
         self.writable()?;
+        let kind = kind_of(spec.file_type);
         let shown = String::from_utf8_lossy(name).into_owned();
+        if kind.needs_posix() {
+            self.need_posix(&shown)?;
+        }
         validate_name(name).map_err(|source| FsError::BadName {
             path: shown.clone(),
             source,
         })?;
+        let target = &spec.target;
+        if kind == Kind::Symlink
+            && (target.is_empty() || target.len() > MAX_TARGET || target.contains(&0))
+        {
+            return Err(FsError::Invalid(format!(
+                "{shown}: a symbolic link's target must be 1 to {MAX_TARGET} bytes without NUL"
+            )));
+        }
         if self.lookup(parent, name)?.is_some() {
             return Err(FsError::Exists(shown));
         }
         self.make_transaction_room()?;
-        // A directory needs an inode and a block; a file an inode; the parent maybe a block.
-        let blocks_needed = if kind == Kind::Directory { 2 } else { 1 };
+        // A directory or slow symlink needs an inode and a block; others an inode; the parent
+        // maybe a block.
+        let slow_link = kind == Kind::Symlink && target.len() > INLINE_TARGET;
+        let blocks_needed = if kind == Kind::Directory || slow_link {
+            2
+        } else {
+            1
+        };
         if self.alloc.free_block_count() < blocks_needed + 1 {
             return Err(FsError::NoSpace(format!("cannot create {shown}")));
         }
-        let ino = self.new_node(kind, mode, parent)?;
+        let ino = self.new_node(kind, spec.mode, parent)?;
+        {
+            let node = self.node(ino)?;
+            if let Some((uid, gid)) = spec.owner {
+                node.inode.flags |= crate::inode::FLAG_OWNER;
+                node.inode.uid = uid;
+                node.inode.gid = gid;
+            }
+            if matches!(kind, Kind::CharDevice | Kind::BlockDevice) {
+                node.inode.rdev = spec.rdev;
+            }
+            if kind == Kind::Symlink && !slow_link {
+                node.inode.target[..target.len()].copy_from_slice(target);
+                node.inode.size = target.len() as u64;
+            }
+        }
+        if slow_link {
+            if let Err(e) = self.write_data(ino, 0, target) {
+                self.free_node(ino)?;
+                return Err(e);
+            }
+        }
         if kind == Kind::Directory {
             let (p, _) = self
                 .alloc
@@ -282,6 +332,86 @@ impl Mounted {
         Ok(ino)
     }
 
+    /// Adds the name `new_name` in `new_parent` for inode `ino` (a hard link).
+    pub(crate) fn link_entry(
+        &mut self,
+        ino: u64,
+        new_parent: u64,
+        new_name: &[u8],
+    ) -> Result<(), FsError> {
+        self.writable()?;
+        let shown = String::from_utf8_lossy(new_name).into_owned();
+        validate_name(new_name).map_err(|source| FsError::BadName {
+            path: shown.clone(),
+            source,
+        })?;
+        let kind = self.live_node(ino)?.inode.kind;
+        if kind == Kind::Directory {
+            return Err(FsError::NotPermitted(format!(
+                "inode {ino} is a directory, which cannot be hard linked"
+            )));
+        }
+        self.need_posix("link")?;
+        if self.node(new_parent)?.inode.kind != Kind::Directory {
+            return Err(FsError::NotADirectory(shown));
+        }
+        if self.lookup(new_parent, new_name)?.is_some() {
+            return Err(FsError::Exists(shown));
+        }
+        if self.live_node(ino)?.inode.links == u32::MAX {
+            return Err(FsError::TooManyLinks(format!("inode {ino}")));
+        }
+        self.make_transaction_room()?;
+        if self.alloc.free_block_count() < 1 {
+            return Err(FsError::NoSpace(format!("cannot link {shown}")));
+        }
+        self.dir_add(
+            new_parent,
+            DirEntry {
+                ino,
+                kind,
+                name: new_name.to_vec(),
+            },
+        )?;
+        let node = self.node(ino)?;
+        node.inode.links += 1;
+        node.inode.ctime_ns = crate::mkfs::now_ns();
+        self.touch(ino);
+        Ok(())
+    }
+
+    /// Drops one link of inode `ino` whose name was just removed: frees it at the last.
+    fn drop_link(&mut self, ino: u64) -> Result<(), FsError> {
+        let node = self.node(ino)?;
+        if node.inode.kind == Kind::Directory || node.inode.links <= 1 {
+            return self.free_node(ino);
+        }
+        node.inode.links -= 1;
+        node.inode.ctime_ns = crate::mkfs::now_ns();
+        self.touch(ino);
+        Ok(())
+    }
+
+    /// The target of symbolic link `ino`.
+    pub(crate) fn read_link(&mut self, ino: u64) -> Result<Vec<u8>, FsError> {
+        let inode = self.live_node(ino)?.inode.clone();
+        if inode.kind != Kind::Symlink {
+            return Err(FsError::NotASymlink(format!("inode {ino}")));
+        }
+        let len = inode.size as usize;
+        if inode.is_fast_symlink() {
+            return Ok(inode.target[..len].to_vec());
+        }
+        let mut out = vec![0u8; len];
+        let n = self.read_data(ino, 0, &mut out)?;
+        if n != len || out.contains(&0) {
+            return Err(corrupt(format!(
+                "inode {ino}: symbolic link target is damaged"
+            )));
+        }
+        Ok(out)
+    }
+
     /// Removes the entry `name` of `parent`; a directory must be empty.
     pub(crate) fn remove_entry(
         &mut self,
@@ -294,9 +424,9 @@ impl Mounted {
         let e = self
             .lookup(parent, name)?
             .ok_or_else(|| FsError::NotFound(shown.clone()))?;
-        match (e.kind, want_dir) {
-            (Kind::Directory, false) => return Err(FsError::IsADirectory(shown)),
-            (Kind::File, true) => return Err(FsError::NotADirectory(shown)),
+        match (e.kind == Kind::Directory, want_dir) {
+            (true, false) => return Err(FsError::IsADirectory(shown)),
+            (false, true) => return Err(FsError::NotADirectory(shown)),
             _ => {}
         }
         if e.kind == Kind::Directory && !self.dir(e.ino)?.is_empty() {
@@ -304,17 +434,18 @@ impl Mounted {
         }
         self.make_transaction_room()?;
         self.dir_remove(parent, name)?;
-        self.free_node(e.ino)
+        self.drop_link(e.ino)
     }
 
     /// Moves `parent/name` to `new_parent/new_name`, replacing a file or an empty directory
-    /// there (as POSIX rename does).
+    /// there (as POSIX rename does), or as `mode` says.
     pub(crate) fn rename_entry(
         &mut self,
         parent: u64,
         name: &[u8],
         new_parent: u64,
         new_name: &[u8],
+        mode: RenameMode,
     ) -> Result<(), FsError> {
         self.writable()?;
         let shown = String::from_utf8_lossy(name).into_owned();
@@ -330,43 +461,25 @@ impl Mounted {
             return Err(FsError::NotADirectory(shown_new));
         }
         if src.kind == Kind::Directory {
-            // A directory may not move into its own subtree. The walk up from the new parent
-            // follows on-disk parent fields, which a corrupt image can point in a cycle: each
-            // directory is visited at most once, so the walk ends after at most as many steps
-            // as there are directories on the path (and a cycle is reported, not followed).
-            let mut at = new_parent;
-            let mut seen = std::collections::HashSet::new();
-            loop {
-                if at == src.ino {
-                    return Err(FsError::Invalid(format!(
-                        "cannot move directory {shown} inside itself"
-                    )));
-                }
-                if at == ROOT_INODE {
-                    break;
-                }
-                if !seen.insert(at) {
-                    return Err(corrupt(format!(
-                        "directory inode {new_parent}: its chain of parent directories loops at inode {at} and never reaches the root"
-                    )));
-                }
-                let n = self.node(at)?;
-                if n.inode.kind != Kind::Directory {
-                    return Err(corrupt(format!(
-                        "directory inode {new_parent}: its chain of parents reaches inode {at}, which is not a directory"
-                    )));
-                }
-                at = n.inode.parent;
-            }
+            self.check_not_inside(src.ino, new_parent, &shown)?;
         }
         let target = self.lookup(new_parent, new_name)?;
+        match (mode, &target) {
+            (RenameMode::NoReplace, Some(_)) => return Err(FsError::Exists(shown_new)),
+            (RenameMode::Exchange, None) => return Err(FsError::NotFound(shown_new)),
+            (RenameMode::Exchange, Some(t)) => {
+                let t = t.clone();
+                return self.exchange(parent, name, &src, new_parent, new_name, &t);
+            }
+            _ => {}
+        }
         if let Some(t) = &target {
             if t.ino == src.ino {
                 return Ok(());
             }
-            match (src.kind, t.kind) {
-                (Kind::Directory, Kind::File) => return Err(FsError::NotADirectory(shown_new)),
-                (Kind::File, Kind::Directory) => return Err(FsError::IsADirectory(shown_new)),
+            match (src.kind == Kind::Directory, t.kind == Kind::Directory) {
+                (true, false) => return Err(FsError::NotADirectory(shown_new)),
+                (false, true) => return Err(FsError::IsADirectory(shown_new)),
                 _ => {}
             }
             if t.kind == Kind::Directory && !self.dir(t.ino)?.is_empty() {
@@ -376,7 +489,7 @@ impl Mounted {
         self.make_transaction_room()?;
         if let Some(t) = target {
             self.dir_remove(new_parent, new_name)?;
-            self.free_node(t.ino)?;
+            self.drop_link(t.ino)?;
         }
         self.dir_remove(parent, name)?;
         self.dir_add(
@@ -388,10 +501,95 @@ impl Mounted {
             },
         )?;
         let node = self.node(src.ino)?;
-        node.inode.parent = new_parent;
+        if src.kind == Kind::Directory {
+            node.inode.parent = new_parent;
+        }
         node.inode.ctime_ns = crate::mkfs::now_ns();
         self.touch(src.ino);
         Ok(())
+    }
+
+    /// Fails when directory `dir` is `at` or one of its ancestors (moving `dir` under `at`
+    /// would detach a cycle). The walk up follows on-disk parent fields, which a corrupt image
+    /// can point in a cycle: each directory is visited at most once, so the walk ends after at
+    /// most as many steps as there are directories on the path (and a cycle is reported, not
+    /// followed).
+    fn check_not_inside(&mut self, dir: u64, at: u64, shown: &str) -> Result<(), FsError> {
+        let start = at;
+        let mut at = at;
+        let mut seen = std::collections::HashSet::new();
+        loop {
+            if at == dir {
+                return Err(FsError::Invalid(format!(
+                    "cannot move directory {shown} inside itself"
+                )));
+            }
+            if at == ROOT_INODE {
+                return Ok(());
+            }
+            if !seen.insert(at) {
+                return Err(corrupt(format!(
+                    "directory inode {start}: its chain of parent directories loops at inode {at} and never reaches the root"
+                )));
+            }
+            let n = self.node(at)?;
+            if n.inode.kind != Kind::Directory {
+                return Err(corrupt(format!(
+                    "directory inode {start}: its chain of parents reaches inode {at}, which is not a directory"
+                )));
+            }
+            at = n.inode.parent;
+        }
+    }
+
+    /// `RENAME_EXCHANGE`: `parent/name` (`src`) and `new_parent/new_name` (`dst`) swap inodes.
+    fn exchange(
+        &mut self,
+        parent: u64,
+        name: &[u8],
+        src: &DirEntry,
+        new_parent: u64,
+        new_name: &[u8],
+        dst: &DirEntry,
+    ) -> Result<(), FsError> {
+        if src.ino == dst.ino {
+            return Ok(());
+        }
+        if dst.kind == Kind::Directory {
+            let shown = String::from_utf8_lossy(new_name).into_owned();
+            self.check_not_inside(dst.ino, parent, &shown)?;
+        }
+        self.make_transaction_room()?;
+        self.dir_set(parent, name, dst)?;
+        self.dir_set(new_parent, new_name, src)?;
+        let now = crate::mkfs::now_ns();
+        for (e, holder) in [(src, new_parent), (dst, parent)] {
+            let node = self.node(e.ino)?;
+            if e.kind == Kind::Directory {
+                node.inode.parent = holder;
+            }
+            node.inode.ctime_ns = now;
+            self.touch(e.ino);
+        }
+        Ok(())
+    }
+
+    /// Points the existing entry `name` of `dir_ino` at `to`'s inode and kind.
+    fn dir_set(&mut self, dir_ino: u64, name: &[u8], to: &DirEntry) -> Result<(), FsError> {
+        let d = self.dir(dir_ino)?;
+        let i = *d
+            .index
+            .get(name)
+            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let e = d.blocks[i]
+            .entries
+            .iter_mut()
+            .find(|e| e.name == name)
+            .ok_or_else(|| corrupt(format!("directory {dir_ino} index out of date")))?;
+        e.ino = to.ino;
+        e.kind = to.kind;
+        d.dirty.insert(i);
+        self.touch_mtime(dir_ino)
     }
 
     /// Entries of directory `ino`, sorted by name.
