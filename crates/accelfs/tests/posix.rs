@@ -455,8 +455,7 @@ fn fsck_finds_a_damaged_attribute_block_and_repair_drops_it() {
         let magic = u32::from_le_bytes(*b"AKXA").to_le_bytes();
         let at = (0..image.len() / 8192)
             .map(|b| b * 8192)
-            .filter(|&at| image[at..at + 4] == magic)
-            .last()
+            .rfind(|&at| image[at..at + 4] == magic)
             .expect("an attribute block");
         image[at + 30] ^= 0xFF;
     }
