@@ -1,5 +1,7 @@
 //! fio, the peer of `kura bench io`: run on the same file with the same pattern, size and depth
-//! (io_uring engine, O_DIRECT), and its JSON report parsed.
+//! (io_uring engine, O_DIRECT), in two configurations — plain, and with registered files and
+//! fixed buffers (`--registerfiles --fixedbufs`, as kura's `uring` backend uses them) — and its
+//! JSON report parsed. Each run keeps its exact command line.
 
 use serde::Serialize;
 use std::path::Path;
@@ -16,6 +18,10 @@ pub struct FioResult {
     /// Mean total latency (submission to completion) in µs.
     pub mean_lat_us: f64,
     pub mib_per_s: f64,
+    /// Run with `--registerfiles --fixedbufs`.
+    pub registered: bool,
+    /// The command line, as run.
+    pub command: String,
 }
 
 /// The fio binary on PATH, if any.
@@ -26,40 +32,65 @@ pub fn find() -> Option<std::path::PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// Runs fio once; `rw` is fio's name (`randread`, `randwrite`, `read`, `write`). Like kura's
-/// points, it stops after `runtime` or after `io_bytes` of I/O, whichever comes first, so both
-/// sides do the same work.
-pub fn run(
-    fio: &Path,
-    file: &Path,
-    rw: &str,
-    bytes: usize,
-    depth: usize,
-    runtime: Duration,
-    io_bytes: u64,
-) -> anyhow::Result<FioResult> {
-    let out = Command::new(fio)
-        .arg("--name=kura-peer")
-        .arg(format!("--filename={}", file.display()))
-        .args([
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--output-format=json",
-            "--randrepeat=0",
-        ])
-        .arg(format!("--io_size={io_bytes}"))
-        .arg(format!("--rw={rw}"))
-        .arg(format!("--bs={bytes}"))
-        .arg(format!("--iodepth={depth}"))
-        .arg(format!("--runtime={}ms", runtime.as_millis().max(100)))
-        .output()?;
+/// One fio job's shape: `rw` is fio's name (`randread`, `randwrite`, `read`, `write`). Like
+/// kura's points, it stops after `runtime` or after `io_bytes` of I/O, whichever comes first,
+/// so both sides do the same work.
+#[derive(Debug, Clone, Copy)]
+pub struct FioJob<'a> {
+    pub file: &'a Path,
+    pub rw: &'a str,
+    pub bytes: usize,
+    pub depth: usize,
+    pub runtime: Duration,
+    pub io_bytes: u64,
+    /// `--registerfiles --fixedbufs`: the file and buffers registered with the ring once.
+    pub registered: bool,
+}
+
+/// fio's arguments for `job` (after the program name).
+pub fn args(job: &FioJob) -> Vec<String> {
+    let mut a = vec![
+        "--name=kura-peer".to_string(),
+        format!("--filename={}", job.file.display()),
+        "--ioengine=io_uring".into(),
+        "--direct=1".into(),
+        "--output-format=json".into(),
+        "--randrepeat=0".into(),
+    ];
+    if job.registered {
+        a.push("--registerfiles".into());
+        a.push("--fixedbufs".into());
+    }
+    a.push(format!("--io_size={}", job.io_bytes));
+    a.push(format!("--rw={}", job.rw));
+    a.push(format!("--bs={}", job.bytes));
+    a.push(format!("--iodepth={}", job.depth));
+    a.push(format!("--runtime={}ms", job.runtime.as_millis().max(100)));
+    a
+}
+
+/// Runs fio once.
+pub fn run(fio: &Path, job: &FioJob) -> anyhow::Result<FioResult> {
+    let argv = args(job);
+    let out = Command::new(fio).args(&argv).output()?;
     if !out.status.success() {
         anyhow::bail!(
             "fio failed: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         );
     }
-    parse(&String::from_utf8_lossy(&out.stdout), rw, bytes, depth)
+    let mut r = parse(
+        &String::from_utf8_lossy(&out.stdout),
+        job.rw,
+        job.bytes,
+        job.depth,
+    )?;
+    r.registered = job.registered;
+    r.command = std::iter::once(fio.display().to_string())
+        .chain(argv)
+        .collect::<Vec<_>>()
+        .join(" ");
+    Ok(r)
 }
 
 /// Parses fio's JSON output (fio 3.x) for the first job.
@@ -87,6 +118,8 @@ pub fn parse(json: &str, rw: &str, bytes: usize, depth: usize) -> anyhow::Result
         iops: num(&side["iops"], "iops")?,
         mean_lat_us: num(&side["lat_ns"]["mean"], "lat_ns.mean")? / 1000.0,
         mib_per_s: num(&side["bw_bytes"], "bw_bytes")? / 1048576.0,
+        registered: false,
+        command: String::new(),
     })
 }
 
@@ -121,5 +154,48 @@ mod tests {
     fn malformed_output_is_an_error() {
         assert!(parse("fio: engine not found", "read", 4096, 1).is_err());
         assert!(parse("{\"jobs\": []}", "read", 4096, 1).is_err());
+    }
+
+    #[test]
+    fn the_registered_variant_adds_exactly_registerfiles_and_fixedbufs() {
+        let job = FioJob {
+            file: Path::new("/t/img"),
+            rw: "randread",
+            bytes: 4096,
+            depth: 32,
+            runtime: Duration::from_millis(250),
+            io_bytes: 1 << 20,
+            registered: false,
+        };
+        let plain = args(&job);
+        assert_eq!(
+            plain,
+            [
+                "--name=kura-peer",
+                "--filename=/t/img",
+                "--ioengine=io_uring",
+                "--direct=1",
+                "--output-format=json",
+                "--randrepeat=0",
+                "--io_size=1048576",
+                "--rw=randread",
+                "--bs=4096",
+                "--iodepth=32",
+                "--runtime=250ms",
+            ]
+        );
+        let registered = args(&FioJob {
+            registered: true,
+            ..job
+        });
+        let extra: Vec<&String> = registered.iter().filter(|a| !plain.contains(a)).collect();
+        assert_eq!(extra, ["--registerfiles", "--fixedbufs"]);
+        assert_eq!(registered.len(), plain.len() + 2);
+        // Runtimes under 100 ms are raised to fio's useful minimum.
+        let short = args(&FioJob {
+            runtime: Duration::from_millis(5),
+            ..job
+        });
+        assert!(short.contains(&"--runtime=100ms".to_string()));
     }
 }

@@ -6,7 +6,11 @@
 //! 2. 4 KiB random read and write IOPS by queue depth;
 //! 3. 1 MiB sequential read and write bandwidth;
 //! 4. the null device's commands per second through the full interface;
-//! 5. fio on the same file with the same patterns, and kura/fio ratios.
+//! 5. head to head: kura's `uring` and fio (plain, and with `--registerfiles --fixedbufs` as
+//!    kura registers its file and buffers) on the same file with the same patterns, taken in
+//!    turn in each of `--rounds` rounds, and kura against the better fio configuration; QD1
+//!    4 KiB reads on `uring` against `redirect` the same way. Ratios are median [min–max] of the
+//!    rounds' pairs, judged by [`crate::stats`].
 //!
 //! The page cache is dropped for the image before every point, so the kernel-mediated backends
 //! (`sync`, `redirect`) read from the disk like the direct path does.
@@ -90,6 +94,10 @@ pub struct IoArgs {
     /// Seconds per measured point (default 1, or 0.25 with --quick).
     #[arg(long)]
     pub seconds: Option<f64>,
+    /// Rounds of each head-to-head figure, kura and fio interleaved (default 5, or 2 with
+    /// --quick); median and min-max are reported.
+    #[arg(long)]
+    pub rounds: Option<usize>,
     #[command(flatten)]
     pub run: RunArgs,
     /// Do not run fio even when it is installed.
@@ -104,6 +112,8 @@ struct Plan {
     latency_sizes: Vec<usize>,
     depths: Vec<usize>,
     point: Duration,
+    /// Rounds of each head-to-head figure.
+    rounds: usize,
 }
 
 /// Runs `kura bench io`, opening `--device` specs with `open`.
@@ -156,6 +166,7 @@ pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
             vec![1, 2, 4, 8, 16, 32, 64, 128]
         },
         point: Duration::from_secs_f64(seconds),
+        rounds: crate::stats::rounds(args.rounds, args.run.quick, 2),
     };
     let report = if args.devices.is_empty() {
         std::fs::create_dir_all(&args.dir)
@@ -169,7 +180,7 @@ pub fn run(args: &IoArgs, open: Opener) -> anyhow::Result<()> {
         report?
     } else {
         let targets = target::device_targets(&args.devices, args.rebind)?;
-        let mut report = new_report(args, "devices".into(), size, &plan);
+        let mut report = new_report(args, "devices".into(), "devices".into(), size, &plan);
         let progress = bar(targets.iter().map(|t| points(t, &plan) + 1).sum());
         measure_targets(&mut report, &targets, &plan, size, true, open, &progress)?;
         progress.finish_and_clear();
@@ -204,6 +215,7 @@ mod tests {
             rebind: false,
             label: None,
             seconds: Some(0.02),
+            rounds: None,
             run: RunArgs {
                 quick: true,
                 output: crate::output::OutputArgs {

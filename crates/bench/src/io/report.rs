@@ -2,6 +2,7 @@
 //! machine it ran on, and the tables printed to the terminal.
 
 use super::{fio, IoArgs, Plan};
+use crate::stats::{Spread, Verdict};
 use serde::Serialize;
 
 /// One latency point.
@@ -30,15 +31,47 @@ pub struct ThroughputPoint {
     pub modeled: bool,
 }
 
-/// kura against fio, or against another backend, for one figure.
+/// kura against fio, or against another backend, for one figure, over interleaved rounds.
 #[derive(Debug, Clone, Serialize)]
 pub struct Ratio {
     pub what: String,
-    pub kura: f64,
-    pub peer: f64,
-    pub ratio: f64,
+    pub kura: Spread,
+    /// The peer's figure; `None` when kura's figure is judged against the target alone.
+    pub peer: Option<Spread>,
+    /// Who the peer is (`fio --registerfiles --fixedbufs`, `redirect`, a device).
+    pub peer_name: Option<String>,
+    /// Each round's ratio (kura/peer, or the fraction lower for "lower than" lines).
+    pub ratio: Spread,
+    /// The ratio is a fraction printed in percent.
+    pub percent: bool,
     pub target: Option<String>,
-    pub met: Option<bool>,
+    pub verdict: Option<Verdict>,
+    /// A side's numbers come from a modeled link (`link=aurora`).
+    pub modeled: bool,
+}
+
+/// Per-round values of one measured point (kura's or fio's).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Sample {
+    pub iops: f64,
+    pub mean_us: f64,
+    pub mib_per_s: f64,
+}
+
+/// One figure measured head to head: kura's `uring` and fio in both configurations, taken in
+/// turn (kura, fio, fio registered) in each round on the same image.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeadToHead {
+    /// fio's name of the pattern (`randread`, `randwrite`, `read`, `write`).
+    pub rw: String,
+    pub bytes: usize,
+    pub depth: usize,
+    pub kura: Vec<Sample>,
+    pub fio: Vec<Sample>,
+    pub fio_registered: Vec<Sample>,
+    /// fio's command lines, as run (the last round's).
+    pub fio_command: String,
+    pub fio_registered_command: String,
 }
 
 /// Everything one run measured.
@@ -47,6 +80,10 @@ pub struct Report {
     pub date_unix: u64,
     pub kernel: String,
     pub cpu: String,
+    /// The file system the image is on (statfs), or `devices`.
+    pub file_system: String,
+    /// Rounds of each head-to-head figure (kura and its peers interleaved).
+    pub rounds: usize,
     /// `--label`, if given.
     pub label: Option<String>,
     /// The temp image, or `devices` when `--device` named them.
@@ -58,21 +95,35 @@ pub struct Report {
     pub latency: Vec<LatencyPoint>,
     pub throughput: Vec<ThroughputPoint>,
     pub null_cmds_per_sec: Option<f64>,
+    /// The null device's commands per second in each round.
+    pub null_rounds: Vec<f64>,
     pub fio_status: String,
+    /// For each point, the median round of the better fio configuration (what the plot draws).
     pub fio: Vec<fio::FioResult>,
+    /// Every fio run, both configurations, every round.
+    pub fio_runs: Vec<fio::FioResult>,
+    /// kura's `uring` against fio, point by point, round by round.
+    pub head_to_head: Vec<HeadToHead>,
+    /// QD1 4 KiB reads on `uring` and on each redirect backend, round by round.
+    pub latency_rounds: Vec<(String, Vec<f64>)>,
     pub ratios: Vec<Ratio>,
 }
 
-pub(super) fn new_report(args: &IoArgs, image: String, size: u64, plan: &Plan) -> Report {
+pub(super) fn new_report(
+    args: &IoArgs,
+    image: String,
+    file_system: String,
+    size: u64,
+    plan: &Plan,
+) -> Report {
     Report {
         date_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        kernel: std::fs::read_to_string("/proc/sys/kernel/osrelease")
-            .unwrap_or_default()
-            .trim()
-            .to_string(),
-        cpu: cpu_model(),
+        kernel: crate::stats::kernel(),
+        cpu: crate::stats::cpu_model(),
+        file_system,
+        rounds: plan.rounds,
         label: args.label.clone(),
         image,
         image_bytes: size,
@@ -81,34 +132,27 @@ pub(super) fn new_report(args: &IoArgs, image: String, size: u64, plan: &Plan) -
         latency: Vec::new(),
         throughput: Vec::new(),
         null_cmds_per_sec: None,
+        null_rounds: Vec::new(),
         fio_status: String::new(),
         fio: Vec::new(),
+        fio_runs: Vec::new(),
+        head_to_head: Vec::new(),
+        latency_rounds: Vec::new(),
         ratios: Vec::new(),
     }
 }
 
-fn cpu_model() -> String {
-    std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|c| {
-            c.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split(':').nth(1))
-                .map(|s| s.trim().to_string())
-        })
-        .unwrap_or_else(|| "unknown".into())
-}
-
 pub(super) fn print_report(r: &Report) {
     println!(
-        "kura bench io — {} ({}, {:.2} s per point), kernel {}, {}",
+        "kura bench io — {} ({}, {:.2} s per point, {} round(s) head to head), kernel {}, {}",
         r.image,
         if r.image == "devices" {
             format!("up to {} MiB of each", r.image_bytes >> 20)
         } else {
-            format!("{} MiB image", r.image_bytes >> 20)
+            format!("{} MiB image on {}", r.image_bytes >> 20, r.file_system)
         },
         r.seconds_per_point,
+        r.rounds,
         r.kernel,
         r.cpu
     );
@@ -162,37 +206,80 @@ pub(super) fn print_report(r: &Report) {
     }
     if let Some(n) = r.null_cmds_per_sec {
         println!(
-            "\nnull device: {:.2} M commands/s on one core (4 KiB reads, QD 128, full interface)",
-            n / 1e6
+            "\nnull device: {} M commands/s on one core (4 KiB reads, QD 128, full interface; median [min–max] of {} rounds)",
+            crate::stats::Spread::of(&r.null_rounds).scaled(1e-6).show(2),
+            r.null_rounds.len().max(usize::from(n > 0.0))
         );
     }
     println!("\n{}", r.fio_status);
-    for f in &r.fio {
+    if !r.head_to_head.is_empty() {
         println!(
-            "  fio {:<10} {:>7}K QD{:<4} {:>10.0} IOPS {:>9.1} MiB/s {:>9.1} µs mean",
-            f.rw,
-            f.bytes >> 10,
-            f.depth,
-            f.iops,
-            f.mib_per_s,
-            f.mean_lat_us
+            "kura uring and fio side by side, interleaved (kura, fio, fio --registerfiles --fixedbufs) over {} round(s); median [min–max]:",
+            r.rounds
         );
+        println!(
+            "  {:<22} {:<6} {:>26} {:>26} {:>26}",
+            "point", "unit", "kura uring", "fio", "fio registered"
+        );
+        for h in &r.head_to_head {
+            let (get, unit, _) = super::image::metric(h);
+            let col = |v: &[Sample]| {
+                let vals: Vec<f64> = v.iter().map(get).collect();
+                crate::stats::Spread::of(&vals).show(if unit == "IOPS" { 0 } else { 1 })
+            };
+            println!(
+                "  {:<22} {unit:<6} {:>26} {:>26} {:>26}",
+                format!("{}K {} QD{}", h.bytes >> 10, h.rw, h.depth),
+                col(&h.kura),
+                col(&h.fio),
+                col(&h.fio_registered)
+            );
+        }
+        if let Some(h) = r.head_to_head.first() {
+            println!("  fio: {}", h.fio_command);
+            println!("  fio registered: {}", h.fio_registered_command);
+        }
     }
-    println!("\nRatios and targets:");
+    println!("\nRatios and targets (median [min–max] over the rounds' pairs; a target is met only when the whole range is on its side):");
     for x in &r.ratios {
-        let verdict = match (&x.target, x.met) {
-            (Some(t), Some(true)) => format!("target {t}: met"),
-            (Some(t), Some(false)) => format!("target {t}: NOT met"),
-            _ => String::new(),
-        };
-        let value = if x.what.contains("lower than") {
-            format!("{:.1} %", x.ratio * 100.0)
-        } else {
-            format!("{:.2}", x.ratio)
-        };
-        println!(
-            "  {:<72} {:>10.2} vs {:>10.2} → {value:>8}  {verdict}",
-            x.what, x.kura, x.peer
-        );
+        println!("  {}", ratio_line(x));
+    }
+}
+
+/// One ratio as printed: what, kura vs the peer, the ratio and the verdict.
+pub fn ratio_line(x: &Ratio) -> String {
+    let what = if x.modeled && !x.what.contains("modeled") {
+        format!("{} (modeled)", x.what)
+    } else {
+        x.what.clone()
+    };
+    let value = if x.percent {
+        format!("{} %", x.ratio.scaled(100.0).show(1))
+    } else {
+        x.ratio.show(2)
+    };
+    let verdict = match (&x.target, x.verdict) {
+        (Some(t), Some(v)) => format!("  target {t}: {}", v.word()),
+        _ => String::new(),
+    };
+    match (&x.peer, &x.peer_name) {
+        (Some(p), name) => format!(
+            "{what}: {} vs {} {} → {value}{verdict}",
+            x.kura.show(decimals(x.kura.median)),
+            name.as_deref().unwrap_or("peer"),
+            p.show(decimals(p.median))
+        ),
+        (None, _) => format!("{what}: {value}{verdict}"),
+    }
+}
+
+/// Decimals worth printing for a figure of this size.
+fn decimals(x: f64) -> usize {
+    if x.abs() >= 1000.0 {
+        0
+    } else if x.abs() >= 10.0 {
+        1
+    } else {
+        2
     }
 }
