@@ -1,0 +1,30 @@
+//! CRUSH, Ceph's placement function, bit-identical to Ceph's own (`crushtool --test`).
+//!
+//! * [`decode`] reads the compiled map `crushtool -c`/`--build -o` writes, bounded and checked
+//!   (typed [`CrushError`]s, never a panic);
+//! * [`map`] is the map itself: buckets of every algorithm (uniform, list, tree, straw,
+//!   straw2), rules, tunables and their profiles, names, device classes and shadow buckets,
+//!   `choose_args` weight sets;
+//! * [`hash`] is rjenkins1 and [`ln`] straw2's fixed-point logarithm with tables generated from
+//!   their definition;
+//! * [`mapper`] runs rules (`take`, `choose`/`chooseleaf` `firstn`/`indep`, `emit`, `set_*`);
+//! * [`batch`] maps ranges of inputs on several threads;
+//! * [`tester`] prints what `crushtool --test` prints;
+//! * [`pg`] maps object names to placement groups and inputs, as Ceph's OSD map does.
+#![forbid(unsafe_code)]
+
+pub mod batch;
+pub mod decode;
+pub mod error;
+pub mod hash;
+pub mod ln;
+pub mod map;
+pub mod mapper;
+pub mod pg;
+pub mod tester;
+
+pub use batch::{map_range, BatchResult};
+pub use decode::decode;
+pub use error::CrushError;
+pub use map::{CrushMap, Tunables, ITEM_NONE};
+pub use mapper::{Mapper, Workspace};

@@ -1,0 +1,725 @@
+//! The CRUSH mapping algorithm, step for step as Ceph's `crush_do_rule` runs it: the five
+//! bucket choose functions, the permutation fallback, the out-device test, `choose`/`chooseleaf`
+//! in `firstn` (depth-first, retrying on collision or rejection) and `indep` (breadth-first,
+//! positionally stable, holes as [`ITEM_NONE`]) modes, every tunable and `set_*` rule step,
+//! and straw2 `choose_args` weight sets.
+//!
+//! A [`Mapper`] borrows a validated [`CrushMap`]; a [`Workspace`] holds the per-bucket
+//! permutation state and scratch vectors, one per thread, reused across calls.
+
+use crate::error::CrushError;
+use crate::hash::{hash32_2, typed_hash32_3, typed_hash32_4};
+use crate::ln::crush_ln;
+use crate::map::{
+    op, Bucket, BucketKind, ChooseArg, CrushMap, ALG_UNIFORM, ITEM_NONE, ITEM_UNDEF,
+};
+
+/// Per-bucket permutation state (`crush_work_bucket`).
+#[derive(Debug, Clone, Default)]
+struct Perm {
+    x: u32,
+    n: u32,
+    perm: Vec<u32>,
+}
+
+/// Scratch state for mapping; one per thread.
+#[derive(Debug, Clone, Default)]
+pub struct Workspace {
+    perms: Vec<Perm>,
+    a: Vec<i32>,
+    b: Vec<i32>,
+    c: Vec<i32>,
+}
+
+impl Workspace {
+    /// An empty workspace; it sizes itself on first use.
+    pub fn new() -> Workspace {
+        Workspace::default()
+    }
+}
+
+/// Maps inputs through one map's rules.
+#[derive(Debug, Clone, Copy)]
+pub struct Mapper<'a> {
+    map: &'a CrushMap,
+    choose_args: Option<&'a [ChooseArg]>,
+}
+
+struct Params<'w> {
+    weights: &'w [u32],
+    x: i32,
+}
+
+impl<'a> Mapper<'a> {
+    /// A mapper with no `choose_args` (each straw2 bucket's own weights).
+    pub fn new(map: &'a CrushMap) -> Mapper<'a> {
+        Mapper {
+            map,
+            choose_args: None,
+        }
+    }
+
+    /// A mapper with the `choose_args` that `crushtool --test` uses (set 0, else the default
+    /// set), if the map has any.
+    pub fn for_test(map: &'a CrushMap) -> Mapper<'a> {
+        Mapper {
+            map,
+            choose_args: map.test_choose_args(),
+        }
+    }
+
+    /// A mapper with a given `choose_args` set (one entry per bucket index).
+    pub fn with_choose_args(
+        map: &'a CrushMap,
+        args: &'a [ChooseArg],
+    ) -> Result<Mapper<'a>, CrushError> {
+        if args.len() != map.buckets.len() {
+            return Err(CrushError::Invalid(format!(
+                "choose_args has {} entries for {} buckets",
+                args.len(),
+                map.buckets.len()
+            )));
+        }
+        Ok(Mapper {
+            map,
+            choose_args: Some(args),
+        })
+    }
+
+    /// The map.
+    pub fn map(&self) -> &'a CrushMap {
+        self.map
+    }
+
+    #[inline]
+    fn bucket_at(&self, idx: usize) -> Option<&'a Bucket> {
+        self.map.buckets.get(idx).and_then(|b| b.as_ref())
+    }
+
+    #[inline]
+    fn bucket_of(&self, item: i32) -> Option<&'a Bucket> {
+        if item >= 0 {
+            return None;
+        }
+        self.bucket_at((-1i64 - item as i64) as usize)
+    }
+
+    /// Runs rule `rule` for input `x`, producing at most `result_max` items into `out`
+    /// (cleared first), with per-device weights `weights` (16.16; index = device id; devices
+    /// past its end are out). A rule that does not exist gives [`CrushError::NoSuchRule`].
+    pub fn do_rule(
+        &self,
+        ws: &mut Workspace,
+        rule: u32,
+        x: i32,
+        result_max: usize,
+        weights: &[u32],
+        out: &mut Vec<i32>,
+    ) -> Result<(), CrushError> {
+        out.clear();
+        let Some(rule) = self.map.rule(rule) else {
+            return Err(CrushError::NoSuchRule(rule));
+        };
+        let map = self.map;
+        let nb = map.buckets.len();
+        if ws.perms.len() != nb {
+            ws.perms = vec![Perm::default(); nb];
+        }
+        let scratch = result_max.max(1);
+        for v in [&mut ws.a, &mut ws.b, &mut ws.c] {
+            if v.len() < scratch {
+                v.resize(scratch, 0);
+            }
+        }
+        let t = &map.tunables;
+        let mut choose_tries: u32 = t.choose_total_tries.wrapping_add(1);
+        let mut choose_leaf_tries: u32 = 0;
+        let mut local_retries: u32 = t.choose_local_tries;
+        let mut local_fallback_retries: u32 = t.choose_local_fallback_tries;
+        let mut vary_r: u32 = t.chooseleaf_vary_r as u32;
+        let mut stable: u32 = t.chooseleaf_stable as u32;
+        let p = Params { weights, x };
+
+        let Workspace { perms, a, b, c } = ws;
+        let (mut w, mut o): (&mut Vec<i32>, &mut Vec<i32>) = (a, b);
+        let mut wsize = 0usize;
+
+        for step in &rule.steps {
+            match step.op {
+                op::TAKE => {
+                    let a1 = step.arg1;
+                    if (a1 >= 0 && a1 < map.max_devices) || self.bucket_of(a1).is_some() {
+                        w[0] = a1;
+                        wsize = 1;
+                    }
+                }
+                op::SET_CHOOSE_TRIES => {
+                    if step.arg1 > 0 {
+                        choose_tries = step.arg1 as u32;
+                    }
+                }
+                op::SET_CHOOSELEAF_TRIES => {
+                    if step.arg1 > 0 {
+                        choose_leaf_tries = step.arg1 as u32;
+                    }
+                }
+                op::SET_CHOOSE_LOCAL_TRIES => {
+                    if step.arg1 >= 0 {
+                        local_retries = step.arg1 as u32;
+                    }
+                }
+                op::SET_CHOOSE_LOCAL_FALLBACK_TRIES => {
+                    if step.arg1 >= 0 {
+                        local_fallback_retries = step.arg1 as u32;
+                    }
+                }
+                op::SET_CHOOSELEAF_VARY_R => {
+                    if step.arg1 >= 0 {
+                        vary_r = step.arg1 as u32;
+                    }
+                }
+                op::SET_CHOOSELEAF_STABLE => {
+                    if step.arg1 >= 0 {
+                        stable = step.arg1 as u32;
+                    }
+                }
+                op::CHOOSE_FIRSTN | op::CHOOSELEAF_FIRSTN | op::CHOOSE_INDEP
+                | op::CHOOSELEAF_INDEP => {
+                    if wsize == 0 {
+                        continue;
+                    }
+                    let firstn = step.op == op::CHOOSE_FIRSTN || step.op == op::CHOOSELEAF_FIRSTN;
+                    let recurse_to_leaf =
+                        step.op == op::CHOOSELEAF_FIRSTN || step.op == op::CHOOSELEAF_INDEP;
+                    let mut osize = 0usize;
+                    for i in 0..wsize {
+                        let mut numrep = step.arg1;
+                        if numrep <= 0 {
+                            numrep = numrep.wrapping_add(result_max as i32);
+                            if numrep <= 0 {
+                                continue;
+                            }
+                        }
+                        let Some(bucket) = self.bucket_of(w[i]) else {
+                            continue;
+                        };
+                        let room = result_max - osize;
+                        if firstn {
+                            let recurse_tries = if choose_leaf_tries != 0 {
+                                choose_leaf_tries
+                            } else if t.chooseleaf_descend_once != 0 {
+                                1
+                            } else {
+                                choose_tries
+                            };
+                            let got = self.choose_firstn(
+                                perms,
+                                &p,
+                                bucket,
+                                numrep,
+                                step.arg2,
+                                &mut o[osize..],
+                                0,
+                                room as i32,
+                                choose_tries,
+                                recurse_tries,
+                                local_retries,
+                                local_fallback_retries,
+                                recurse_to_leaf,
+                                vary_r,
+                                stable,
+                                Some(&mut c[osize..]),
+                                0,
+                            );
+                            osize += got;
+                        } else {
+                            let out_size = (numrep as usize).min(room);
+                            self.choose_indep(
+                                perms,
+                                &p,
+                                bucket,
+                                out_size as i32,
+                                numrep,
+                                step.arg2,
+                                &mut o[osize..],
+                                0,
+                                choose_tries,
+                                if choose_leaf_tries != 0 {
+                                    choose_leaf_tries
+                                } else {
+                                    1
+                                },
+                                recurse_to_leaf,
+                                Some(&mut c[osize..]),
+                                0,
+                            );
+                            osize += out_size;
+                        }
+                    }
+                    if recurse_to_leaf {
+                        o[..osize].copy_from_slice(&c[..osize]);
+                    }
+                    std::mem::swap(&mut w, &mut o);
+                    wsize = osize;
+                }
+                op::EMIT => {
+                    for &item in w.iter().take(wsize) {
+                        if out.len() >= result_max {
+                            break;
+                        }
+                        out.push(item);
+                    }
+                    wsize = 0;
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// `bucket_perm_choose`: item `r mod size` of a permutation of the bucket drawn from `x`.
+    fn perm_choose(&self, perms: &mut [Perm], b: &Bucket, x: i32, r: i32) -> i32 {
+        let size = b.items.len() as u32;
+        let idx = (-1i64 - b.id as i64) as usize;
+        let st = &mut perms[idx];
+        let pr = (r as u32) % size;
+        let id = b.id as u32;
+        if st.x != x as u32 || st.n == 0 {
+            st.x = x as u32;
+            if st.perm.len() != size as usize {
+                st.perm = vec![0; size as usize];
+            }
+            if pr == 0 {
+                let s = typed_hash32_3(b.hash, x as u32, id, 0) % size;
+                st.perm[0] = s;
+                st.n = 0xffff;
+                return b.items[s as usize];
+            }
+            for (i, v) in st.perm.iter_mut().enumerate() {
+                *v = i as u32;
+            }
+            st.n = 0;
+        } else if st.n == 0xffff {
+            for i in 1..size as usize {
+                st.perm[i] = i as u32;
+            }
+            let first = st.perm[0] as usize;
+            st.perm[first] = 0;
+            st.n = 1;
+        }
+        while st.n <= pr {
+            let p = st.n;
+            if p < size - 1 {
+                let i = typed_hash32_3(b.hash, x as u32, id, p) % (size - p);
+                if i != 0 {
+                    st.perm.swap((p + i) as usize, p as usize);
+                }
+            }
+            st.n += 1;
+        }
+        b.items[st.perm[pr as usize] as usize]
+    }
+
+    /// `crush_bucket_choose`: one item of a non-empty bucket for `(x, r)`.
+    #[inline]
+    fn bucket_choose(
+        &self,
+        perms: &mut [Perm],
+        b: &Bucket,
+        x: i32,
+        r: i32,
+        position: usize,
+    ) -> i32 {
+        let xu = x as u32;
+        let ru = r as u32;
+        match &b.kind {
+            BucketKind::Uniform { .. } => self.perm_choose(perms, b, x, r),
+            BucketKind::List {
+                item_weights,
+                sum_weights,
+            } => {
+                let id = b.id as u32;
+                for i in (0..b.items.len()).rev() {
+                    let h = typed_hash32_4(b.hash, xu, b.items[i] as u32, ru, id) as u64 & 0xffff;
+                    let w = (h * sum_weights[i] as u64) >> 16;
+                    if w < item_weights[i] as u64 {
+                        return b.items[i];
+                    }
+                }
+                b.items[0]
+            }
+            BucketKind::Tree { node_weights } => {
+                let id = b.id as u32;
+                let mut n = node_weights.len() >> 1;
+                while n & 1 == 0 && n != 0 {
+                    let h = n.trailing_zeros();
+                    let w = node_weights[n] as u64;
+                    let t = (typed_hash32_4(b.hash, xu, n as u32, ru, id) as u64 * w) >> 32;
+                    let l = n - (1 << (h - 1));
+                    if t < node_weights[l] as u64 {
+                        n = l;
+                    } else {
+                        n += 1 << (h - 1);
+                    }
+                }
+                // A well-formed tree only reaches leaves of real items; a hand-made one
+                // could point past them, which Ceph would read out of bounds.
+                b.items.get(n >> 1).copied().unwrap_or(b.items[0])
+            }
+            BucketKind::Straw {
+                item_weights: _,
+                straws,
+            } => {
+                let mut high = 0usize;
+                let mut high_draw = 0u64;
+                for (i, (&item, &straw)) in b.items.iter().zip(straws).enumerate() {
+                    let d = (typed_hash32_3(b.hash, xu, item as u32, ru) as u64 & 0xffff)
+                        * straw as u64;
+                    if i == 0 || d > high_draw {
+                        high = i;
+                        high_draw = d;
+                    }
+                }
+                b.items[high]
+            }
+            BucketKind::Straw2 { item_weights } => {
+                let (weights, ids): (&[u32], &[i32]) = match self.choose_args {
+                    Some(args) => {
+                        let arg = &args[(-1i64 - b.id as i64) as usize];
+                        let weights = if arg.weight_set.is_empty() {
+                            item_weights.as_slice()
+                        } else {
+                            let pos = position.min(arg.weight_set.len() - 1);
+                            arg.weight_set[pos].as_slice()
+                        };
+                        let ids = if arg.ids.is_empty() {
+                            b.items.as_slice()
+                        } else {
+                            arg.ids.as_slice()
+                        };
+                        (weights, ids)
+                    }
+                    None => (item_weights.as_slice(), b.items.as_slice()),
+                };
+                straw2_choose(b.hash, xu, ru, weights, ids, &b.items)
+            }
+        }
+    }
+
+    #[inline]
+    fn item_type(&self, item: i32) -> Option<i32> {
+        if item >= 0 {
+            Some(0)
+        } else {
+            self.bucket_of(item).map(|b| b.bucket_type as i32)
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn choose_firstn(
+        &self,
+        perms: &mut [Perm],
+        p: &Params<'_>,
+        bucket: &'a Bucket,
+        numrep: i32,
+        ty: i32,
+        out: &mut [i32],
+        mut outpos: usize,
+        out_size: i32,
+        tries: u32,
+        recurse_tries: u32,
+        local_retries: u32,
+        local_fallback_retries: u32,
+        recurse_to_leaf: bool,
+        vary_r: u32,
+        stable: u32,
+        mut out2: Option<&mut [i32]>,
+        parent_r: i32,
+    ) -> usize {
+        let x = p.x;
+        let mut count = out_size;
+        let mut rep: i32 = if stable != 0 { 0 } else { outpos as i32 };
+        while rep < numrep && count > 0 {
+            let mut ftotal: u32 = 0;
+            let mut skip_rep = false;
+            let mut item: i32 = 0;
+            loop {
+                // descent
+                let mut retry_descent = false;
+                let mut inb: &'a Bucket = bucket;
+                let mut flocal: u32 = 0;
+                loop {
+                    // bucket
+                    let mut collide = false;
+                    let mut retry_bucket = false;
+                    let r = rep.wrapping_add(parent_r).wrapping_add(ftotal as i32);
+                    let reject;
+                    let size = inb.items.len() as u32;
+                    if size == 0 {
+                        reject = true;
+                    } else {
+                        item = if local_fallback_retries > 0
+                            && flocal >= (size >> 1)
+                            && flocal > local_fallback_retries
+                        {
+                            self.perm_choose(perms, inb, x, r)
+                        } else {
+                            self.bucket_choose(perms, inb, x, r, outpos)
+                        };
+                        if item >= self.map.max_devices {
+                            skip_rep = true;
+                            break;
+                        }
+                        let Some(itemtype) = self.item_type(item) else {
+                            skip_rep = true;
+                            break;
+                        };
+                        if itemtype != ty {
+                            match self.bucket_of(item) {
+                                Some(nb) if item < 0 => {
+                                    inb = nb;
+                                    continue;
+                                }
+                                _ => {
+                                    skip_rep = true;
+                                    break;
+                                }
+                            }
+                        }
+                        collide = out[..outpos].contains(&item);
+                        let mut rej = false;
+                        if !collide && recurse_to_leaf {
+                            if item < 0 {
+                                let sub_r = if vary_r != 0 {
+                                    r.wrapping_shr(vary_r - 1)
+                                } else {
+                                    0
+                                };
+                                let inner = self.bucket_of(item);
+                                let got = match (inner, out2.as_deref_mut()) {
+                                    (Some(inner), Some(o2)) => self.choose_firstn(
+                                        perms,
+                                        p,
+                                        inner,
+                                        if stable != 0 { 1 } else { outpos as i32 + 1 },
+                                        0,
+                                        o2,
+                                        outpos,
+                                        count,
+                                        recurse_tries,
+                                        0,
+                                        local_retries,
+                                        local_fallback_retries,
+                                        false,
+                                        vary_r,
+                                        stable,
+                                        None,
+                                        sub_r,
+                                    ),
+                                    _ => 0,
+                                };
+                                if got <= outpos {
+                                    rej = true;
+                                }
+                            } else if let Some(o2) = out2.as_deref_mut() {
+                                o2[outpos] = item;
+                            }
+                        }
+                        if !rej && itemtype == 0 {
+                            rej = is_out(p.weights, item, x);
+                        }
+                        reject = rej;
+                    }
+                    if reject || collide {
+                        ftotal = ftotal.wrapping_add(1);
+                        flocal = flocal.wrapping_add(1);
+                        if collide && flocal <= local_retries {
+                            retry_bucket = true;
+                        } else if local_fallback_retries > 0
+                            && flocal <= size.wrapping_add(local_fallback_retries)
+                        {
+                            retry_bucket = true;
+                        } else if ftotal < tries {
+                            retry_descent = true;
+                        } else {
+                            skip_rep = true;
+                        }
+                    }
+                    if !retry_bucket {
+                        break;
+                    }
+                }
+                if !retry_descent {
+                    break;
+                }
+            }
+            if !skip_rep {
+                out[outpos] = item;
+                outpos += 1;
+                count -= 1;
+            }
+            rep += 1;
+        }
+        outpos
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn choose_indep(
+        &self,
+        perms: &mut [Perm],
+        p: &Params<'_>,
+        bucket: &'a Bucket,
+        mut left: i32,
+        numrep: i32,
+        ty: i32,
+        out: &mut [i32],
+        outpos: usize,
+        tries: u32,
+        recurse_tries: u32,
+        recurse_to_leaf: bool,
+        mut out2: Option<&mut [i32]>,
+        parent_r: i32,
+    ) {
+        let x = p.x;
+        let endpos = outpos + left.max(0) as usize;
+        for rep in outpos..endpos {
+            out[rep] = ITEM_UNDEF;
+            if let Some(o2) = out2.as_deref_mut() {
+                o2[rep] = ITEM_UNDEF;
+            }
+        }
+        let mut ftotal: u32 = 0;
+        while left > 0 && ftotal < tries {
+            for rep in outpos..endpos {
+                if out[rep] != ITEM_UNDEF {
+                    continue;
+                }
+                let mut inb: &'a Bucket = bucket;
+                loop {
+                    let mut r = (rep as i32).wrapping_add(parent_r);
+                    let size = inb.items.len() as u32;
+                    if inb.kind.alg() == ALG_UNIFORM && size % (numrep as u32) == 0 {
+                        r = r.wrapping_add((numrep.wrapping_add(1) as u32).wrapping_mul(ftotal) as i32);
+                    } else {
+                        r = r.wrapping_add((numrep as u32).wrapping_mul(ftotal) as i32);
+                    }
+                    if size == 0 {
+                        break;
+                    }
+                    let item = self.bucket_choose(perms, inb, x, r, outpos);
+                    if item >= self.map.max_devices {
+                        out[rep] = ITEM_NONE;
+                        if let Some(o2) = out2.as_deref_mut() {
+                            o2[rep] = ITEM_NONE;
+                        }
+                        left -= 1;
+                        break;
+                    }
+                    let itemtype = self.item_type(item);
+                    if itemtype != Some(ty) {
+                        match self.bucket_of(item) {
+                            Some(nb) if item < 0 => {
+                                inb = nb;
+                                continue;
+                            }
+                            _ => {
+                                out[rep] = ITEM_NONE;
+                                if let Some(o2) = out2.as_deref_mut() {
+                                    o2[rep] = ITEM_NONE;
+                                }
+                                left -= 1;
+                                break;
+                            }
+                        }
+                    }
+                    if out[outpos..endpos].contains(&item) {
+                        break;
+                    }
+                    if recurse_to_leaf {
+                        if let Some(o2) = out2.as_deref_mut() {
+                            if item < 0 {
+                                if let Some(inner) = self.bucket_of(item) {
+                                    self.choose_indep(
+                                        perms,
+                                        p,
+                                        inner,
+                                        1,
+                                        numrep,
+                                        0,
+                                        o2,
+                                        rep,
+                                        recurse_tries,
+                                        0,
+                                        false,
+                                        None,
+                                        r,
+                                    );
+                                }
+                                if o2[rep] == ITEM_NONE {
+                                    break;
+                                }
+                            } else {
+                                o2[rep] = item;
+                            }
+                        }
+                    }
+                    if itemtype == Some(0) && is_out(p.weights, item, x) {
+                        break;
+                    }
+                    out[rep] = item;
+                    left -= 1;
+                    break;
+                }
+            }
+            ftotal = ftotal.wrapping_add(1);
+        }
+        for rep in outpos..endpos {
+            if out[rep] == ITEM_UNDEF {
+                out[rep] = ITEM_NONE;
+            }
+            if let Some(o2) = out2.as_deref_mut() {
+                if o2[rep] == ITEM_UNDEF {
+                    o2[rep] = ITEM_NONE;
+                }
+            }
+        }
+    }
+}
+
+/// straw2: the item with the largest `ln(u) / weight` draw; zero weights never win unless
+/// every weight is zero (then the first item).
+#[inline]
+fn straw2_choose(hash: u8, x: u32, r: u32, weights: &[u32], ids: &[i32], items: &[i32]) -> i32 {
+    let mut high = 0usize;
+    let mut high_draw = 0i64;
+    for (i, (&w, &id)) in weights.iter().zip(ids).enumerate() {
+        let draw = if w != 0 {
+            let u = typed_hash32_3(hash, x, id as u32, r) & 0xffff;
+            let ln = crush_ln(u).wrapping_sub(0x1_0000_0000_0000) as i64;
+            ln / w as i64
+        } else {
+            i64::MIN
+        };
+        if i == 0 || draw > high_draw {
+            high = i;
+            high_draw = draw;
+        }
+    }
+    items[high]
+}
+
+/// Whether device `item` is out for input `x`: weight 0 (or none) is out, 0x10000 and above is
+/// in, anything between is in for that fraction of inputs.
+#[inline]
+fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
+    let Some(&w) = weights.get(item as usize) else {
+        return true;
+    };
+    if w >= 0x10000 {
+        return false;
+    }
+    if w == 0 {
+        return true;
+    }
+    (hash32_2(x as u32, item as u32) & 0xffff) >= w
+}
