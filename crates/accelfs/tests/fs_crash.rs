@@ -3,12 +3,16 @@
 //! - Crash harness: a random workload runs on a `fault` device that records every write and
 //!   flush; the stream is cut at random points (unflushed writes each kept or lost, so torn and
 //!   reordered), and every resulting image must mount, be fsck-clean, and hold exactly what the
-//!   last acknowledged `sync` promised for every path not touched since. `KURA_FS_CRASH_POINTS`
-//!   sets the number of cuts (default 500; 10000+ for a soak).
+//!   last acknowledged `sync` promised for every path not touched since — file contents,
+//!   symbolic-link targets, extended attributes, and which paths are hard links of one inode.
+//!   The workload writes, truncates, removes, renames (plain, `RENAME_NOREPLACE`,
+//!   `RENAME_EXCHANGE`), hard links, makes symbolic links (fast and slow), sets and removes
+//!   extended attributes, and syncs. `KURA_FS_CRASH_POINTS` sets the number of cuts (default
+//!   500; 10000+ for a soak).
 //! - Fault injection: EIO on reads, writes and flushes is an error, never damage, and a failed
 //!   commit makes the file system refuse further writes.
 
-use kura_accelfs::{fsck, FileSystem, FsError, MkfsOptions, MountOptions};
+use kura_accelfs::{fsck, FileSystem, FsError, MkfsOptions, MountOptions, RenameMode, XattrMode};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
@@ -61,7 +65,131 @@ fn content(seed: u64, len: usize) -> Vec<u8> {
     (0..len).map(|_| rng.gen()).collect()
 }
 
-type Model = BTreeMap<String, Vec<u8>>;
+/// What one inode of the model holds.
+#[derive(Debug, Clone, PartialEq)]
+enum Body {
+    File(Vec<u8>),
+    Link(Vec<u8>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+struct Obj {
+    body: Body,
+    xattrs: BTreeMap<Vec<u8>, Vec<u8>>,
+}
+
+/// The file system as the workload left it: names (several may share an inode) and inodes.
+#[derive(Debug, Clone, Default)]
+struct Model {
+    names: BTreeMap<String, u64>,
+    objs: BTreeMap<u64, Obj>,
+    next: u64,
+}
+
+impl Model {
+    fn get(&self, p: &str) -> Option<&Obj> {
+        self.objs.get(self.names.get(p)?)
+    }
+
+    fn is_file(&self, p: &str) -> bool {
+        matches!(
+            self.get(p),
+            Some(Obj {
+                body: Body::File(_),
+                ..
+            })
+        )
+    }
+
+    fn names_of(&self, p: &str) -> Vec<String> {
+        match self.names.get(p) {
+            Some(id) => self
+                .names
+                .iter()
+                .filter(|(_, i)| *i == id)
+                .map(|(n, _)| n.clone())
+                .collect(),
+            None => vec![p.to_string()],
+        }
+    }
+
+    fn add(&mut self, p: &str, body: Body) {
+        self.next += 1;
+        self.names.insert(p.to_string(), self.next);
+        self.objs.insert(
+            self.next,
+            Obj {
+                body,
+                xattrs: BTreeMap::new(),
+            },
+        );
+    }
+
+    /// The file at `p`, created empty when absent (`None` when `p` is a symbolic link).
+    fn file(&mut self, p: &str) -> Option<&mut Vec<u8>> {
+        if !self.names.contains_key(p) {
+            self.add(p, Body::File(Vec::new()));
+        }
+        match &mut self.objs.get_mut(&self.names[p])?.body {
+            Body::File(d) => Some(d),
+            Body::Link(_) => None,
+        }
+    }
+
+    fn unlink(&mut self, p: &str) -> Option<u64> {
+        let id = self.names.remove(p)?;
+        if !self.names.values().any(|&i| i == id) {
+            self.objs.remove(&id);
+        }
+        Some(id)
+    }
+}
+
+/// What the mounted file system holds at `path`, compared with `want`.
+fn check_path(fs: &FileSystem, cut: usize, path: &str, want: Option<&Obj>) {
+    match want {
+        None => match fs.metadata(path) {
+            Err(FsError::NotFound(_)) => {}
+            got => panic!("cut {cut}: {path}: synced as absent, found {got:?}"),
+        },
+        Some(obj) => {
+            match &obj.body {
+                Body::File(want) => {
+                    let got = fs
+                        .read(path)
+                        .unwrap_or_else(|e| panic!("cut {cut}: {path}: synced file: {e}"));
+                    assert!(
+                        *want == got,
+                        "cut {cut}: {path} holds {} bytes, not the {} synced",
+                        got.len(),
+                        want.len()
+                    );
+                }
+                Body::Link(want) => {
+                    let got = fs
+                        .read_link(path)
+                        .unwrap_or_else(|e| panic!("cut {cut}: {path}: synced symlink: {e}"));
+                    assert!(*want == got, "cut {cut}: {path}: symlink target differs");
+                }
+            }
+            let ino = fs.metadata(path).expect("stat").ino;
+            let mut names = fs.list_xattr(ino).expect("listxattr");
+            names.sort();
+            assert_eq!(
+                names,
+                obj.xattrs.keys().cloned().collect::<Vec<_>>(),
+                "cut {cut}: {path}: attribute names"
+            );
+            for (k, v) in &obj.xattrs {
+                assert_eq!(
+                    fs.get_xattr(ino, k).expect("getxattr"),
+                    *v,
+                    "cut {cut}: {path}: attribute value"
+                );
+            }
+        }
+    }
+}
 
 #[test]
 fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
@@ -89,29 +217,52 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     .expect("mount");
     fs.mkdir("/d").expect("mkdir");
     let mut rng = SmallRng::seed_from_u64(2026);
-    let mut model: Model = Model::new();
+    let mut model: Model = Model::default();
     // (trace position when the sync was acknowledged, the model then)
-    let mut synced: Vec<(usize, Model)> = vec![(control.trace().len(), Model::new())];
+    let mut synced: Vec<(usize, Model)> = vec![(control.trace().len(), Model::default())];
     // (trace position when the operation began, the paths it may change)
     let mut touched: Vec<(usize, Vec<String>)> = Vec::new();
     // (trace position when fdatasync returned, the path, its contents then)
     let mut file_synced: Vec<(usize, String, Vec<u8>)> = Vec::new();
+    // (trace position when the operation began, the names it created, removed or rebound):
+    // fdatasync makes an inode's contents durable, not a name changed since the last sync.
+    let mut named: Vec<(usize, Vec<String>)> = Vec::new();
+    // How often each POSIX operation ran: symlink, link, noreplace, exchange, xattr.
+    let mut posix_ops = [0usize; 5];
     let paths: Vec<String> = (0..6)
         .map(|i| format!("/f{i}"))
         .chain((0..6).map(|i| format!("/d/g{i}")))
         .collect();
-    for step in 0..220u64 {
+    for step in 0..300u64 {
         let began = control.trace().len();
         let p = paths[rng.gen_range(0..paths.len())].clone();
-        match rng.gen_range(0..11) {
-            0..=3 => {
+        let q = paths[rng.gen_range(0..paths.len())].clone();
+        // Symbolic links and hard links need a free name: the first after a random one.
+        let start = rng.gen_range(0..paths.len());
+        let free = (0..paths.len())
+            .map(|i| paths[(start + i) % paths.len()].clone())
+            .find(|x| !model.names.contains_key(x));
+        let op = match rng.gen_range(0..18) {
+            16 => 8,
+            17 => 9,
+            op => op,
+        };
+        match op {
+            0..=3
+                if !model
+                    .get(&p)
+                    .is_some_and(|o| !matches!(o.body, Body::File(_))) =>
+            {
                 let len = if rng.gen_bool(0.2) {
                     rng.gen_range(64 << 10..300 << 10)
                 } else {
                     rng.gen_range(1..20_000)
                 };
                 let data = content(step, len);
-                let old = model.entry(p.clone()).or_default();
+                if !model.names.contains_key(&p) {
+                    named.push((began, vec![p.clone()]));
+                }
+                let old = model.file(&p).expect("a file");
                 let off = rng.gen_range(0..=old.len() + 5000);
                 let f = fs
                     .open_with(
@@ -124,39 +275,42 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
                     old.resize(off + len, 0);
                 }
                 old[off..off + len].copy_from_slice(&data);
+                touched.push((began, model.names_of(&p)));
+            }
+            4 if model.is_file(&p) => {
+                let old = model.file(&p).expect("a file");
+                let len = rng.gen_range(0..=old.len() + 10_000);
+                fs.open_with(&p, kura_accelfs::OpenOptions::new().write(true))
+                    .expect("open")
+                    .set_len(len as u64)
+                    .expect("truncate");
+                old.resize(len, 0);
+                touched.push((began, model.names_of(&p)));
+            }
+            5 if model.names.contains_key(&p) => {
+                fs.remove_file(&p).expect("remove");
+                model.unlink(&p);
+                named.push((began, vec![p.clone()]));
                 touched.push((began, vec![p]));
             }
-            4 => {
-                if let Some(old) = model.get_mut(&p) {
-                    let len = rng.gen_range(0..=old.len() + 10_000);
-                    fs.open_with(&p, kura_accelfs::OpenOptions::new().write(true))
-                        .expect("open")
-                        .set_len(len as u64)
-                        .expect("truncate");
-                    old.resize(len, 0);
-                    touched.push((began, vec![p]));
+            6 if q != p && model.names.contains_key(&p) => {
+                fs.rename(&p, &q).expect("rename");
+                // Two names of one inode: rename does nothing.
+                if model.names.get(&p) != model.names.get(&q) {
+                    model.unlink(&q);
+                    let id = model.names.remove(&p).expect("present");
+                    model.names.insert(q.clone(), id);
                 }
+                named.push((began, vec![p.clone(), q.clone()]));
+                touched.push((began, vec![p, q]));
             }
-            5 => {
-                if model.remove(&p).is_some() {
-                    fs.remove_file(&p).expect("remove");
-                    touched.push((began, vec![p]));
-                }
-            }
-            6 => {
-                let q = paths[rng.gen_range(0..paths.len())].clone();
-                if q != p {
-                    if let Some(data) = model.remove(&p) {
-                        fs.rename(&p, &q).expect("rename");
-                        model.insert(q.clone(), data);
-                        touched.push((began, vec![p, q]));
-                    }
-                }
-            }
-            7 if model.get(&p).is_some_and(|d| d.len() > 1) => {
+            7 if model
+                .get(&p)
+                .is_some_and(|o| matches!(&o.body, Body::File(d) if d.len() > 1)) =>
+            {
                 // An overwrite inside the file (no new size, no new blocks), then fdatasync,
                 // which promises only this file's contents.
-                let old = model.get_mut(&p).expect("present");
+                let old = model.file(&p).expect("a file");
                 let off = rng.gen_range(0..old.len() - 1);
                 let len = rng.gen_range(1..=(old.len() - off).min(20_000));
                 let data = content(step ^ 0xfeed, len);
@@ -165,24 +319,98 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
                     .expect("open");
                 f.write_at(off as u64, &data).expect("overwrite");
                 old[off..off + len].copy_from_slice(&data);
-                touched.push((began, vec![p.clone()]));
+                let after = old.clone();
+                touched.push((began, model.names_of(&p)));
                 f.sync_data().expect("fdatasync");
-                file_synced.push((control.trace().len(), p.clone(), model[&p].clone()));
+                file_synced.push((control.trace().len(), p.clone(), after));
             }
-            _ => {
+            8 if free.is_some() => {
+                let p = free.expect("a free name");
+                // Fast (in the inode) or slow (a block) symbolic link.
+                let len = if rng.gen_bool(0.5) {
+                    rng.gen_range(1..=84)
+                } else {
+                    rng.gen_range(85..=4000)
+                };
+                let target: Vec<u8> = (0..len).map(|_| rng.gen_range(b'a'..=b'z')).collect();
+                fs.symlink(&target, &p).expect("symlink");
+                posix_ops[0] += 1;
+                model.add(&p, Body::Link(target));
+                named.push((began, vec![p.clone()]));
+                touched.push((began, vec![p]));
+            }
+            9 if free.is_some() && model.names.contains_key(&p) => {
+                let q = free.expect("a free name");
+                fs.hard_link(&p, &q).expect("link");
+                posix_ops[1] += 1;
+                let id = model.names[&p];
+                model.names.insert(q.clone(), id);
+                named.push((began, vec![q.clone()]));
+                touched.push((began, vec![q]));
+            }
+            10 if q != p && model.names.contains_key(&p) => {
+                let r = fs.rename_with(&p, &q, RenameMode::NoReplace);
+                posix_ops[2] += 1;
+                if model.names.contains_key(&q) {
+                    assert!(matches!(r, Err(FsError::Exists(_))), "noreplace: {r:?}");
+                } else {
+                    r.expect("rename noreplace");
+                    let id = model.names.remove(&p).expect("present");
+                    model.names.insert(q.clone(), id);
+                    named.push((began, vec![p.clone(), q.clone()]));
+                    touched.push((began, vec![p, q]));
+                }
+            }
+            11 if q != p && model.names.contains_key(&p) && model.names.contains_key(&q) => {
+                fs.rename_with(&p, &q, RenameMode::Exchange)
+                    .expect("rename exchange");
+                posix_ops[3] += 1;
+                let (a, b) = (model.names[&p], model.names[&q]);
+                model.names.insert(p.clone(), b);
+                model.names.insert(q.clone(), a);
+                named.push((began, vec![p.clone(), q.clone()]));
+                touched.push((began, vec![p, q]));
+            }
+            12 if model.names.contains_key(&p) => {
+                let ino = fs.metadata(&p).expect("stat").ino;
+                let key = format!("user.k{}", rng.gen_range(0..4)).into_bytes();
+                posix_ops[4] += 1;
+                let id = model.names[&p];
+                let obj = model.objs.get_mut(&id).expect("object");
+                if rng.gen_bool(0.7) {
+                    let value = content(step ^ 0xa77, rng.gen_range(0..1500));
+                    fs.set_xattr(ino, &key, &value, XattrMode::Any)
+                        .expect("setxattr");
+                    obj.xattrs.insert(key, value);
+                } else {
+                    let r = fs.remove_xattr(ino, &key);
+                    if obj.xattrs.remove(&key).is_some() {
+                        r.expect("removexattr");
+                    } else {
+                        assert!(matches!(r, Err(FsError::NoAttribute(_))), "{r:?}");
+                    }
+                }
+                touched.push((began, model.names_of(&p)));
+            }
+            13..=15 => {
                 if rng.gen_bool(0.5) {
                     fs.sync().expect("sync");
-                } else if model.contains_key(&p) {
+                } else if model.is_file(&p) {
                     fs.open(&p).expect("open").sync_all().expect("fsync");
                 } else {
                     continue;
                 }
                 synced.push((control.trace().len(), model.clone()));
             }
+            _ => {}
         }
     }
     let trace = control.trace();
     drop(fs);
+    assert!(
+        posix_ops.iter().all(|&n| n > 3),
+        "symlink, link, noreplace, exchange, xattr ran {posix_ops:?} times"
+    );
     assert!(
         synced.len() > 20,
         "the workload synced {} times",
@@ -208,36 +436,54 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
             .rev()
             .find(|(at, _)| *at <= cut)
             .expect("the first sync point precedes every cut");
+        let mut unchanged = Vec::new();
         for path in &paths {
-            // The newest promise for this path: the last global sync, or a later fdatasync.
-            let (since, want) = match file_synced
+            // The newest promise for this path: the last global sync, or a later fdatasync of
+            // a file's contents.
+            let fdatasync = file_synced
                 .iter()
                 .rev()
                 .find(|(at, p, _)| p == path && *at <= cut && at > sync_at)
-            {
-                Some((at, _, content)) => (*at, Some(content)),
-                None => (*sync_at, promised.get(path)),
-            };
+                .filter(|(at, _, _)| {
+                    !named
+                        .iter()
+                        .any(|(n, ps)| *n >= *sync_at && n < at && ps.contains(path))
+                });
+            let since = fdatasync.map_or(*sync_at, |(at, _, _)| *at);
             let changed = touched
                 .iter()
                 .any(|(at, ps)| *at >= since && *at < cut && ps.contains(path));
             if changed {
                 continue;
             }
-            compared += usize::from(want.is_some());
-            match (want, fs.read(path)) {
-                (Some(want), Ok(got)) => assert!(
+            if let Some((_, _, want)) = fdatasync {
+                // fdatasync promised this file's contents, nothing else.
+                let got = fs
+                    .read(path)
+                    .unwrap_or_else(|e| panic!("cut {cut}: {path}: fdatasync'd file: {e}"));
+                assert!(
                     *want == got,
-                    "cut {cut}: {path} holds {} bytes, not the {} synced",
-                    got.len(),
-                    want.len()
-                ),
-                (None, Err(FsError::NotFound(_))) => {}
-                (want, got) => panic!(
-                    "cut {cut}: {path}: synced {:?} bytes, found {:?}",
-                    want.map(Vec::len),
-                    got.map(|g| g.len())
-                ),
+                    "cut {cut}: {path}: not the contents fdatasync'd"
+                );
+                compared += 1;
+                continue;
+            }
+            let want = promised.get(path);
+            compared += usize::from(want.is_some());
+            check_path(&fs, cut, path, want);
+            unchanged.push(path);
+        }
+        // Untouched names of one inode in the promise are still one inode.
+        for (i, a) in unchanged.iter().enumerate() {
+            for b in &unchanged[i + 1..] {
+                let (ia, ib) = (promised.names.get(*a), promised.names.get(*b));
+                if ia.is_some() && ia == ib {
+                    assert_eq!(
+                        fs.metadata(a).expect("stat").ino,
+                        fs.metadata(b).expect("stat").ino,
+                        "cut {cut}: {a} and {b} were hard links"
+                    );
+                }
             }
         }
         drop(fs);
