@@ -1,12 +1,15 @@
 //! `kura bench genome`: the application against the tool bioinformaticians use. The same reads
 //! (pywgsim's, as the issue defines them, when pywgsim is installed; kura's own simulator
 //! otherwise) are mapped by the whole kura pipeline on each I/O path and by `minimap2 -ax sr`
-//! with the same threads, alternating, each run a child process so its wall time and peak RSS
-//! (`wait4`) are its own. Accuracy of both is scored from the read names. Read loading is set
+//! with the same threads, alternating over `--rounds` rounds (A B A B), each run a child process
+//! so its wall time and peak RSS (`wait4`) are its own. kura and minimap2 are compared on the
+//! same figure, each whole process's wall time (median [min–max] of the rounds' pairs); the
+//! pipeline's stage total is reported beside it. Accuracy of both is scored from the read names. Read loading is set
 //! against the device's sequential read bandwidth measured on the same image file.
 
 use crate::io::workload::{Job, Pattern};
 use crate::output::{plot_help, RunArgs};
+use crate::stats::{compare, lower_by, quotient, Compared, Spread};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_engine::BlockDevice;
@@ -38,9 +41,10 @@ pub struct GenomeBenchArgs {
     /// kura's I/O paths, comma-separated (accelfs, host, redirect).
     #[arg(long, default_value = "accelfs,host,redirect")]
     pub paths: String,
-    /// Rounds per system (alternating); the fastest counts.
-    #[arg(long, default_value_t = 3)]
-    pub rounds: usize,
+    /// Rounds per system (alternating); median and min-max are reported. Default 5, or 1 with
+    /// --quick.
+    #[arg(long)]
+    pub rounds: Option<usize>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -51,15 +55,21 @@ pub struct SystemPoint {
     pub system: String,
     /// Short name for plots.
     pub label: String,
-    /// End-to-end seconds: kura's pipeline total (load reference … write SAM), minimap2's wall.
+    /// End-to-end seconds, the figure kura and minimap2 are compared on: the whole child
+    /// process's wall time (median over the rounds; kura's includes copying the dataset into its
+    /// image).
     pub seconds: f64,
-    /// Wall time of the whole child process (kura's includes copying the dataset into its image).
-    pub process_seconds: f64,
+    /// The process wall time over the rounds.
+    pub seconds_range: Spread,
+    /// kura only: the pipeline's stage total (load reference … write SAM), median.
+    pub pipeline_seconds: Option<f64>,
+    /// The command line, as run (the last round's).
+    pub command: String,
     pub peak_rss_mib: f64,
     pub correct: u64,
     pub reads: u64,
     pub misplaced_mapq_ge_20: u64,
-    /// kura only: seconds in each stage of the best round.
+    /// kura only: seconds in each stage of the median round.
     pub stages: Vec<(String, f64)>,
     /// kura only: bytes of reads per second of the "load reads" stage (I/O and parsing).
     pub load_reads_mb_s: Option<f64>,
@@ -73,6 +83,13 @@ pub struct Report {
     pub threads: usize,
     pub rounds: usize,
     pub systems: Vec<SystemPoint>,
+    /// Each kura path against minimap2, process wall time per round pair (kura / minimap2).
+    pub versus_minimap2: Vec<(String, Compared)>,
+    /// The direct path against redirect, pipeline totals per round (the fraction lower).
+    pub direct_vs_redirect: Option<Compared>,
+    /// The file system of `--dir` (statfs), where the dataset, images and outputs live.
+    pub file_system: String,
+    pub minimap2_version: Option<String>,
     /// Sequential read of the reads file's size from the image with 1 MiB commands at QD 32.
     pub device_seq_read_mb_s: f64,
     /// The reads file streamed from AccelFS on the direct engine, without parsing.
@@ -86,11 +103,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     } else {
         args.reads
     };
-    let rounds = if args.run.quick {
-        1
-    } else {
-        args.rounds.max(1)
-    };
+    let rounds = crate::stats::rounds(args.rounds, args.run.quick, 1);
     let kura = std::env::current_exe().context("finding the kura binary")?;
     let minimap2 = which("minimap2");
     let dir = tempfile::Builder::new()
@@ -108,7 +121,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     {
         bar.set_style(style.progress_chars("=> "));
     }
-    let mut best: Vec<Option<SystemPoint>> = vec![None; paths.len() + 1];
+    let mut all: Vec<Vec<SystemPoint>> = vec![Vec::new(); paths.len() + 1];
     for round in 0..rounds {
         for (i, path) in paths.iter().enumerate() {
             bar.set_message(format!("round {}: kura on {}", round + 1, path.name()));
@@ -120,19 +133,47 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
                 dir.path(),
                 args.threads,
             )?;
-            keep_best(&mut best[i], p);
+            all[i].push(p);
             bar.inc(1);
         }
         match &minimap2 {
             Some(mm) => {
                 bar.set_message(format!("round {}: minimap2", round + 1));
                 let p = run_minimap2(mm, &reference, &reads_fq, dir.path(), args.threads)?;
-                keep_best(&mut best[paths.len()], p);
+                all[paths.len()].push(p);
             }
             None => bar.println("minimap2 is not installed (apt-get install minimap2): no peer"),
         }
         bar.inc(1);
     }
+    let walls = |v: &[SystemPoint]| v.iter().map(|p| p.seconds).collect::<Vec<f64>>();
+    let peer = walls(&all[paths.len()]);
+    let versus_minimap2 = if peer.is_empty() {
+        Vec::new()
+    } else {
+        paths
+            .iter()
+            .zip(&all)
+            .map(|(p, v)| {
+                (
+                    format!("kura {} / minimap2", p.name()),
+                    compare(&walls(v), &peer, quotient, None),
+                )
+            })
+            .collect()
+    };
+    let pipeline = |p: IoPath| {
+        paths.iter().position(|&x| x == p).map(|i| {
+            all[i]
+                .iter()
+                .filter_map(|s| s.pipeline_seconds)
+                .collect::<Vec<f64>>()
+        })
+    };
+    let direct_vs_redirect = match (pipeline(IoPath::Direct), pipeline(IoPath::Redirect)) {
+        (Some(d), Some(r)) => Some(compare(&d, &r, lower_by, None)),
+        _ => None,
+    };
     bar.set_message("device bandwidth");
     let (device, stream) = read_bandwidth(dir.path(), &reads_fq)?;
     bar.finish_and_clear();
@@ -142,13 +183,19 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         simulator,
         threads: args.threads,
         rounds,
-        systems: best.into_iter().flatten().collect(),
+        systems: all.into_iter().filter_map(summarise).collect(),
+        versus_minimap2,
+        direct_vs_redirect,
+        file_system: crate::stats::fs_name(&args.dir),
+        minimap2_version: minimap2
+            .as_ref()
+            .map(|m| crate::stats::tool_version(&m.display().to_string(), "--version")),
         device_seq_read_mb_s: device,
         accelfs_stream_mb_s: stream,
         notes: Vec::new(),
     };
     report.notes.push(
-        "kura's time is the pipeline's total (load reference, index, save index, load index, load reads, match, write SAM); minimap2's is its process wall time (load, index, map, write SAM)".into(),
+        "kura and minimap2 are compared on whole-process wall time (kura: copy the dataset into its workspace, load reference, index, save and load the index, load reads, match, write SAM; minimap2: load, index, map, write SAM); kura's pipeline total is shown beside it, and direct vs redirect compares pipeline totals".into(),
     );
     report.notes.push(
         "peak RSS by wait4 of each child process; kura's includes copying the dataset into its image before the pipeline starts".into(),
@@ -157,10 +204,18 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     args.run.output.emit("genome", PLOT, &report)
 }
 
-fn keep_best(slot: &mut Option<SystemPoint>, p: SystemPoint) {
-    if slot.as_ref().is_none_or(|b| p.seconds < b.seconds) {
-        *slot = Some(p);
-    }
+/// One system's rounds as one point: the median round (by process wall time) with the spread
+/// of every round and the median pipeline total.
+fn summarise(mut rounds: Vec<SystemPoint>) -> Option<SystemPoint> {
+    let walls: Vec<f64> = rounds.iter().map(|p| p.seconds).collect();
+    let pipelines: Vec<f64> = rounds.iter().filter_map(|p| p.pipeline_seconds).collect();
+    rounds.sort_by(|a, b| a.seconds.total_cmp(&b.seconds));
+    let mid = rounds.len().checked_sub(1)? / 2;
+    let mut p = rounds.swap_remove(mid);
+    p.seconds_range = Spread::of(&walls);
+    p.seconds = p.seconds_range.median;
+    p.pipeline_seconds = (!pipelines.is_empty()).then(|| Spread::of(&pipelines).median);
+    Some(p)
 }
 
 fn which(tool: &str) -> Option<PathBuf> {
@@ -288,6 +343,7 @@ fn run_kura(
         .arg("--json")
         .arg(&json)
         .stdout(Stdio::null());
+    let command = format!("{cmd:?}");
     let (wall, rss) = measured(&mut cmd)?;
     std::fs::remove_dir_all(&work).ok();
     let text = std::fs::read_to_string(&json).with_context(|| format!("{}", json.display()))?;
@@ -308,10 +364,12 @@ fn run_kura(
         .find(|(k, _)| k == "load reads")
         .map_or(0.0, |(_, s)| *s);
     Ok(SystemPoint {
-        system: format!("kura ({})", path.describe()),
+        system: format!("kura ({})", describe_path(path, dir)),
         label: format!("kura {}", path.name()),
-        seconds: f(&r["total_s"]),
-        process_seconds: wall.as_secs_f64(),
+        seconds: wall.as_secs_f64(),
+        seconds_range: Spread::of(&[wall.as_secs_f64()]),
+        pipeline_seconds: Some(f(&r["total_s"])),
+        command,
         peak_rss_mib: rss,
         correct: u(&r["accuracy"]["correct"]),
         reads: u(&r["accuracy"]["reads"]),
@@ -319,6 +377,22 @@ fn run_kura(
         stages,
         load_reads_mb_s: (load > 0.0).then(|| f(&r["read_bytes"]) / 1e6 / load),
     })
+}
+
+/// The path as it really runs here: where io_uring is refused, the direct path's image is
+/// mounted through the engine's `file:` backend (`kura_genome::paths`), so io_uring is tried on a
+/// scratch image in `dir` and a refusal names the fallback.
+fn describe_path(path: IoPath, dir: &Path) -> String {
+    if path != IoPath::Direct {
+        return path.describe().to_string();
+    }
+    let probe = dir.join("uring-probe.img");
+    let opened = kura_engine::open(&format!("uring:{}?size=1M", probe.display()));
+    std::fs::remove_file(&probe).ok();
+    match opened {
+        Ok(_) => path.describe().to_string(),
+        Err(e) => format!("AccelFS on the direct engine's file backend; io_uring refused: {e}"),
+    }
 }
 
 fn run_minimap2(
@@ -337,6 +411,7 @@ fn run_minimap2(
         .arg(reads)
         .stdout(std::fs::File::create(&sam)?)
         .stderr(Stdio::null());
+    let command = format!("{cmd:?}");
     let (wall, rss) = measured(&mut cmd)?;
     let score = score_sam(
         std::io::BufReader::new(std::fs::File::open(&sam)?),
@@ -347,7 +422,9 @@ fn run_minimap2(
         system: "minimap2 -ax sr".into(),
         label: "minimap2".into(),
         seconds: wall.as_secs_f64(),
-        process_seconds: wall.as_secs_f64(),
+        seconds_range: Spread::of(&[wall.as_secs_f64()]),
+        pipeline_seconds: None,
+        command,
         peak_rss_mib: rss,
         correct: score.correct,
         reads: score.total,
@@ -391,40 +468,45 @@ fn sequential_read(dev: &mut dyn BlockDevice, bytes: u64) -> anyhow::Result<f64>
 
 fn print_report(r: &Report) {
     println!(
-        "kura bench genome: {} reads from {} ({}), {} threads, best of {} rounds",
-        r.reads, r.reference, r.simulator, r.threads, r.rounds
+        "kura bench genome: {} reads from {} ({}), {} threads, median [min–max] of {} round(s), on {}",
+        r.reads, r.reference, r.simulator, r.threads, r.rounds, r.file_system
     );
     println!(
-        "{:<58} {:>9} {:>9} {:>10} {:>10}",
-        "system", "seconds", "RSS MiB", "correct %", "bad MAPQ20"
+        "{:<58} {:>22} {:>10} {:>9} {:>10} {:>10}",
+        "system", "process wall s", "pipeline s", "RSS MiB", "correct %", "bad MAPQ20"
     );
     for s in &r.systems {
         println!(
-            "{:<58} {:>9.3} {:>9.1} {:>10.3} {:>10}",
+            "{:<58} {:>22} {:>10} {:>9.1} {:>10.3} {:>10}",
             s.system,
-            s.seconds,
+            s.seconds_range.show(3),
+            s.pipeline_seconds.map_or("-".into(), |p| format!("{p:.3}")),
             s.peak_rss_mib,
             100.0 * s.correct as f64 / s.reads.max(1) as f64,
             s.misplaced_mapq_ge_20
         );
     }
+    for (what, c) in &r.versus_minimap2 {
+        println!(
+            "{what}: process wall time {}x (per round pair; below 1 is kura faster)",
+            c.ratio.show(2)
+        );
+    }
     let peer = r.systems.iter().find(|s| s.system.starts_with("minimap2"));
-    let direct = r.systems.iter().find(|s| s.system.contains("direct"));
-    let redirect = r.systems.iter().find(|s| s.system.contains("redirect"));
+    let direct = r.systems.iter().find(|s| s.label == "kura accelfs");
     if let (Some(k), Some(m)) = (direct, peer) {
         println!(
-            "kura direct / minimap2: time {:.2}x, peak RSS {:.2}x, correct {} vs {} ({:+})",
-            k.seconds / m.seconds.max(1e-9),
+            "kura accelfs vs minimap2: peak RSS {:.2}x, correct {} vs {} ({:+})",
             k.peak_rss_mib / m.peak_rss_mib.max(1e-9),
             k.correct,
             m.correct,
             k.correct as i64 - m.correct as i64
         );
     }
-    if let (Some(d), Some(x)) = (direct, redirect) {
+    if let Some(c) = &r.direct_vs_redirect {
         println!(
-            "direct vs redirect: end-to-end {:.1} % lower (paper: 33-46 %)",
-            100.0 * (1.0 - d.seconds / x.seconds.max(1e-9))
+            "direct (accelfs) vs redirect: pipeline total {} % lower (per round; paper: 33-46 %)",
+            c.ratio.scaled(100.0).show(1)
         );
     }
     if let Some(load) = direct.and_then(|d| d.load_reads_mb_s) {
@@ -435,7 +517,48 @@ fn print_report(r: &Report) {
             r.device_seq_read_mb_s
         );
     }
+    for s in &r.systems {
+        println!("  {}: {}", s.label, s.command);
+    }
     for n in &r.notes {
         println!("note: {n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(label: &str, seconds: f64, pipeline: Option<f64>) -> SystemPoint {
+        SystemPoint {
+            system: label.into(),
+            label: label.into(),
+            seconds,
+            seconds_range: Spread::of(&[seconds]),
+            pipeline_seconds: pipeline,
+            command: String::new(),
+            peak_rss_mib: 0.0,
+            correct: 0,
+            reads: 0,
+            misplaced_mapq_ge_20: 0,
+            stages: Vec::new(),
+            load_reads_mb_s: None,
+        }
+    }
+
+    #[test]
+    fn a_system_is_its_median_round_with_the_spread_of_all() {
+        let p = summarise(vec![
+            point("k", 3.0, Some(2.0)),
+            point("k", 1.0, Some(0.5)),
+            point("k", 2.0, Some(1.5)),
+        ])
+        .unwrap();
+        assert_eq!(p.seconds, 2.0);
+        assert_eq!((p.seconds_range.min, p.seconds_range.max), (1.0, 3.0));
+        assert_eq!(p.pipeline_seconds, Some(1.5));
+        assert!(summarise(Vec::new()).is_none());
+        let m = summarise(vec![point("minimap2", 4.0, None)]).unwrap();
+        assert_eq!(m.pipeline_seconds, None, "minimap2 has no pipeline total");
     }
 }

@@ -494,12 +494,35 @@ pub fn run_paths(args: &RunArgs) -> anyhow::Result<Vec<PathRun>> {
     Ok(runs)
 }
 
+/// What a path really stood on: where io_uring is refused, `kura_genome::paths` mounts the
+/// direct path's image through the engine's `file:` backend instead of `spec`, so the `uring:`
+/// spec is opened again (read-only, the run has closed it) and a refusal is printed as the
+/// `file:` fallback it caused.
+fn opened_as(path: IoPath, spec: Option<&str>) -> (String, Option<String>) {
+    let Some(spec) = spec else {
+        return (path.describe().to_string(), None);
+    };
+    match spec.strip_prefix("uring:") {
+        Some(img) if path == IoPath::Direct && !img.contains('?') => {
+            match kura_engine::open(&format!("{spec}?ro=1")) {
+                Ok(_) => (path.describe().to_string(), Some(spec.to_string())),
+                Err(e) => (
+                    "AccelFS on the direct engine's synchronous file backend (io_uring refused)"
+                        .to_string(),
+                    Some(format!("file:{img}; uring refused: {e}")),
+                ),
+            }
+        }
+        _ => (path.describe().to_string(), Some(spec.to_string())),
+    }
+}
+
 fn print_table2(path: IoPath, spec: Option<&str>, r: &RunReport, threads: usize) {
+    let (describe, spec) = opened_as(path, spec);
     println!();
     println!(
-        "path {}: {}{}",
+        "path {}: {describe}{}",
         path.name(),
-        path.describe(),
         spec.map_or(String::new(), |s| format!(" [{s}]"))
     );
     println!(
