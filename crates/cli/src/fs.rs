@@ -9,13 +9,25 @@
 //! what is complete (a half-copied file is removed), commit, and say what was kept
 //! ([`crate::interrupt`]). `put` leaves chunks of zeroes as holes and `get` writes holes as
 //! holes.
+//!
+//! Like `cp -a`, `put -r` and `get -r` keep symbolic links as links, hard links as links (files
+//! that share a host inode share an AccelFS inode, and back), permission bits, owners (`get`
+//! sets them only where the host allows: as root), and access and modification times with
+//! nanoseconds (not on a host symlink itself, which std cannot set). `put` also copies FIFOs,
+//! sockets and device nodes; `get` skips them with a message (creating them on the host needs
+//! `mknod`). Extended attributes are not copied: the host side needs the `*xattr` system calls,
+//! which this crate does not link (use `kura mount` and `cp -a`/`tar --xattrs` for them).
 
 use crate::dev::{open_dev, open_dev_read_only};
 use crate::interrupt::{self, Interrupted};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kura_accelfs::{FileSystem, FileType, Metadata, MountOptions};
+use kura_accelfs::{FileSystem, FileType, FsError, Metadata, MountOptions, NodeSpec};
+use std::collections::HashMap;
+use std::ffi::OsStr;
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
 /// Bytes moved per call when copying: large enough to take the cache bypass.
@@ -93,6 +105,9 @@ fn mount_read_only(spec: &str) -> anyhow::Result<FileSystem> {
 struct Done {
     files: u64,
     bytes: u64,
+    /// Files with several names already copied: the source inode (host device and inode, or
+    /// AccelFS inode) → where its first name went.
+    linked: HashMap<(u64, u64), PathBuf>,
 }
 
 pub fn run(cmd: FsCommand) -> anyhow::Result<()> {
@@ -258,6 +273,16 @@ fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
             println!("parent: {}", m.parent);
             println!(" links: {}", m.links);
             println!("  mode: {:o}", m.mode);
+            if let Some((uid, gid)) = m.owner {
+                println!(" owner: uid {uid}, gid {gid}");
+            }
+            if m.is_symlink() {
+                println!("target: {}", String::from_utf8_lossy(&fs.read_link(&path)?));
+            }
+            if matches!(m.file_type, FileType::CharDevice | FileType::BlockDevice) {
+                println!("  rdev: {:#x}", m.rdev);
+            }
+            println!(" atime: {}", timestamp(m.atime_ns));
             println!(" mtime: {}", timestamp(m.mtime_ns));
             println!(" ctime: {}", timestamp(m.ctime_ns));
             Ok(())
@@ -299,10 +324,27 @@ fn join(dir: &str, name: &str) -> String {
 }
 
 fn kind(m: &Metadata) -> &'static str {
-    if m.is_dir() {
-        "directory"
-    } else {
-        "file"
+    match m.file_type {
+        FileType::Directory => "directory",
+        FileType::File => "file",
+        FileType::Symlink => "symbolic link",
+        FileType::Fifo => "FIFO",
+        FileType::Socket => "socket",
+        FileType::CharDevice => "character device",
+        FileType::BlockDevice => "block device",
+    }
+}
+
+/// The `ls -l` type letter.
+fn type_letter(t: FileType) -> char {
+    match t {
+        FileType::Directory => 'd',
+        FileType::File => '-',
+        FileType::Symlink => 'l',
+        FileType::Fifo => 'p',
+        FileType::Socket => 's',
+        FileType::CharDevice => 'c',
+        FileType::BlockDevice => 'b',
     }
 }
 
@@ -387,7 +429,7 @@ fn print_entry(name: &str, m: &Metadata, long: bool) {
     if long {
         println!(
             "{} {:o} {:>12} ino {:>6}  {}{}",
-            if m.is_dir() { 'd' } else { '-' },
+            type_letter(m.file_type),
             m.mode,
             m.size,
             m.ino,
@@ -414,7 +456,7 @@ fn tree_bytes(p: &Path) -> anyhow::Result<u64> {
 fn fs_tree_bytes(fs: &FileSystem, p: &str) -> anyhow::Result<u64> {
     let m = fs.metadata(p)?;
     if !m.is_dir() {
-        return Ok(m.size);
+        return Ok(if m.is_file() { m.size } else { 0 });
     }
     let mut total = 0;
     for e in fs.read_dir(p)? {
@@ -431,6 +473,7 @@ fn put(
     done: &mut Done,
 ) -> anyhow::Result<()> {
     let m = std::fs::symlink_metadata(local)?;
+    let t = m.file_type();
     if m.is_dir() {
         match fs.mkdir(dest) {
             Ok(()) => {}
@@ -446,11 +489,48 @@ fn put(
             };
             put(fs, &e.path(), &join(dest, name), bar, done)?;
         }
-        return Ok(());
+        // After the children, whose creation changed the directory's times.
+        return put_attributes(fs, dest, &m);
+    }
+    let key = (m.dev(), m.ino());
+    if !m.is_dir() && m.nlink() > 1 {
+        if let Some(first) = done.linked.get(&key) {
+            replace_non_dir(fs, dest)?;
+            fs.hard_link(&first.to_string_lossy(), dest)?;
+            done.files += 1;
+            return Ok(());
+        }
     }
     if !m.is_file() {
-        eprintln!("skipping {} (not a regular file)", local.display());
-        return Ok(());
+        replace_non_dir(fs, dest)?;
+        if t.is_symlink() {
+            let target = std::fs::read_link(local)
+                .with_context(|| format!("reading the link {}", local.display()))?;
+            fs.symlink(target.as_os_str().as_bytes(), dest)?;
+        } else {
+            let file_type = if t.is_fifo() {
+                FileType::Fifo
+            } else if t.is_socket() {
+                FileType::Socket
+            } else if t.is_char_device() {
+                FileType::CharDevice
+            } else {
+                FileType::BlockDevice
+            };
+            let spec = NodeSpec {
+                rdev: m.rdev(),
+                ..NodeSpec::new(file_type, (m.mode() & 0o7777) as u16)
+            };
+            fs.make_node_at(dest, &spec)?;
+        }
+        if m.nlink() > 1 {
+            done.linked.insert(key, PathBuf::from(dest));
+        }
+        done.files += 1;
+        return put_attributes(fs, dest, &m);
+    }
+    if fs.metadata(dest).is_ok_and(|d| !d.is_file() && !d.is_dir()) {
+        replace_non_dir(fs, dest)?;
     }
     let mut src =
         std::fs::File::open(local).with_context(|| format!("opening {}", local.display()))?;
@@ -485,9 +565,73 @@ fn put(
     }
     // The size covers a hole at the end too.
     f.set_len(at)?;
+    drop(f);
+    if m.nlink() > 1 {
+        done.linked.insert(key, PathBuf::from(dest));
+    }
     done.files += 1;
     done.bytes += at;
+    put_attributes(fs, dest, &m)
+}
+
+/// Removes `dest` when it exists and is not a directory (what `cp` replaces).
+fn replace_non_dir(fs: &FileSystem, dest: &str) -> anyhow::Result<()> {
+    match fs.metadata(dest) {
+        Ok(d) if d.is_dir() => bail!("{dest} is a directory"),
+        Ok(_) => Ok(fs.remove_file(dest)?),
+        Err(FsError::NotFound(_)) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// ns since the epoch of a host time (seconds, nanoseconds); 0 before it.
+fn host_ns(secs: i64, nsec: i64) -> u64 {
+    u64::try_from(secs)
+        .ok()
+        .and_then(|s| s.checked_mul(1_000_000_000))
+        .and_then(|s| s.checked_add(u64::try_from(nsec).unwrap_or(0)))
+        .unwrap_or(0)
+}
+
+/// Gives `dest` the host file's permission bits (not a symlink's), owner and times.
+fn put_attributes(fs: &FileSystem, dest: &str, m: &std::fs::Metadata) -> anyhow::Result<()> {
+    let ino = fs.metadata(dest)?.ino;
+    if !m.file_type().is_symlink() {
+        fs.set_attr(ino, Some((m.mode() & 0o7777) as u16), None)?;
+    }
+    fs.set_owner(ino, Some(m.uid()), Some(m.gid()))?;
+    fs.set_times(
+        ino,
+        Some(host_ns(m.atime(), m.atime_nsec())),
+        Some(host_ns(m.mtime(), m.mtime_nsec())),
+    )?;
     Ok(())
+}
+
+/// Gives the host copy `local` of `m` its permission bits, owner (where the host allows) and
+/// times; a symlink only its owner.
+fn get_attributes(local: &Path, m: &Metadata) -> anyhow::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    if let Some((uid, gid)) = m.owner {
+        match std::os::unix::fs::lchown(local, Some(uid), Some(gid)) {
+            Ok(()) => {}
+            // As `cp -a` does for a user who may not give files away.
+            Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {}
+            Err(e) => return Err(e).with_context(|| format!("chown {}", local.display())),
+        }
+    }
+    if m.is_symlink() {
+        return Ok(());
+    }
+    std::fs::set_permissions(local, std::fs::Permissions::from_mode(u32::from(m.mode)))
+        .with_context(|| format!("chmod {}", local.display()))?;
+    let time = |ns: u64| std::time::UNIX_EPOCH + std::time::Duration::from_nanos(ns);
+    let times = std::fs::FileTimes::new()
+        .set_accessed(time(m.atime_ns))
+        .set_modified(time(m.mtime_ns));
+    std::fs::File::open(local)
+        .and_then(|f| f.set_times(times))
+        .with_context(|| format!("setting the times of {}", local.display()))
 }
 
 fn read_full(src: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -518,7 +662,38 @@ fn get(
             let name = e.name_lossy();
             get(fs, &join(src, &name), &local.join(&name), bar, done)?;
         }
-        return Ok(());
+        return get_attributes(local, &m);
+    }
+    let key = (0, m.ino);
+    if m.links > 1 {
+        if let Some(first) = done.linked.get(&key) {
+            remove_host_file(local)?;
+            std::fs::hard_link(first, local)
+                .with_context(|| format!("linking {}", local.display()))?;
+            done.files += 1;
+            return Ok(());
+        }
+    }
+    match m.file_type {
+        FileType::File => {}
+        FileType::Symlink => {
+            let target = fs.read_link(src)?;
+            remove_host_file(local)?;
+            std::os::unix::fs::symlink(OsStr::from_bytes(&target), local)
+                .with_context(|| format!("creating the link {}", local.display()))?;
+            if m.links > 1 {
+                done.linked.insert(key, local.to_path_buf());
+            }
+            done.files += 1;
+            return get_attributes(local, &m);
+        }
+        _ => {
+            eprintln!(
+                "skipping {src} ({}: creating one on the host needs mknod)",
+                kind(&m)
+            );
+            return Ok(());
+        }
     }
     let f = fs.open(src)?;
     let ranges = f.allocated_ranges()?;
@@ -557,9 +732,23 @@ fn get(
     out.set_len(m.size)
         .with_context(|| format!("sizing {}", local.display()))?;
     out.sync_all()?;
+    drop(out);
+    if m.links > 1 {
+        done.linked.insert(key, local.to_path_buf());
+    }
     done.files += 1;
     done.bytes += m.size;
-    Ok(())
+    get_attributes(local, &m)
+}
+
+/// Removes a host file or symlink at `local` (not a directory) before it is replaced.
+fn remove_host_file(local: &Path) -> anyhow::Result<()> {
+    match std::fs::symlink_metadata(local) {
+        Ok(m) if !m.is_dir() => {
+            std::fs::remove_file(local).with_context(|| format!("replacing {}", local.display()))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn remove_tree(fs: &FileSystem, path: &str, done: &mut Done) -> anyhow::Result<()> {

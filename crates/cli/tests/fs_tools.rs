@@ -30,14 +30,16 @@ fn make_tree(root: &Path) {
 fn diff_r(a: &Path, b: &Path) {
     let o = Command::new("diff")
         .arg("-r")
+        .arg("--no-dereference")
         .arg(a)
         .arg(b)
         .output()
         .expect("run diff");
     assert!(
         o.status.success(),
-        "diff -r: {}",
-        String::from_utf8_lossy(&o.stdout)
+        "diff -r: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
     );
 }
 
@@ -83,6 +85,115 @@ fn put_get_ls_cat_stat_rm_df_round_trip() {
     assert!(df.contains("inodes"), "{df}");
     let missing = kura(&["fs", "cat", &spec, "/nope"]);
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no such file"));
+    assert!(ok(&["fsck", &spec]).contains("clean"));
+}
+
+/// What `cp -a` keeps of a host path: type, permission bits, owner, mtime in ns, a symlink's
+/// target, and (for a file with several names) which of the other paths share its inode.
+fn attributes(root: &Path, rel: &str) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let p = root.join(rel);
+    let m = std::fs::symlink_metadata(&p).expect("lstat");
+    let t = m.file_type();
+    let target = if t.is_symlink() {
+        std::fs::read_link(&p)
+            .expect("readlink")
+            .display()
+            .to_string()
+    } else {
+        String::new()
+    };
+    // Times of a symlink itself are not kept (std cannot set them on the host).
+    let mtime = if t.is_symlink() {
+        0
+    } else {
+        m.mtime() * 1_000_000_000 + m.mtime_nsec()
+    };
+    format!(
+        "{rel}: {t:?} mode {:o} owner {}:{} mtime {mtime} links {} -> {target}",
+        if t.is_symlink() { 0 } else { m.mode() & 0o7777 },
+        m.uid(),
+        m.gid(),
+        m.nlink()
+    )
+}
+
+#[test]
+fn put_r_and_get_r_keep_links_modes_owners_and_times_like_cp_a() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("fs.img");
+    ok(&["mkfs", &format!("file:{}?size=64M", img.display())]);
+    let spec = format!("file:{}", img.display());
+    let src = dir.path().join("tree");
+    make_tree(&src);
+    let long = "x".repeat(200);
+    let script = format!(
+        "chmod 640 hello.txt; chmod 711 sub; ln -s hello.txt short; ln -s {long} dangling; \
+         ln sub/big.bin sub/deeper/big-again; ln -s ../hello.txt sub/up; mkfifo fifo; \
+         touch -d '2001-02-03 04:05:06.123456789' hello.txt sub/deeper/f3 empty-dir; \
+         if [ \"$(id -u)\" = 0 ]; then chown 1234:5678 hello.txt; chown -h 99:98 short; fi"
+    );
+    let st = Command::new("sh")
+        .args(["-ec", &script])
+        .current_dir(&src)
+        .status()
+        .expect("sh");
+    assert!(st.success());
+    ok(&["fs", "put", &spec, src.to_str().expect("utf8"), "/", "-r"]);
+    let listing = ok(&["fs", "ls", &spec, "/tree", "-l"]);
+    assert!(
+        listing
+            .lines()
+            .any(|l| l.starts_with('l') && l.ends_with("short"))
+            && listing
+                .lines()
+                .any(|l| l.starts_with('p') && l.ends_with("fifo")),
+        "{listing}"
+    );
+    let stat = ok(&["fs", "stat", &spec, "/tree/sub/big.bin"]);
+    assert!(stat.contains("links: 2"), "{stat}");
+    let stat = ok(&["fs", "stat", &spec, "/tree/short"]);
+    assert!(stat.contains("target: hello.txt"), "{stat}");
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    let got = kura(&[
+        "fs",
+        "get",
+        &spec,
+        "/tree",
+        out.to_str().expect("utf8"),
+        "-r",
+    ]);
+    assert!(got.status.success());
+    assert!(
+        String::from_utf8_lossy(&got.stderr).contains("skipping /tree/fifo (FIFO"),
+        "{}",
+        String::from_utf8_lossy(&got.stderr)
+    );
+    std::fs::remove_file(src.join("fifo")).expect("rm fifo");
+    let back = out.join("tree");
+    diff_r(&src, &back);
+    for rel in [
+        "hello.txt",
+        "short",
+        "dangling",
+        "sub",
+        "sub/up",
+        "sub/big.bin",
+        "sub/deeper/big-again",
+        "sub/deeper/f3",
+        "empty-dir",
+        "empty",
+    ] {
+        assert_eq!(attributes(&src, rel), attributes(&back, rel));
+    }
+    let ino = |p: &str| std::fs::metadata(back.join(p)).expect("stat").ino();
+    assert_eq!(
+        ino("sub/big.bin"),
+        ino("sub/deeper/big-again"),
+        "the hard link came back as one"
+    );
     assert!(ok(&["fsck", &spec]).contains("clean"));
 }
 
