@@ -5,9 +5,18 @@
 //! operation trace) — same keys, value sizes and block-cache budget, same run.
 //!
 //! Every system gets a fresh database per workload; the load phase is untimed, the run phase is
-//! timed per operation (throughput and p50/p99/p99.9 latency).
+//! timed per operation (throughput and p50/p99/p99.9 latency). The systems take turns in each of
+//! `--rounds` rounds (A B A B); each figure is the median round with its min–max, and the ratios
+//! are taken per round pair ([`crate::stats`]).
+//!
+//! RocksDB is configured as LevelDB is: the same block cache, the same memtable (write buffer)
+//! size, a 10 bits/key bloom filter, no compression. The Python peer script takes the memtable
+//! size; the bloom filter is set by a small wrapper that runs it ([`ROCKSDB_EQUAL`]). The
+//! settings RocksDB actually used are read back from the OPTIONS file it writes, and kept in the
+//! JSON with the exact command line. The host file system is named by statfs, not assumed.
 
 use crate::output::{plot_help, RunArgs};
+use crate::stats::{compare, quotient, Compared, Spread};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
@@ -55,6 +64,10 @@ pub struct KvBenchArgs {
     /// fillsync writes this many keys (each one synced).
     #[arg(long, default_value_t = 2000)]
     pub sync_records: u64,
+    /// Rounds of every (workload, value size), the systems taking turns in each; median and
+    /// min-max are reported. Default 5, or 1 with --quick.
+    #[arg(long)]
+    pub rounds: Option<usize>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -73,20 +86,98 @@ pub struct Point {
     pub p50_us: f64,
     pub p99_us: f64,
     pub p999_us: f64,
+    /// Throughput over the rounds (the other figures are the median round's).
+    pub ops_per_s_range: Spread,
+}
+
+/// How one store was configured, and how it was run.
+#[derive(Debug, Clone, Serialize)]
+pub struct StoreSettings {
+    pub system: String,
+    pub block_cache_bytes: usize,
+    pub write_buffer_bytes: usize,
+    pub bloom_bits_per_key: i32,
+    pub compression: bool,
+    /// The peer's command line (RocksDB), or how it runs (LevelDB in this process).
+    pub command: String,
+    /// RocksDB only: the settings its OPTIONS file recorded, as RocksDB wrote them.
+    pub options_file: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
+    pub rounds: usize,
+    /// The file system of `--dir` (statfs): where LevelDB's POSIX Env and RocksDB write.
+    pub file_system: String,
     pub points: Vec<Point>,
+    /// Ratios per (workload, value size), over the rounds' pairs.
+    pub ratios: Vec<KvRatio>,
+    pub settings: Vec<StoreSettings>,
     pub cache_bytes: usize,
     pub peak_rss_bytes: u64,
     pub notes: Vec<String>,
 }
 
+/// One ratio of throughputs for a (workload, value size).
+#[derive(Debug, Clone, Serialize)]
+pub struct KvRatio {
+    pub what: String,
+    pub workload: String,
+    pub value_bytes: usize,
+    pub compared: Compared,
+}
+
 const ACCELFS: &str = "LevelDB/AccelFS";
-const POSIX: &str = "LevelDB/ext4";
 const REDIRECT: &str = "LevelDB/AccelFS/redirect";
-const ROCKSDB: &str = "RocksDB/ext4";
+
+/// LevelDB's POSIX Env on the host file system `fs`.
+fn posix_name(fs: &str) -> String {
+    format!("LevelDB/{fs}")
+}
+
+/// RocksDB on the host file system `fs`.
+fn rocksdb_name(fs: &str) -> String {
+    format!("RocksDB/{fs}")
+}
+
+/// Bits per key of both stores' bloom filters.
+const BLOOM_BITS: i32 = 10;
+
+/// Runs the RocksDB peer script (its path first in argv) with every `BlockBasedOptions` given a
+/// bloom filter of the bits per key in `KURA_BLOOM_BITS`, as LevelDB's is.
+pub const ROCKSDB_EQUAL: &str = r#"import os, runpy, sys
+import rocksdict
+_plain = rocksdict.BlockBasedOptions
+_bits = float(os.environ["KURA_BLOOM_BITS"])
+def _with_bloom():
+    t = _plain()
+    t.set_bloom_filter(_bits, False)
+    return t
+rocksdict.BlockBasedOptions = _with_bloom
+peer = sys.argv[1]
+sys.argv = sys.argv[1:]
+runpy.run_path(peer, run_name="__main__")
+"#;
+
+/// The RocksDB settings worth recording from its OPTIONS file.
+pub fn options_of_interest(text: &str) -> Vec<String> {
+    const KEYS: [&str; 6] = [
+        "write_buffer_size",
+        "filter_policy",
+        "compression",
+        "bottommost_compression",
+        "block_cache",
+        "block_size",
+    ];
+    text.lines()
+        .map(str::trim)
+        .filter(|l| {
+            l.split_once('=')
+                .is_some_and(|(k, _)| KEYS.contains(&k.trim()))
+        })
+        .map(str::to_string)
+        .collect()
+}
 
 fn size_arg(s: &str) -> anyhow::Result<u64> {
     kura_engine::spec::parse_size(s).map_err(anyhow::Error::msg)
@@ -186,14 +277,18 @@ fn point(
         p50_us: pick(0.5),
         p99_us: pick(0.99),
         p999_us: pick(0.999),
+        ops_per_s_range: Spread::of(&[counted as f64 / secs.max(1e-9)]),
     }
 }
 
+/// The settings of every store, LevelDB's and RocksDB's alike: the block cache asked for,
+/// LevelDB's default memtable, a [`BLOOM_BITS`] bloom filter, and no compression (so both move
+/// the same bytes).
 fn db_options(cache: usize) -> DbOptions {
     DbOptions {
         block_cache_bytes: cache,
-        // Same as RocksDB's side: no compression, so both move the same bytes.
         compression: false,
+        bloom_bits: BLOOM_BITS,
         ..DbOptions::default()
     }
 }
@@ -203,9 +298,9 @@ fn run_leveldb(
     store: Location,
     w: &Workload,
     value: usize,
-    cache: usize,
+    opts: &DbOptions,
 ) -> anyhow::Result<Point> {
-    let db = Db::open(store, &db_options(cache)).with_context(|| format!("{system}: open"))?;
+    let db = Db::open(store, opts).with_context(|| format!("{system}: open"))?;
     run_phase(&db, w, w.load(), false)?;
     let t = Instant::now();
     let (lat, entries) = run_phase(&db, w, w.run(), true)?;
@@ -214,24 +309,47 @@ fn run_leveldb(
     Ok(point(system, w, value, lat, entries, secs))
 }
 
-/// The RocksDB peer: the same workload as a trace file, replayed by the Python script.
-fn run_rocksdb(dir: &Path, w: &Workload, value: usize, cache: usize) -> anyhow::Result<Point> {
+/// The RocksDB peer: the same workload as a trace file, replayed by the Python script with
+/// LevelDB's settings; returns the point, the command line and RocksDB's recorded options.
+fn run_rocksdb(
+    dir: &Path,
+    system: &str,
+    w: &Workload,
+    value: usize,
+    opts: &DbOptions,
+) -> anyhow::Result<(Point, String, Vec<String>)> {
     let trace = dir.join(format!("{}.trace", w.name()));
     let f = std::fs::File::create(&trace)?;
     kura_workload::write_workload(f, w)?;
     let script = dir.join("kv_rocksdb_peer.py");
     std::fs::write(&script, PEER)?;
+    let equal = dir.join("kv_rocksdb_equal.py");
+    std::fs::write(&equal, ROCKSDB_EQUAL)?;
     let db = dir.join(format!("rocks-{}-{value}", w.name()));
+    let args = rocksdb_args(&script, &trace, &db, opts);
+    let command = format!(
+        "KURA_BLOOM_BITS={} python3 {} {}",
+        opts.bloom_bits,
+        equal.display(),
+        args.join(" ")
+    );
     let out = Command::new("python3")
-        .arg(&script)
-        .arg("--trace")
-        .arg(&trace)
-        .arg("--db")
-        .arg(&db)
-        .arg("--cache-bytes")
-        .arg(cache.to_string())
+        .arg(&equal)
+        .args(&args)
+        .env("KURA_BLOOM_BITS", opts.bloom_bits.to_string())
         .output()
         .context("running python3")?;
+    let recorded = std::fs::read_dir(&db)
+        .ok()
+        .and_then(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("OPTIONS-"))
+                .max_by_key(|e| e.file_name())
+        })
+        .and_then(|e| std::fs::read_to_string(e.path()).ok())
+        .map(|t| options_of_interest(&t))
+        .unwrap_or_default();
     let _ = std::fs::remove_dir_all(&db);
     let _ = std::fs::remove_file(&trace);
     if !out.status.success() {
@@ -253,23 +371,41 @@ fn run_rocksdb(dir: &Path, w: &Workload, value: usize, cache: usize) -> anyhow::
         .unwrap_or(0);
     let ops = num("ops") as u64;
     let secs = num("seconds");
-    Ok(Point {
-        system: ROCKSDB.into(),
+    let ops_per_s = if entries > 0 {
+        entries as f64 / secs.max(1e-9)
+    } else {
+        num("ops_per_s")
+    };
+    let point = Point {
+        system: system.into(),
         workload: w.name().to_string(),
         value_bytes: value,
         records: w.loaded_records(),
         ops,
         entries,
         seconds: secs,
-        ops_per_s: if entries > 0 {
-            entries as f64 / secs.max(1e-9)
-        } else {
-            num("ops_per_s")
-        },
+        ops_per_s,
         p50_us: num("p50_us"),
         p99_us: num("p99_us"),
         p999_us: num("p999_us"),
-    })
+        ops_per_s_range: Spread::of(&[ops_per_s]),
+    };
+    Ok((point, command, recorded))
+}
+
+/// The peer script's arguments: LevelDB's block cache and memtable size.
+pub fn rocksdb_args(script: &Path, trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
+    vec![
+        script.display().to_string(),
+        "--trace".into(),
+        trace.display().to_string(),
+        "--db".into(),
+        db.display().to_string(),
+        "--cache-bytes".into(),
+        opts.block_cache_bytes.to_string(),
+        "--write-buffer-bytes".into(),
+        opts.write_buffer_bytes.to_string(),
+    ]
 }
 
 fn rocksdb_missing() -> Option<String> {
@@ -389,7 +525,11 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
     } else {
         None
     };
-    let total = (names.len() * sizes.len() * systems.len()) as u64;
+    let rounds = crate::stats::rounds(args.rounds, args.run.quick, 1);
+    let file_system = crate::stats::fs_name(&args.dir);
+    let (posix, rocks) = (posix_name(&file_system), rocksdb_name(&file_system));
+    let opts = db_options(cache);
+    let total = (names.len() * sizes.len() * systems.len() * rounds) as u64;
     let bar = ProgressBar::new(total);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
@@ -397,55 +537,75 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         bar.set_style(style.progress_chars("=> "));
     }
     let mut points = Vec::new();
+    let mut ratios = Vec::new();
+    let mut rocks_run: Option<(String, Vec<String>)> = None;
     for &value in &sizes {
         let recs = records.min((data / value as u64).max(100));
         for name in &names {
             let w = workload(name, recs, ops, value, sync_records)?;
-            for (i, system) in systems.iter().enumerate() {
-                bar.set_message(format!("{name} {value} B on {system}"));
-                let path = format!("/db-{name}-{value}-{i}");
-                let p = match system.as_str() {
-                    "accelfs" => {
-                        let fs = fs.clone().context("AccelFS not prepared")?;
-                        let p = run_leveldb(
-                            ACCELFS,
-                            Location::AccelFs {
-                                fs: fs.clone(),
-                                path: path.clone(),
-                            },
-                            &w,
-                            value,
-                            cache,
-                        )?;
-                        remove_tree(&fs, &path)?;
-                        p
-                    }
-                    "redirect" => {
-                        let fs = rfs.clone().context("redirect AccelFS not prepared")?;
-                        let p = run_leveldb(
-                            REDIRECT,
-                            Location::AccelFs {
-                                fs: fs.clone(),
-                                path: path.clone(),
-                            },
-                            &w,
-                            value,
-                            cache,
-                        )?;
-                        remove_tree(&fs, &path)?;
-                        p
-                    }
-                    "posix" => {
-                        let host = dir.path().join(path.trim_start_matches('/'));
-                        let p = run_leveldb(POSIX, Location::Dir(host.clone()), &w, value, cache)?;
-                        std::fs::remove_dir_all(&host)?;
-                        p
-                    }
-                    _ => run_rocksdb(dir.path(), &w, value, cache)?,
-                };
-                points.push(p);
-                bar.inc(1);
+            let mut by_system: Vec<Vec<Point>> = vec![Vec::new(); systems.len()];
+            for round in 0..rounds {
+                for (i, system) in systems.iter().enumerate() {
+                    bar.set_message(format!("{name} {value} B on {system}, round {}", round + 1));
+                    let path = format!("/db-{name}-{value}-{i}");
+                    let p = match system.as_str() {
+                        "accelfs" | "redirect" => {
+                            let (label, fs) = if system == "accelfs" {
+                                (ACCELFS, fs.clone().context("AccelFS not prepared")?)
+                            } else {
+                                (
+                                    REDIRECT,
+                                    rfs.clone().context("redirect AccelFS not prepared")?,
+                                )
+                            };
+                            let p = run_leveldb(
+                                label,
+                                Location::AccelFs {
+                                    fs: fs.clone(),
+                                    path: path.clone(),
+                                },
+                                &w,
+                                value,
+                                &opts,
+                            )?;
+                            remove_tree(&fs, &path)?;
+                            p
+                        }
+                        "posix" => {
+                            let host = dir.path().join(path.trim_start_matches('/'));
+                            let p =
+                                run_leveldb(&posix, Location::Dir(host.clone()), &w, value, &opts)?;
+                            std::fs::remove_dir_all(&host)?;
+                            p
+                        }
+                        _ => {
+                            let (p, command, recorded) =
+                                run_rocksdb(dir.path(), &rocks, &w, value, &opts)?;
+                            rocks_run = Some((command, recorded));
+                            p
+                        }
+                    };
+                    by_system[i].push(p);
+                    bar.inc(1);
+                }
             }
+            let rate = |v: &[Point]| v.iter().map(|p| p.ops_per_s).collect::<Vec<f64>>();
+            let find = |label: &str| {
+                by_system
+                    .iter()
+                    .find(|v| v.first().is_some_and(|p| p.system == label))
+            };
+            for (what, peer) in [("fs/host", &posix), ("fs/rocks", &rocks)] {
+                if let (Some(k), Some(p)) = (find(ACCELFS), find(peer)) {
+                    ratios.push(KvRatio {
+                        what: format!("{ACCELFS} / {peer} ({what})"),
+                        workload: w.name().to_string(),
+                        value_bytes: value,
+                        compared: compare(&rate(k), &rate(p), quotient, None),
+                    });
+                }
+            }
+            points.extend(by_system.into_iter().filter_map(median_round));
         }
     }
     bar.finish_and_clear();
@@ -455,8 +615,34 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
     if let Some(fs) = rfs {
         fs.unmount()?;
     }
+    let leveldb = |system: &str| StoreSettings {
+        system: system.to_string(),
+        block_cache_bytes: opts.block_cache_bytes,
+        write_buffer_bytes: opts.write_buffer_bytes,
+        bloom_bits_per_key: opts.bloom_bits,
+        compression: opts.compression,
+        command: "Google LevelDB in this process (kura_kv::Db)".into(),
+        options_file: Vec::new(),
+    };
+    let mut settings: Vec<StoreSettings> = Vec::new();
+    for system in &systems {
+        settings.push(match system.as_str() {
+            "accelfs" => leveldb(ACCELFS),
+            "redirect" => leveldb(REDIRECT),
+            "posix" => leveldb(&posix),
+            _ => {
+                let (command, options_file) = rocks_run.clone().unwrap_or_default();
+                StoreSettings {
+                    command,
+                    options_file,
+                    ..leveldb(&rocks)
+                }
+            }
+        });
+    }
     notes.push(format!(
-        "block cache {cache} B for every store; LevelDB and RocksDB without compression; AccelFS buffer cache {fs_cache} B; ext4 has the page cache, which is not bounded"
+        "every store: block cache {cache} B, memtable {} B, bloom filter {} bits/key, no compression; AccelFS buffer cache {fs_cache} B; {file_system} has the page cache, which is not bounded",
+        opts.write_buffer_bytes, opts.bloom_bits
     ));
     notes.push("RocksDB runs in Python (rocksdict): its latencies include a few µs of interpreter time per call".into());
     notes.push(
@@ -464,13 +650,28 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
             .into(),
     );
     let report = Report {
+        rounds,
+        file_system,
         points,
+        ratios,
+        settings,
         cache_bytes: cache,
         peak_rss_bytes: crate::fs::peak_rss(),
         notes,
     };
     print_report(&report);
     args.run.output.emit("kv", PLOT, &report)
+}
+
+/// One system's rounds as one point: the round of median throughput, with the spread of all.
+fn median_round(mut rounds: Vec<Point>) -> Option<Point> {
+    let rates: Vec<f64> = rounds.iter().map(|p| p.ops_per_s).collect();
+    rounds.sort_by(|a, b| a.ops_per_s.total_cmp(&b.ops_per_s));
+    let mid = rounds.len().checked_sub(1)? / 2;
+    let mut p = rounds.swap_remove(mid);
+    p.ops_per_s_range = Spread::of(&rates);
+    p.ops_per_s = p.ops_per_s_range.median;
+    Some(p)
 }
 
 fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {
@@ -482,44 +683,60 @@ fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {
 }
 
 fn print_report(r: &Report) {
+    let (posix, rocks) = (posix_name(&r.file_system), rocksdb_name(&r.file_system));
     let find = |s: &str, w: &str, v: usize| {
         r.points
             .iter()
             .find(|p| p.system == s && p.workload == w && p.value_bytes == v)
     };
-    let mut keys: Vec<(usize, String)> = r
-        .points
-        .iter()
-        .map(|p| (p.value_bytes, p.workload.clone()))
-        .collect();
-    keys.dedup();
-    println!("throughput, ops/s (entries/s for scans); p99 µs in the JSON");
-    println!(
-        "{:<12} {:>7} {:>16} {:>14} {:>18} {:>14} {:>9} {:>9}",
-        "workload", "value", ACCELFS, POSIX, REDIRECT, ROCKSDB, "fs/ext4", "fs/rocks"
-    );
-    let mut seen = Vec::new();
-    for (v, w) in keys {
-        if seen.contains(&(v, w.clone())) {
-            continue;
+    let ratio = |what: &str, w: &str, v: usize| {
+        r.ratios
+            .iter()
+            .find(|x| x.workload == w && x.value_bytes == v && x.what.ends_with(what))
+            .map_or("-".into(), |x| x.compared.ratio.show(2))
+    };
+    let mut keys: Vec<(usize, String)> = Vec::new();
+    for p in &r.points {
+        if !keys.contains(&(p.value_bytes, p.workload.clone())) {
+            keys.push((p.value_bytes, p.workload.clone()));
         }
-        seen.push((v, w.clone()));
-        let cell = |s: &str| find(s, &w, v).map_or("-".into(), |p| format!("{:.0}", p.ops_per_s));
-        let ratio = |a: &str, b: &str| match (find(a, &w, v), find(b, &w, v)) {
-            (Some(x), Some(y)) if y.ops_per_s > 0.0 => format!("{:.2}", x.ops_per_s / y.ops_per_s),
-            _ => "-".into(),
-        };
+    }
+    println!(
+        "throughput, ops/s (entries/s for scans), median [min–max] of {} round(s); ratios per round pair; p99 µs in the JSON",
+        r.rounds
+    );
+    println!(
+        "{:<12} {:>7} {:>22} {:>22} {:>24} {:>22} {:>18} {:>18}",
+        "workload", "value", ACCELFS, posix, REDIRECT, rocks, "fs/host", "fs/rocks"
+    );
+    for (v, w) in keys {
+        let cell = |s: &str| find(s, &w, v).map_or("-".into(), |p| p.ops_per_s_range.show(0));
         println!(
-            "{:<12} {:>7} {:>16} {:>14} {:>18} {:>14} {:>9} {:>9}",
+            "{:<12} {:>7} {:>22} {:>22} {:>24} {:>22} {:>18} {:>18}",
             w,
             v,
             cell(ACCELFS),
-            cell(POSIX),
+            cell(&posix),
             cell(REDIRECT),
-            cell(ROCKSDB),
-            ratio(ACCELFS, POSIX),
-            ratio(ACCELFS, ROCKSDB)
+            cell(&rocks),
+            ratio("(fs/host)", &w, v),
+            ratio("(fs/rocks)", &w, v)
         );
+    }
+    println!("store settings (side by side):");
+    for st in &r.settings {
+        println!(
+            "  {:<26} block cache {} B, memtable {} B, bloom {} bits/key, compression {}",
+            st.system,
+            st.block_cache_bytes,
+            st.write_buffer_bytes,
+            st.bloom_bits_per_key,
+            if st.compression { "on" } else { "off" }
+        );
+        if !st.options_file.is_empty() {
+            println!("    RocksDB's OPTIONS file: {}", st.options_file.join("; "));
+        }
+        println!("    {}", st.command);
     }
     println!(
         "peak RSS of this process (LevelDB runs in it): {} MiB",
@@ -527,5 +744,61 @@ fn print_report(r: &Report) {
     );
     for n in &r.notes {
         println!("note: {n}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rocksdb_gets_leveldbs_cache_memtable_and_bloom_filter() {
+        let opts = db_options(8 << 20);
+        assert!(!opts.compression, "no compression on either side");
+        assert_eq!(opts.bloom_bits, BLOOM_BITS);
+        let args = rocksdb_args(
+            Path::new("/w/peer.py"),
+            Path::new("/w/t.trace"),
+            Path::new("/w/db"),
+            &opts,
+        );
+        assert_eq!(
+            args.join(" "),
+            format!(
+                "/w/peer.py --trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {}",
+                8 << 20,
+                opts.write_buffer_bytes
+            )
+        );
+        assert!(ROCKSDB_EQUAL.contains("set_bloom_filter(_bits, False)"));
+        // The peer script builds its table options by this name, which the wrapper replaces.
+        assert!(PEER.contains("table = BlockBasedOptions()"));
+        assert!(PEER.contains("--write-buffer-bytes"));
+    }
+
+    #[test]
+    fn the_options_file_lines_that_matter_are_kept() {
+        let text = "[CFOptions \"default\"]\n  write_buffer_size=4194304\n  compression=kNoCompression\n  max_write_buffer_number=2\n[TableOptions/BlockBasedTable \"default\"]\n  filter_policy=bloomfilter:10:false\n  block_size=4096\n";
+        assert_eq!(
+            options_of_interest(text),
+            [
+                "write_buffer_size=4194304",
+                "compression=kNoCompression",
+                "filter_policy=bloomfilter:10:false",
+                "block_size=4096"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_system_is_its_median_round() {
+        let w = workload("fillrandom", 10, 10, 100, 10).unwrap();
+        let mk = |rate: f64| point("s", &w, 100, vec![1.0], 0, 1.0 / rate);
+        let p = median_round(vec![mk(10.0), mk(30.0), mk(20.0)]).unwrap();
+        assert!((p.ops_per_s - 20.0).abs() < 1e-9);
+        assert!((p.ops_per_s_range.min - 10.0).abs() < 1e-9);
+        assert!((p.ops_per_s_range.max - 30.0).abs() < 1e-9);
+        assert!(median_round(Vec::new()).is_none());
+        assert_eq!(posix_name("xfs"), "LevelDB/xfs");
     }
 }
