@@ -7,6 +7,8 @@
 //!   by a rename through it, and a file whose size is 2^62. Each runs in a child process (this
 //!   test binary, filtered to [`hostile_case_child`]) under `ulimit -v`, which reports its peak
 //!   resident memory; the parent checks the child's verdict, its time and that peak.
+//! - Crafted `posix` structures: an attribute block pointing into metadata or at another file's
+//!   data, symbolic links with impossible sizes or extents, special files with data.
 //! - A property test mutates random bytes of a small, populated image (raw, or with the block's
 //!   checksums recomputed so the change gets past them) and mounts (read-write and read-only),
 //!   walks, reads and fscks it: every outcome is `Ok` or a typed error, each within a deadline.
@@ -494,12 +496,110 @@ fn blocks_marked_free_are_not_trusted_as_a_files_data() {
     );
 }
 
+#[test]
+fn crafted_posix_structures_are_errors_not_trust() {
+    let storage = populated();
+    let l = layout(&storage);
+    let f = ino_of(&storage, "/f");
+    let other = ino_of(&storage, "/d/f5");
+    let clean = storage.lock().expect("storage").clone();
+    let reset = |s: &MemStorage| s.lock().expect("storage").copy_from_slice(&clean);
+    // An attribute block inside the inode table: refused when the inode loads.
+    patch_inode(&storage, f, |i| i.xattr_block = l.inode_table_start);
+    let fs = FileSystem::mount(device(&storage), MountOptions::default()).expect("mount");
+    let e = fs.metadata("/f").unwrap_err();
+    assert!(is_corrupt(&e, "outside the data region"), "{e}");
+    drop(fs);
+    let report = fsck(device(&storage)).expect("fsck");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("extended-attribute block")),
+        "{:?}",
+        report.problems
+    );
+    // An attribute block that is another file's data: reading it fails its header check.
+    reset(&storage);
+    let data = {
+        let image = storage.lock().expect("storage");
+        let (block, at) = inode_at(&l, other);
+        Inode::decode(other, &image[block * BS + at..block * BS + at + INODE_SIZE])
+            .expect("inode")
+            .inline[0]
+            .physical
+    };
+    patch_inode(&storage, f, |i| i.xattr_block = data);
+    let fs = FileSystem::mount(device(&storage), MountOptions::default()).expect("mount");
+    let ino = fs.metadata("/f").expect("stat").ino;
+    let e = fs.list_xattr(ino).unwrap_err();
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    drop(fs);
+    let report = fsck(device(&storage)).expect("fsck");
+    assert!(
+        report
+            .problems
+            .iter()
+            .any(|p| p.contains("also claimed by")),
+        "{:?}",
+        report.problems
+    );
+    // A symbolic link whose size says its target is in a block it does not have, one that is
+    // too long, and a FIFO with data: each inode is refused by name.
+    for (what, patch) in [
+        (
+            "not one block",
+            Box::new(|i: &mut Inode| {
+                i.kind = kura_accelfs::inode::Kind::Symlink;
+                i.size = 500;
+                i.extent_count = 0;
+                i.inline = [kura_accelfs::extent::Extent::EMPTY; 4];
+                i.blocks = 0;
+            }) as Box<dyn FnOnce(&mut Inode)>,
+        ),
+        (
+            "symbolic link of",
+            Box::new(|i: &mut Inode| {
+                i.kind = kura_accelfs::inode::Kind::Symlink;
+                i.size = 1 << 40;
+            }),
+        ),
+        (
+            "with data",
+            Box::new(|i: &mut Inode| i.kind = kura_accelfs::inode::Kind::Fifo),
+        ),
+    ] {
+        reset(&storage);
+        patch_inode(&storage, f, patch);
+        let fs = FileSystem::mount(device(&storage), MountOptions::default()).expect("mount");
+        let e = fs.metadata("/f").unwrap_err();
+        assert!(is_corrupt(&e, what), "{what}: {e}");
+        drop(fs);
+        let report = fsck(device(&storage)).expect("fsck");
+        assert!(
+            report.problems.iter().any(|p| p.contains(what)),
+            "{what}: {:?}",
+            report.problems
+        );
+    }
+}
+
 // ---- random damage ----------------------------------------------------------------------
 
-/// A small populated image with a committed, un-checkpointed transaction in its journal.
+/// A small populated image — with symbolic links (fast and slow), a hard link, a FIFO and
+/// extended attributes — and a committed, un-checkpointed transaction in its journal.
 fn fuzz_base() -> Vec<u8> {
     let storage = populated();
     let fs = FileSystem::mount(device(&storage), MountOptions::default()).expect("mount");
+    fs.symlink(b"f", "/fast").expect("symlink");
+    fs.symlink(&[b's'; 300], "/d/slow").expect("symlink");
+    fs.hard_link("/f", "/a/hard").expect("link");
+    fs.make_node_at("/fifo", &kura_accelfs::NodeSpec::new(FileType::Fifo, 0o644))
+        .expect("mkfifo");
+    let ino = fs.metadata("/f").expect("stat").ino;
+    fs.set_xattr(ino, b"user.x", b"attribute", kura_accelfs::XattrMode::Any)
+        .expect("setxattr");
+    fs.sync().expect("sync");
     fs.write("/d/e/journaled", b"in the log").expect("write");
     fs.sync().expect("sync");
     let image = storage.lock().expect("storage").clone();

@@ -430,7 +430,7 @@ impl Mounted {
         Ok(data.len())
     }
 
-    fn write_step(
+    pub(super) fn write_step(
         &mut self,
         ino: u64,
         offset: u64,

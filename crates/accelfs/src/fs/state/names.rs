@@ -305,10 +305,14 @@ impl Mounted {
             }
         }
         if slow_link {
-            if let Err(e) = self.write_data(ino, 0, target) {
+            // One block, written through the cache as ordered data; no commit can come between
+            // here and the directory entry (write_data could make transaction room).
+            if let Err(e) = self.write_step(ino, 0, target, false) {
                 self.free_node(ino)?;
                 return Err(e);
             }
+            self.node(ino)?.inode.size = target.len() as u64;
+            self.mark_layout_changed(ino);
         }
         if kind == Kind::Directory {
             let (p, _) = self
