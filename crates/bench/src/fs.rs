@@ -10,6 +10,7 @@
 
 use crate::io::drop_page_cache;
 use crate::output::{plot_help, RunArgs};
+use crate::stats::{compare, quotient, Compared, Spread};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::fsdevice::{BatchOp, FsDevice, StreamPart};
@@ -80,12 +81,23 @@ pub struct Report {
     pub cache_peak_bytes: u64,
     pub peak_rss_bytes: u64,
     pub block_size: u32,
+    /// The file system of `--dir` (statfs), which the host-file rows run on.
+    pub file_system: String,
+    /// fsync'd appends per second over the rounds, by system (median in `appends_per_s`).
+    pub appends_rounds: Vec<(String, Spread)>,
+    /// Sequential read over the rounds, by system (median in `seq_read_mib_s`).
+    pub seq_read_rounds: Vec<(String, Spread)>,
+    /// AccelFS against the host file system's appends, per round pair.
+    pub appends_ratio: Option<Compared>,
     pub notes: Vec<String>,
 }
 
 const RAW: &str = "raw engine";
 const ACCELFS: &str = "AccelFS";
-const EXT4: &str = "ext4 syscalls";
+/// The host file system's row: `NAME syscalls`, NAME from statfs on `--dir`.
+fn host_name(fs: &str) -> String {
+    format!("{fs} syscalls")
+}
 const REDIRECT: &str = "AccelFS/redirect";
 
 struct Plan {
@@ -176,8 +188,13 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
         cache_peak_bytes: 0,
         peak_rss_bytes: 0,
         block_size: plan.block_size,
+        file_system: crate::stats::fs_name(&args.dir),
+        appends_rounds: Vec::new(),
+        seq_read_rounds: Vec::new(),
+        appends_ratio: None,
         notes: Vec::new(),
     };
+    let host = host_name(&report.file_system);
     let fs_image = dir.path().join("accelfs.img");
     let redirect_image = dir.path().join("accelfs-redirect.img");
     let raw_image = dir.path().join("raw.img");
@@ -240,7 +257,7 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
                     samples[3].extend(time_ops(&mut Target::Fs(rregion), op, &offs, bytes)?);
                 }
             }
-            for (system, us) in [RAW, ACCELFS, EXT4, REDIRECT].into_iter().zip(samples) {
+            for (system, us) in [RAW, ACCELFS, &host, REDIRECT].into_iter().zip(samples) {
                 if !us.is_empty() {
                     report.latency.push(stats(system, op, bytes, us));
                 }
@@ -260,29 +277,42 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
             rounds[2].push(fs_appends(rfs, per_round)?);
         }
     }
-    for (system, mut r) in [ACCELFS, EXT4, REDIRECT].into_iter().zip(rounds) {
+    if let (Some(a), Some(e)) = (rounds.first(), rounds.get(1)) {
+        report.appends_ratio = Some(compare(a, e, quotient, None));
+    }
+    for (system, r) in [ACCELFS, &host, REDIRECT].into_iter().zip(rounds) {
         if !r.is_empty() {
-            report.appends_per_s.push((system.into(), median(&mut r)));
+            let spread = Spread::of(&r);
+            report.appends_per_s.push((system.into(), spread.median));
+            report.appends_rounds.push((system.into(), spread));
         }
     }
     bar.inc(1);
 
-    // Sequential read, alternating raw and AccelFS, best of three each.
+    // Sequential read, alternating raw and AccelFS (A B A B), median of three rounds each.
     bar.set_message("sequential read");
     let seq = fs.create("/sequential")?;
     fill_file(&seq, plan.seq)?;
     fs.sync()?;
-    let (mut best_raw, mut best_fs, mut best_copy) = (0f64, 0f64, 0f64);
-    for _ in 0..3 {
-        best_raw = best_raw.max(raw_seq_read(&mut raw, plan.seq)?);
-        best_fs = best_fs.max(fs_seq_read(&fs, "/sequential", plan.seq)?);
-        best_copy = best_copy.max(fs_seq_read_at(&fs, "/sequential", plan.seq)?);
+    let mut raw_side = |_| raw_seq_read(&mut raw, plan.seq);
+    let mut stream_side = |_| fs_seq_read(&fs, "/sequential", plan.seq);
+    let mut copy_side = |_| fs_seq_read_at(&fs, "/sequential", plan.seq);
+    let seq_rounds = crate::stats::interleave(
+        SEQ_ROUNDS,
+        &mut [&mut raw_side, &mut stream_side, &mut copy_side],
+    )?;
+    for (name, r) in [
+        RAW.to_string(),
+        ACCELFS.to_string(),
+        format!("{ACCELFS} read_at"),
+    ]
+    .into_iter()
+    .zip(seq_rounds)
+    {
+        let spread = Spread::of(&r);
+        report.seq_read_mib_s.push((name.clone(), spread.median));
+        report.seq_read_rounds.push((name, spread));
     }
-    report.seq_read_mib_s.push((RAW.into(), best_raw));
-    report.seq_read_mib_s.push((ACCELFS.into(), best_fs));
-    report
-        .seq_read_mib_s
-        .push((format!("{ACCELFS} read_at"), best_copy));
     bar.inc(1);
     report.cache_peak_bytes = fs.statfs().cache.peak_bytes;
     drop((region, seq, raw, ext4));
@@ -295,11 +325,11 @@ pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
 
     report.peak_rss_bytes = peak_rss();
     report.notes.push(format!(
-        "AccelFS block size {} B; reads are cold (cache budget {} B, region {} B at random offsets; page cache dropped for ext4)",
-        plan.block_size, plan.cache, plan.region
+        "AccelFS block size {} B; reads are cold (cache budget {} B, region {} B at random offsets; page cache dropped for the {} file)",
+        plan.block_size, plan.cache, plan.region, report.file_system
     ));
     report.notes.push(
-        "AccelFS write = write into the buffer cache below 256 KiB (bypass above); ext4 write = buffered pwrite; raw write = device write. write+sync adds fdatasync (AccelFS File::sync_data: an overwrite needs no journal commit) / fdatasync / flush. Appends use File::sync_all (a journal commit: the size changes) against ext4 fdatasync".into(),
+        "AccelFS write = write into the buffer cache below 256 KiB (bypass above); host write = buffered pwrite; raw write = device write. write+sync adds fdatasync (AccelFS File::sync_data: an overwrite needs no journal commit) / fdatasync / flush. Appends use File::sync_all (a journal commit: the size changes) against the host file's fdatasync".into(),
     );
     print_report(&report);
     args.run.output.emit("fs", PLOT, &report)
@@ -461,11 +491,8 @@ fn fill_file(f: &kura_accelfs::File, bytes: u64) -> anyhow::Result<()> {
 }
 
 const APPEND_ROUNDS: usize = 5;
-
-fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
-}
+/// Rounds of the sequential read, the systems taking turns.
+const SEQ_ROUNDS: usize = 3;
 
 fn fs_appends(fs: &FileSystem, n: usize) -> anyhow::Result<f64> {
     let mut f = fs.create("/appends")?;
@@ -578,14 +605,15 @@ fn size_label(b: usize) -> String {
 }
 
 fn print_report(r: &Report) {
-    let systems = [RAW, ACCELFS, EXT4, REDIRECT];
+    let host = host_name(&r.file_system);
+    let systems = [RAW, ACCELFS, host.as_str(), REDIRECT];
     let mut sizes: Vec<usize> = r.latency.iter().map(|p| p.bytes).collect();
     sizes.sort_unstable();
     sizes.dedup();
     println!("latency, mean µs (p99 in the JSON)");
     println!(
         "{:<11} {:>5} {:>11} {:>11} {:>13} {:>17} {:>10} {:>10}",
-        "op", "size", RAW, ACCELFS, EXT4, REDIRECT, "fs/raw", "fs/ext4"
+        "op", "size", RAW, ACCELFS, host, REDIRECT, "fs/raw", "fs/host"
     );
     for op in ["read", "write", "write+sync"] {
         for &b in &sizes {
@@ -603,27 +631,32 @@ fn print_report(r: &Report) {
                 cell(systems[2]),
                 cell(systems[3]),
                 ratio(ACCELFS, RAW),
-                ratio(ACCELFS, EXT4)
+                ratio(ACCELFS, &host)
             );
         }
     }
     println!();
-    let get = |v: &[(String, f64)], s: &str| v.iter().find(|(n, _)| n == s).map(|(_, x)| *x);
-    for (name, rate) in &r.appends_per_s {
-        println!("fsync'd 4 KiB appends/s  {name:<17} {rate:>10.0}");
+    for (name, rate) in &r.appends_rounds {
+        println!("fsync'd 4 KiB appends/s  {name:<17} {:>26}", rate.show(0));
     }
-    if let (Some(a), Some(e)) = (get(&r.appends_per_s, ACCELFS), get(&r.appends_per_s, EXT4)) {
-        println!("  AccelFS / ext4 = {:.2}x", a / e);
-    }
-    for (name, bw) in &r.seq_read_mib_s {
+    if let Some(c) = &r.appends_ratio {
         println!(
-            "sequential read of {} MiB  {name:<11} {bw:>10.0} MiB/s",
-            r.seq_bytes >> 20
+            "  AccelFS / {} = {}x (per round pair)",
+            r.file_system,
+            c.ratio.show(2)
         );
     }
+    for (name, bw) in &r.seq_read_rounds {
+        println!(
+            "sequential read of {} MiB  {name:<11} {:>26} MiB/s",
+            r.seq_bytes >> 20,
+            bw.show(0)
+        );
+    }
+    let get = |v: &[(String, f64)], s: &str| v.iter().find(|(n, _)| n == s).map(|(_, x)| *x);
     if let (Some(a), Some(raw)) = (get(&r.seq_read_mib_s, ACCELFS), get(&r.seq_read_mib_s, RAW)) {
         println!(
-            "  AccelFS (read_stream) / raw engine = {:.0}%",
+            "  AccelFS (read_stream) / raw engine = {:.0}% (medians)",
             a / raw * 100.0
         );
     }
