@@ -3,10 +3,13 @@
 //! size semantics, owners and nanosecond times, `rename` with `RENAME_NOREPLACE` and
 //! `RENAME_EXCHANGE`, `fallocate` (allocate, keep-size, punch hole); each persisting across a
 //! remount with fsck clean, each error typed with the errno Linux gives. Also: an image made
-//! before the `posix` feature still mounts (and refuses only what needs it), an unknown
-//! feature bit refuses the mount, and fsck/repair deal with a damaged attribute block.
+//! before the `posix` feature still mounts (and refuses only what needs it; fsck reports posix
+//! structures on it), an unknown feature bit refuses the mount, fsck counts every hard link
+//! and repair restores the count, and fsck/repair deal with a damaged attribute block.
 
-use kura_accelfs::layout::{Superblock, FEATURE_POSIX};
+use kura_accelfs::header::{seal, BlockKind, HEADER_LEN};
+use kura_accelfs::inode::{Inode, INODE_SIZE};
+use kura_accelfs::layout::{Layout, Superblock, FEATURE_POSIX};
 use kura_accelfs::{
     fsck, repair, Fallocate, FileSystem, FileType, FsError, MkfsOptions, MountOptions, NodeSpec,
     RenameMode, XattrMode,
@@ -482,4 +485,70 @@ fn fsck_finds_a_damaged_attribute_block_and_repair_drops_it() {
     assert!(fs.list_xattr(ino).expect("list").is_empty());
     assert_eq!(fs.read("/f").expect("read"), b"x");
     fs.unmount().expect("unmount");
+}
+
+/// Changes inode `ino` of an unmounted 8 KiB-block image with `f`, keeping its checksums right.
+fn patch_inode(storage: &MemStorage, ino: u64, f: impl FnOnce(&mut Inode)) {
+    let bs = 8192;
+    let mut image = storage.lock().expect("storage");
+    let l = Superblock::decode(&image[..bs], 0)
+        .expect("superblock")
+        .layout;
+    let per = Layout::inodes_per_block(l.block_size);
+    let block = (l.inode_table_start + ino / per) as usize;
+    let at = HEADER_LEN + (ino % per) as usize * INODE_SIZE;
+    let b = &mut image[block * bs..(block + 1) * bs];
+    let mut inode = Inode::decode(ino, &b[at..at + INODE_SIZE]).expect("inode");
+    f(&mut inode);
+    b[at..at + INODE_SIZE].copy_from_slice(&inode.encode());
+    seal(b, BlockKind::InodeTable, block as u64);
+}
+
+#[test]
+fn fsck_counts_every_hard_link_and_repair_restores_the_count() {
+    let (fs, storage) = fresh();
+    fs.create_dir_all("/a/b").expect("mkdir");
+    fs.write("/f", b"shared").expect("write");
+    fs.hard_link("/f", "/a/g").expect("link");
+    fs.hard_link("/f", "/a/b/h").expect("link");
+    let ino = fs.metadata("/f").expect("stat").ino;
+    fs.unmount().expect("unmount");
+    assert_clean(&storage);
+    patch_inode(&storage, ino, |i| i.links = 1);
+    let problems = fsck_problems(&storage);
+    assert!(
+        problems
+            .iter()
+            .any(|p| p.contains(&format!("inode {ino} has link count 1 but 3"))),
+        "{problems:#?}"
+    );
+    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+    let report = repair::repair(Box::new(dev)).expect("repair");
+    assert!(!report.fixed.is_empty(), "{report:#?}");
+    assert_clean(&storage);
+    let fs = remount(&storage).expect("mount");
+    assert_eq!(fs.metadata("/a/b/h").expect("stat").links, 3);
+    fs.unmount().expect("unmount");
+}
+
+#[test]
+fn fsck_reports_posix_structures_on_an_image_without_the_feature() {
+    let (fs, storage) = fresh();
+    fs.symlink(b"target", "/l").expect("symlink");
+    fs.write("/f", b"x").expect("write");
+    fs.hard_link("/f", "/g").expect("link");
+    fs.unmount().expect("unmount");
+    set_features(&storage, 0);
+    let problems = fsck_problems(&storage);
+    assert_eq!(
+        problems
+            .iter()
+            .filter(|p| p.contains("does not have it"))
+            .count(),
+        2,
+        "the symlink and the hard-linked file: {problems:#?}"
+    );
+    let fs = remount(&storage).expect("mount");
+    let e = fs.read_link("/l").unwrap_err();
+    assert!(e.to_string().contains("posix feature"), "{e}");
 }
