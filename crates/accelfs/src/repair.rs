@@ -63,6 +63,7 @@ pub fn repair(dev: Box<dyn BlockDevice>) -> Result<RepairReport, FsError> {
     r.journal()?;
     r.read_inodes()?;
     r.claim_blocks()?;
+    r.posix_flag(&sb);
     r.ensure_root();
     r.read_directories()?;
     r.one_entry_per_directory();
@@ -280,6 +281,40 @@ impl Repairer {
             "the backup superblock (block {backup}) {why}; rewrote it from the primary"
         ));
         Ok(())
+    }
+
+    /// An image without the `posix` flag whose inodes use it (symbolic links, special files,
+    /// hard links, attribute blocks) gets the flag in both superblocks: the least destructive
+    /// way to a state fsck accepts, and only a kura that knows the feature writes such inodes.
+    fn posix_flag(&mut self, sb: &Superblock) {
+        use crate::layout::FEATURE_POSIX;
+        if sb.features & FEATURE_POSIX != 0 {
+            return;
+        }
+        let users: Vec<u64> = self
+            .inodes
+            .iter()
+            .filter(|(_, i)| {
+                i.kind.needs_posix()
+                    || i.xattr_block != 0
+                    || (i.kind != Kind::Directory && i.links > 1)
+            })
+            .map(|(&ino, _)| ino)
+            .collect();
+        if users.is_empty() {
+            return;
+        }
+        let upgraded = Superblock {
+            features: sb.features | FEATURE_POSIX,
+            ..*sb
+        };
+        let backup = self.l.backup_superblock();
+        self.writes.insert(0, upgraded.encode(0));
+        self.writes.insert(backup, upgraded.encode(backup));
+        self.fixed(format!(
+            "inodes {} use the posix feature, which the superblock did not list; set its flag in both superblocks",
+            examples(&users)
+        ));
     }
 
     /// Replay the journal as mount would, so repair sees the state mount will see.

@@ -551,4 +551,20 @@ fn fsck_reports_posix_structures_on_an_image_without_the_feature() {
     let fs = remount(&storage).expect("mount");
     let e = fs.read_link("/l").unwrap_err();
     assert!(e.to_string().contains("posix feature"), "{e}");
+    drop(fs);
+    // Repair sets the flag (both superblocks), keeping the symlink and the links.
+    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+    let report = repair::repair(Box::new(dev)).expect("repair");
+    assert!(
+        report
+            .fixed
+            .iter()
+            .any(|f| f.contains("set its flag in both superblocks")),
+        "{report:#?}"
+    );
+    assert_clean(&storage);
+    let fs = remount(&storage).expect("mount");
+    assert_eq!(fs.read_link("/l").expect("readlink"), b"target");
+    assert_eq!(fs.metadata("/g").expect("stat").links, 2);
+    fs.unmount().expect("unmount");
 }
