@@ -57,6 +57,15 @@ pub fn run_mkfs(args: &MkfsArgs) -> anyhow::Result<()> {
         l.data_blocks(),
         l.data_start
     );
+    println!(
+        "  format version {}, features: {}",
+        kura_accelfs::layout::VERSION,
+        if sb.features & kura_accelfs::layout::FEATURE_POSIX != 0 {
+            "posix (symbolic links, hard links, special files, extended attributes)"
+        } else {
+            "none"
+        }
+    );
     Ok(())
 }
 
