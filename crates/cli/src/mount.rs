@@ -214,7 +214,15 @@ impl Filesystem for Fuse {
                     .set_attr(ino.0, mode.map(|m| (m & 0o7777) as u16), None)?;
             }
             if uid.is_some() || gid.is_some() {
-                self.fs.set_owner(ino.0, uid, gid)?;
+                // An inode without a recorded owner shows the mount point's: the half of the
+                // owner `chown` leaves alone keeps what was shown.
+                let (u, g) = self
+                    .fs
+                    .metadata_of(ino.0)?
+                    .owner
+                    .unwrap_or((self.uid, self.gid));
+                self.fs
+                    .set_owner(ino.0, Some(uid.unwrap_or(u)), Some(gid.unwrap_or(g)))?;
             }
             if atime.is_some() || mtime.is_some() {
                 self.fs.set_times(ino.0, atime.map(ns), mtime.map(ns))?;
