@@ -11,7 +11,9 @@
 //!
 //! RocksDB is configured as LevelDB is: the same block cache, the same memtable (write buffer)
 //! size, a 10 bits/key bloom filter, no compression. The Python peer script takes the memtable
-//! size; the bloom filter is set by a small wrapper that runs it ([`ROCKSDB_EQUAL`]). The
+//! size; the bloom filter is set by a small wrapper that runs it ([`ROCKSDB_EQUAL`]). Where g++
+//! and librocksdb-dev are installed, RocksDB is instead driven by a C++ replay program
+//! (`cpp/rocksdb_peer.cc`, compiled at run time and cached), in process as LevelDB is. The
 //! settings RocksDB actually used are read back from the OPTIONS file it writes, and kept in the
 //! JSON with the exact command line. The host file system is named by statfs, not assumed.
 
@@ -68,6 +70,11 @@ pub struct KvBenchArgs {
     /// min-max are reported. Default 5, or 1 with --quick.
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// How RocksDB is driven: `cpp` (a C++ replay program compiled with g++ against
+    /// librocksdb-dev, in process like LevelDB), `python` (rocksdict), or `auto` (cpp where it
+    /// builds, else python).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpp", "python"])]
+    pub rocksdb_peer: String,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -161,7 +168,8 @@ runpy.run_path(peer, run_name="__main__")
 
 /// The RocksDB settings worth recording from its OPTIONS file.
 pub fn options_of_interest(text: &str) -> Vec<String> {
-    const KEYS: [&str; 6] = [
+    const KEYS: [&str; 7] = [
+        "rocksdb_version",
         "write_buffer_size",
         "filter_policy",
         "compression",
@@ -309,10 +317,93 @@ fn run_leveldb(
     Ok(point(system, w, value, lat, entries, secs))
 }
 
-/// The RocksDB peer: the same workload as a trace file, replayed by the Python script with
-/// LevelDB's settings; returns the point, the command line and RocksDB's recorded options.
+/// How the RocksDB peer runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RocksPeer {
+    /// The C++ replay program (`cpp/rocksdb_peer.cc`), built at this path.
+    Cpp(PathBuf),
+    /// The Python script through rocksdict, with the bloom-filter wrapper.
+    Python,
+}
+
+/// The C++ replay program's source.
+pub const PEER_CC: &str = include_str!("../cpp/rocksdb_peer.cc");
+
+/// Builds the C++ peer with g++ against librocksdb (once per source: the binary is kept in the
+/// temp dir under a name with the source's CRC32C), or says why it cannot be built.
+pub fn build_cpp_peer() -> Result<PathBuf, String> {
+    let cache = std::env::temp_dir().join(format!(
+        "kura-rocksdb-peer-{:08x}",
+        crc32c::crc32c(PEER_CC.as_bytes())
+    ));
+    if cache.is_file() {
+        return Ok(cache);
+    }
+    let work = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
+    let src = work.path().join("rocksdb_peer.cc");
+    std::fs::write(&src, PEER_CC).map_err(|e| format!("writing {}: {e}", src.display()))?;
+    let bin = work.path().join("rocksdb_peer");
+    let out = Command::new("g++")
+        .args(["-O2", "-std=c++17", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .arg("-lrocksdb")
+        .output()
+        .map_err(|e| format!("g++ is not available ({e}); apt-get install g++ librocksdb-dev"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "g++ could not build the RocksDB peer (apt-get install librocksdb-dev): {}",
+            err.lines()
+                .find(|l| l.contains("error"))
+                .unwrap_or("failed")
+        ));
+    }
+    // Another run may have built it meanwhile: a rename over it is as good.
+    std::fs::rename(&bin, &cache)
+        .or_else(|_| std::fs::copy(&bin, &cache).map(|_| ()))
+        .map_err(|e| format!("keeping {}: {e}", cache.display()))?;
+    Ok(cache)
+}
+
+/// Chooses the RocksDB peer for `--rocksdb-peer` (`auto`, `cpp`, `python`), or says why there
+/// is none.
+fn choose_peer(choice: &str) -> Result<RocksPeer, String> {
+    let python = || match rocksdb_missing() {
+        None => Ok(RocksPeer::Python),
+        Some(why) => Err(why),
+    };
+    match choice {
+        "cpp" => build_cpp_peer().map(RocksPeer::Cpp),
+        "python" => python(),
+        _ => build_cpp_peer()
+            .map(RocksPeer::Cpp)
+            .or_else(|cpp| python().map_err(|py| format!("{cpp}; {py}"))),
+    }
+}
+
+/// The C++ peer's arguments: LevelDB's block cache, memtable size and bloom filter.
+pub fn cpp_peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
+    vec![
+        "--trace".into(),
+        trace.display().to_string(),
+        "--db".into(),
+        db.display().to_string(),
+        "--cache-bytes".into(),
+        opts.block_cache_bytes.to_string(),
+        "--write-buffer-bytes".into(),
+        opts.write_buffer_bytes.to_string(),
+        "--bloom-bits".into(),
+        opts.bloom_bits.to_string(),
+    ]
+}
+
+/// The RocksDB peer: the same workload as a trace file, replayed with LevelDB's settings by the
+/// C++ program or the Python script; returns the point, the command line and RocksDB's
+/// recorded options.
 fn run_rocksdb(
     dir: &Path,
+    peer: &RocksPeer,
     system: &str,
     w: &Workload,
     value: usize,
@@ -321,24 +412,38 @@ fn run_rocksdb(
     let trace = dir.join(format!("{}.trace", w.name()));
     let f = std::fs::File::create(&trace)?;
     kura_workload::write_workload(f, w)?;
-    let script = dir.join("kv_rocksdb_peer.py");
-    std::fs::write(&script, PEER)?;
-    let equal = dir.join("kv_rocksdb_equal.py");
-    std::fs::write(&equal, ROCKSDB_EQUAL)?;
     let db = dir.join(format!("rocks-{}-{value}", w.name()));
-    let args = rocksdb_args(&script, &trace, &db, opts);
-    let command = format!(
-        "KURA_BLOOM_BITS={} python3 {} {}",
-        opts.bloom_bits,
-        equal.display(),
-        args.join(" ")
-    );
-    let out = Command::new("python3")
-        .arg(&equal)
-        .args(&args)
-        .env("KURA_BLOOM_BITS", opts.bloom_bits.to_string())
-        .output()
-        .context("running python3")?;
+    let (command, out) = match peer {
+        RocksPeer::Cpp(bin) => {
+            let args = cpp_peer_args(&trace, &db, opts);
+            let command = format!("{} {}", bin.display(), args.join(" "));
+            let out = Command::new(bin)
+                .args(&args)
+                .output()
+                .with_context(|| format!("running {}", bin.display()))?;
+            (command, out)
+        }
+        RocksPeer::Python => {
+            let script = dir.join("kv_rocksdb_peer.py");
+            std::fs::write(&script, PEER)?;
+            let equal = dir.join("kv_rocksdb_equal.py");
+            std::fs::write(&equal, ROCKSDB_EQUAL)?;
+            let args = rocksdb_args(&script, &trace, &db, opts);
+            let command = format!(
+                "KURA_BLOOM_BITS={} python3 {} {}",
+                opts.bloom_bits,
+                equal.display(),
+                args.join(" ")
+            );
+            let out = Command::new("python3")
+                .arg(&equal)
+                .args(&args)
+                .env("KURA_BLOOM_BITS", opts.bloom_bits.to_string())
+                .output()
+                .context("running python3")?;
+            (command, out)
+        }
+    };
     let recorded = std::fs::read_dir(&db)
         .ok()
         .and_then(|entries| {
@@ -363,10 +468,14 @@ fn run_rocksdb(
     }
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("peer output")?;
     let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
+    // The C++ peer reports scanned entries at the top, the Python one per operation kind.
     let entries = v
-        .get("by_op")
-        .and_then(|b| b.get("scan"))
-        .and_then(|s| s.get("entries"))
+        .get("entries")
+        .or_else(|| {
+            v.get("by_op")
+                .and_then(|b| b.get("scan"))
+                .and_then(|s| s.get("entries"))
+        })
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(0);
     let ops = num("ops") as u64;
@@ -486,10 +595,14 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         }
     }
     let mut notes = Vec::new();
+    let mut peer = None;
     if systems.iter().any(|s| s == "rocksdb") {
-        if let Some(why) = rocksdb_missing() {
-            notes.push(format!("RocksDB skipped: {why}"));
-            systems.retain(|s| s != "rocksdb");
+        match choose_peer(&args.rocksdb_peer) {
+            Ok(p) => peer = Some(p),
+            Err(why) => {
+                notes.push(format!("RocksDB skipped: {why}"));
+                systems.retain(|s| s != "rocksdb");
+            }
         }
     }
     let sizes: Vec<usize> = args
@@ -579,8 +692,14 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                             p
                         }
                         _ => {
-                            let (p, command, recorded) =
-                                run_rocksdb(dir.path(), &rocks, &w, value, &opts)?;
+                            let (p, command, recorded) = run_rocksdb(
+                                dir.path(),
+                                peer.as_ref().context("no RocksDB peer")?,
+                                &rocks,
+                                &w,
+                                value,
+                                &opts,
+                            )?;
                             rocks_run = Some((command, recorded));
                             p
                         }
@@ -644,7 +763,13 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         "every store: block cache {cache} B, memtable {} B, bloom filter {} bits/key, no compression; AccelFS buffer cache {fs_cache} B; {file_system} has the page cache, which is not bounded",
         opts.write_buffer_bytes, opts.bloom_bits
     ));
-    notes.push("RocksDB runs in Python (rocksdict): its latencies include a few µs of interpreter time per call".into());
+    match &peer {
+        Some(RocksPeer::Python) => notes.push("RocksDB runs in Python (rocksdict): its latencies include a few µs of interpreter time per call".into()),
+        Some(RocksPeer::Cpp(_)) => notes.push(
+            "RocksDB runs in a C++ replay program against librocksdb (its version is in the OPTIONS lines), timed as LevelDB is in this process".into(),
+        ),
+        None => {}
+    }
     notes.push(
         "fillsync and readseq/YCSB-E: fillsync syncs every write; scans count entries per second"
             .into(),
@@ -771,6 +896,17 @@ mod tests {
             )
         );
         assert!(ROCKSDB_EQUAL.contains("set_bloom_filter(_bits, False)"));
+        let cpp = cpp_peer_args(Path::new("/w/t.trace"), Path::new("/w/db"), &opts).join(" ");
+        assert_eq!(
+            cpp,
+            format!(
+                "--trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {} --bloom-bits {BLOOM_BITS}",
+                8 << 20,
+                opts.write_buffer_bytes
+            )
+        );
+        assert!(PEER_CC.contains("NewBloomFilterPolicy(bloom, false)"));
+        assert!(PEER_CC.contains("rocksdb::kNoCompression"));
         // The peer script builds its table options by this name, which the wrapper replaces.
         assert!(PEER.contains("table = BlockBasedOptions()"));
         assert!(PEER.contains("--write-buffer-bytes"));
