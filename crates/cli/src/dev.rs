@@ -4,6 +4,7 @@ use crate::interrupt::Interrupted;
 use crate::pattern;
 use crate::stream::{self, progress};
 use anyhow::{bail, Context};
+use kura_engine::registry::ReadOnly;
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, Registry};
 use std::io::Write;
 use std::sync::OnceLock;
@@ -23,11 +24,16 @@ Options every backend takes
   qd=128              queue depth of the queue pair
   max_transfer=1M     largest command; bigger requests are split and completed as one
 
+[ro=1] after a kind: it takes ro=1 (refuses writes); commands that only read add it
+
 Examples
   mem:256M   file:/tmp/kura.img?size=1G   uring:/dev/loop0?sqpoll=1   sync:/tmp/a.img?direct=1
   redirect:/tmp/a.img?link=aurora   fault(mem:64M)?flush_eio=1   nbd://127.0.0.1:10809/disk
   mirror(stripe(mem:64M,mem:64M),cache(file:/tmp/b.img?size=128M)?mode=wb)
 ";
+
+/// What `kura specs` appends to the first help line of a kind that takes `ro=1`.
+pub const RO_MARK: &str = " [ro=1]";
 
 /// Every kind the CLI opens: the engine's, the virtual drives, user-space NVMe and NBD. Built
 /// once; every command that opens a spec goes through it.
@@ -63,6 +69,13 @@ pub fn specs_help(registry: &Registry) -> String {
         }
         let mut lines = kind.help.lines();
         let first = lines.next().unwrap_or("");
+        // Kinds a read-only open marks with ro=1 say so after their first line.
+        let ro = if kind.read_only == ReadOnly::RoOption {
+            RO_MARK
+        } else {
+            ""
+        };
+        let first = format!("{first}{ro}");
         if kind.usage.len() <= MAX_COLUMN {
             out.push_str(&format!("  {:<column$}{first}\n", kind.usage));
         } else {
@@ -278,21 +291,11 @@ pub fn open_dev_read_only(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
     }
     let mut parsed = kura_engine::Spec::parse(spec)
         .with_context(|| format!("opening `{spec}` (see `kura specs` for the syntax)"))?;
-    mark_read_only(&mut parsed);
-    registry()
+    let registry = registry();
+    registry.mark_read_only(&mut parsed);
+    registry
         .open_spec(&parsed)
         .with_context(|| format!("opening `{spec}` read-only"))
-}
-
-/// Adds `ro=1` to every file-backed leaf of `spec` that does not say otherwise.
-fn mark_read_only(spec: &mut kura_engine::Spec) {
-    const FILE_BACKED: &[&str] = &["file", "uring", "sync", "redirect"];
-    if FILE_BACKED.contains(&spec.kind.as_str()) && spec.option("ro").is_none() {
-        spec.options.push(("ro".into(), "1".into()));
-    }
-    for child in &mut spec.children {
-        mark_read_only(child);
-    }
 }
 
 fn print_info(dev: &dyn BlockDevice) {

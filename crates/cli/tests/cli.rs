@@ -1,21 +1,8 @@
 //! The `kura` binary as a user runs it: device tools round-trip data, mistakes get clear errors.
 
-use std::process::{Command, Output};
+mod common;
 
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use common::{kura, text};
 
 #[test]
 fn create_write_verify_read_round_trip() {

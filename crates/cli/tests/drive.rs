@@ -1,51 +1,26 @@
 //! `kura drive` as a user runs it: format an image, write a pattern through the head, snapshot,
 //! overwrite, read the snapshot view, roll back, clone, delete, and clear errors for mistakes.
 
-use std::process::{Command, Output};
+mod common;
 
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> String {
-    let o = kura(args);
-    assert!(o.status.success(), "kura {args:?}: {}", text(&o));
-    text(&o)
-}
-
-fn fails(args: &[&str], says: &str) {
-    let o = kura(args);
-    assert!(!o.status.success(), "kura {args:?} succeeded: {}", text(&o));
-    assert!(text(&o).contains(says), "kura {args:?}: {}", text(&o));
-}
+use common::{fails, kura, ok_text, text};
 
 #[test]
 fn snapshot_overwrite_view_rollback_round_trip() {
     let dir = tempfile::tempdir().unwrap();
     let child = format!("file:{}/d.img?size=8M", dir.path().display());
     let head = format!("snapshot({child})");
-    let out = ok(&["drive", "format", &child, "--chunk", "32K", "--size", "2M"]);
+    let out = ok_text(&["drive", "format", &child, "--chunk", "32K", "--size", "2M"]);
     assert!(out.contains("2097152 bytes per version"), "{out}");
     fails(
         &["drive", "format", &child],
         "already holds a snapshot drive",
     );
 
-    ok(&["dev", "write", &head, "--pattern", "5"]);
-    ok(&["drive", "snapshot", &head, "before"]);
+    ok_text(&["dev", "write", &head, "--pattern", "5"]);
+    ok_text(&["drive", "snapshot", &head, "before"]);
     fails(&["drive", "snapshot", &head, "before"], "exists already");
-    ok(&[
+    ok_text(&[
         "dev",
         "write",
         &head,
@@ -57,12 +32,12 @@ fn snapshot_overwrite_view_rollback_round_trip() {
         "6",
     ]);
 
-    let list = ok(&["drive", "list", &child]);
+    let list = ok_text(&["drive", "list", &child]);
     assert!(list.contains("head") && list.contains("before"), "{list}");
     assert!(list.contains("snapshot"), "{list}");
 
     let view = format!("{head}?at=before");
-    let out = ok(&["dev", "verify", &view, "--seed", "5"]);
+    let out = ok_text(&["dev", "verify", &view, "--seed", "5"]);
     assert!(out.contains("all hold pattern 5"), "{out}");
     let o = kura(&["dev", "verify", &head, "--seed", "5"]);
     assert!(
@@ -70,7 +45,7 @@ fn snapshot_overwrite_view_rollback_round_trip() {
         "{}",
         text(&o)
     );
-    ok(&[
+    ok_text(&[
         "dev", "verify", &head, "--lba", "100", "--blocks", "40", "--seed", "6",
     ]);
     fails(
@@ -78,13 +53,13 @@ fn snapshot_overwrite_view_rollback_round_trip() {
         "read-only snapshot view",
     );
 
-    ok(&["drive", "rollback", &head, "before"]);
-    let out = ok(&["dev", "verify", &head, "--seed", "5"]);
+    ok_text(&["drive", "rollback", &head, "before"]);
+    let out = ok_text(&["dev", "verify", &head, "--seed", "5"]);
     assert!(out.contains("all hold pattern 5"), "{out}");
 
-    ok(&["drive", "clone", &child, "before", "work"]);
+    ok_text(&["drive", "clone", &child, "before", "work"]);
     let branch = format!("{head}?branch=work");
-    ok(&[
+    ok_text(&[
         "dev",
         "write",
         &branch,
@@ -95,16 +70,16 @@ fn snapshot_overwrite_view_rollback_round_trip() {
         "--pattern",
         "8",
     ]);
-    ok(&[
+    ok_text(&[
         "dev", "verify", &branch, "--lba", "0", "--blocks", "8", "--seed", "8",
     ]);
-    ok(&["dev", "verify", &head, "--seed", "5"]);
-    let list = ok(&["drive", "list", &child]);
+    ok_text(&["dev", "verify", &head, "--seed", "5"]);
+    let list = ok_text(&["drive", "list", &child]);
     assert!(list.contains("work") && list.contains("clone"), "{list}");
 
-    ok(&["drive", "delete", &child, "work"]);
-    ok(&["drive", "delete", &child, "before"]);
-    let list = ok(&["drive", "list", &child]);
+    ok_text(&["drive", "delete", &child, "work"]);
+    ok_text(&["drive", "delete", &child, "before"]);
+    let list = ok_text(&["drive", "list", &child]);
     assert!(!list.contains("before") && !list.contains("work"), "{list}");
 }
 
@@ -112,9 +87,9 @@ fn snapshot_overwrite_view_rollback_round_trip() {
 fn drive_mistakes_get_clear_errors() {
     let dir = tempfile::tempdir().unwrap();
     let child = format!("file:{}/e.img?size=4M", dir.path().display());
-    ok(&["dev", "create", &child]);
+    ok_text(&["dev", "create", &child]);
     fails(&["drive", "list", &child], "not a snapshot drive");
-    ok(&["drive", "format", &child]);
+    ok_text(&["drive", "format", &child]);
     fails(
         &["drive", "rollback", &child, "nope"],
         "no snapshot or clone named `nope`",
@@ -136,7 +111,7 @@ fn drive_mistakes_get_clear_errors() {
         &["dev", "info", &format!("snapshot({child})?at=nope")],
         "no snapshot or clone named `nope`",
     );
-    let help = ok(&["drive", "--help"]);
+    let help = ok_text(&["drive", "--help"]);
     assert!(
         help.contains("rollback") && help.contains("?at=NAME"),
         "{help}"

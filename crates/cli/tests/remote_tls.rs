@@ -3,28 +3,13 @@
 //! is refused. Certificates come from the `openssl` command (skipped visibly, through
 //! `kura_testkit::skip`, only when it is not installed).
 
+mod common;
+
+use common::{kura, ok_text};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = kura(args);
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(out.status.success(), "kura {args:?} failed: {text}");
-    text
-}
 
 /// A CA and a server certificate for localhost/127.0.0.1 made with `openssl`; false if it fails.
 fn make_certs(dir: &Path) -> bool {
@@ -140,8 +125,8 @@ fn remote_and_spill_specs_work_over_tls_from_the_command_line() {
     }
 
     let remote = format!("remote:localhost:{port}/disk?tls=1&ca={}", p("ca-cert.pem"));
-    ok(&["dev", "write", &remote, "--pattern", "5", "--blocks", "512"]);
-    let text = ok(&["dev", "verify", &remote, "--seed", "5", "--blocks", "512"]);
+    ok_text(&["dev", "write", &remote, "--pattern", "5", "--blocks", "512"]);
+    let text = ok_text(&["dev", "verify", &remote, "--seed", "5", "--blocks", "512"]);
     assert!(text.contains("all hold pattern 5"), "{text}");
 
     // Plaintext is refused, with the reason.
@@ -152,7 +137,7 @@ fn remote_and_spill_specs_work_over_tls_from_the_command_line() {
 
     // spill: 1 MiB of local file in front of the 16 MiB TLS export; reopened for the verify.
     let spill = format!("spill(file:{}?size=1M,{remote})?chunk=64K", p("near.img"));
-    ok(&[
+    ok_text(&[
         "dev",
         "write",
         &spill,
@@ -163,11 +148,11 @@ fn remote_and_spill_specs_work_over_tls_from_the_command_line() {
         "--blocks",
         "700",
     ]);
-    let text = ok(&[
+    let text = ok_text(&[
         "dev", "verify", &spill, "--seed", "9", "--lba", "1000", "--blocks", "700",
     ]);
     assert!(text.contains("all hold pattern 9"), "{text}");
-    let text = ok(&["dev", "verify", &remote, "--seed", "5", "--blocks", "512"]);
+    let text = ok_text(&["dev", "verify", &remote, "--seed", "5", "--blocks", "512"]);
     assert!(
         text.contains("all hold pattern 5"),
         "untouched range still intact: {text}"

@@ -6,6 +6,9 @@
 //! only the benchmark takes it; `nvme:` and `nvme-pt:` need a controller and run in
 //! `crates/nvme-guest`'s QEMU guest instead.
 
+mod common;
+
+use common::{kura, ok_output};
 use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_accelfs::MkfsOptions;
 use kura_engine::Registry;
@@ -13,7 +16,6 @@ use kura_kv::{Db, DbOptions, Location};
 use kura_nbd::{bind_loopback, serve, Export, ServeOptions, Server};
 use std::collections::BTreeSet;
 use std::path::Path;
-use std::process::{Command, Output};
 
 /// Kinds no test here can open: they need an NVMe controller.
 const NEEDS_HARDWARE: &[&str] = &["nvme", "nvme-pt"];
@@ -25,24 +27,6 @@ fn registry() -> Registry {
     kura_nvme::register(&mut registry);
     kura_nbd::register(&mut registry);
     registry
-}
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = kura(args);
-    assert!(
-        o.status.success(),
-        "kura {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    o
 }
 
 /// An NBD server in this process exporting `mem` (`mem:64M`) and `sim` (`nvme-sim:64M`), so
@@ -196,7 +180,7 @@ fn every_kind_holds_the_genome_tools_files() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let d = tmp.path();
     let data = d.join("data");
-    ok(&[
+    ok_output(&[
         "genome",
         "simulate",
         "-o",
@@ -208,9 +192,9 @@ fn every_kind_holds_the_genome_tools_files() {
     ]);
     let specs = persistent_specs(d, &server, &registry);
     for (kind, spec) in &specs {
-        ok(&["mkfs", spec]);
+        ok_output(&["mkfs", spec]);
         for f in ["reference.fa", "reads_1.fq"] {
-            ok(&[
+            ok_output(&[
                 "fs",
                 "put",
                 spec,
@@ -218,7 +202,7 @@ fn every_kind_holds_the_genome_tools_files() {
                 &format!("/{f}"),
             ]);
         }
-        ok(&[
+        ok_output(&[
             "genome",
             "index",
             "/reference.fa",
@@ -228,7 +212,7 @@ fn every_kind_holds_the_genome_tools_files() {
             spec,
         ]);
         // To stdout: the device is only read (opened ro=1 where it has image files).
-        let o = ok(&["genome", "map", "/ref.kgi", "/reads_1.fq", "--dev", spec]);
+        let o = ok_output(&["genome", "map", "/ref.kgi", "/reads_1.fq", "--dev", spec]);
         let records = String::from_utf8_lossy(&o.stdout)
             .lines()
             .filter(|l| !l.starts_with('@'))
@@ -258,7 +242,7 @@ fn every_kind_runs_the_io_benchmark() {
     // The report and its plot go to the temp dir, not the working directory.
     let json = tmp.path().join("io.json");
     for (kind, spec) in &specs {
-        ok(&[
+        ok_output(&[
             "bench",
             "io",
             "--quick",
@@ -287,7 +271,7 @@ fn every_kind_runs_the_io_benchmark() {
 
 #[test]
 fn specs_lists_every_registered_kind() {
-    let o = ok(&["specs"]);
+    let o = ok_output(&["specs"]);
     let text = String::from_utf8_lossy(&o.stdout);
     for kind in registry().kinds() {
         assert!(
@@ -296,5 +280,47 @@ fn specs_lists_every_registered_kind() {
             kind.name,
             kind.usage
         );
+    }
+}
+
+#[test]
+fn read_only_commands_add_ro_1_to_every_kind_that_takes_it() {
+    use kura_engine::registry::ReadOnly;
+    let registry = registry();
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let text = String::from_utf8_lossy(&ok_output(&["specs"]).stdout).into_owned();
+    let takes_ro: Vec<_> = registry
+        .kinds()
+        .iter()
+        .filter(|k| k.read_only == ReadOnly::RoOption)
+        .collect();
+    assert!(!takes_ro.is_empty(), "no kind takes ro=1");
+    assert_eq!(
+        text.lines().filter(|l| l.ends_with("[ro=1]")).count(),
+        takes_ro.len(),
+        "`kura specs` marks exactly the kinds that take ro=1:\n{text}"
+    );
+    // A read-only open cannot create an image, so a missing one fails with the ro=1 refusal, on
+    // its own and wrapped (the marking walks the whole spec through the registry).
+    for kind in takes_ro {
+        let image = tmp.path().join(format!("{}.img", kind.name));
+        let leaf = format!("{}:{}?size=1M", kind.name, image.display());
+        for spec in [leaf.clone(), format!("cache(fault({leaf}))")] {
+            let o = kura(&["dev", "info", &spec]);
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert!(
+                !o.status.success() && err.contains("read-only open (ro=1) cannot create"),
+                "kura dev info {spec}: {err}"
+            );
+            assert!(
+                !image.exists(),
+                "a read-only open created {}",
+                image.display()
+            );
+        }
+        // The same spec opens when the command may write (and creates the image).
+        ok_output(&["dev", "create", &leaf]);
+        assert!(image.exists());
+        ok_output(&["dev", "info", &leaf]);
     }
 }

@@ -6,7 +6,7 @@ use crate::backend::{mem, redirect, sync, uring};
 use crate::device::BlockDevice;
 use crate::error::OpenError;
 use crate::fault;
-use crate::registry::{Kind, Registry};
+use crate::registry::{Kind, ReadOnly, Registry};
 use crate::spec::Spec;
 
 /// Opens a device from its spec string, with the engine's kinds only.
@@ -33,6 +33,7 @@ pub fn register(registry: &mut Registry) {
             group: BACKENDS,
             usage: "mem:SIZE",
             help: "RAM disk (SIZE like 64M, 1G). Options: shuffle=SEED (completions out of order)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, _| boxed(mem::open_mem(spec)),
         },
         Kind {
@@ -40,6 +41,7 @@ pub fn register(registry: &mut Registry) {
             group: BACKENDS,
             usage: "null:SIZE",
             help: "completes every command at once, stores nothing (measures the stack's own cost)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, _| boxed(mem::open_null(spec)),
         },
         Kind {
@@ -48,6 +50,7 @@ pub fn register(registry: &mut Registry) {
             usage: "file:PATH",
             help: "image file on the best path the kernel allows: io_uring + O_DIRECT, else\n\
                    buffered io_uring, else plain system calls. Options: size=SIZE creates or grows it",
+            read_only: ReadOnly::RoOption,
             open: |spec, _| open_file(spec),
         },
         Kind {
@@ -57,6 +60,7 @@ pub fn register(registry: &mut Registry) {
             help: "io_uring on a file or block device (e.g. /dev/loop0). Options: size=, direct=0|1,\n\
                    sqpoll=0|1, iopoll=0|1, fixed=0|1 (registered file and buffers),\n\
                    batch=0|1 (hold commands until the doorbell), spin_us=N (hybrid polling)",
+            read_only: ReadOnly::RoOption,
             open: |spec, _| boxed(uring::open(spec)),
         },
         Kind {
@@ -65,6 +69,7 @@ pub fn register(registry: &mut Registry) {
             usage: "sync:PATH",
             help: "plain pread/pwrite/fdatasync through the page cache, the kernel-mediated\n\
                    baseline. Options: size=, direct=0|1",
+            read_only: ReadOnly::RoOption,
             open: |spec, _| boxed(sync::open(spec)),
         },
         Kind {
@@ -75,6 +80,7 @@ pub fn register(registry: &mut Registry) {
                    does buffered system calls and copies the data back (the paper's baseline).\n\
                    Options: size=, link=none|aurora, call_us=F, copy_gbps=F (a modeled link;\n\
                    results that use it are labelled \"modeled\")",
+            read_only: ReadOnly::RoOption,
             open: |spec, _| boxed(redirect::open(spec)),
         },
         Kind {
@@ -84,6 +90,7 @@ pub fn register(registry: &mut Registry) {
             help: "injects faults: read_eio=N, write_eio=N, flush_eio=N (the Nth command fails with\n\
                    EIO), cut_after=N (power cut at the Nth write: unflushed blocks survive with\n\
                    probability keep=P, seeded by seed=S), record=1 (trace writes and flushes)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, registry| boxed(fault::open(spec, &|child| registry.open_spec(child))),
         },
     ] {

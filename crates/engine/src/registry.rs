@@ -15,6 +15,21 @@ use std::fmt;
 /// Opens one spec of a kind; wrapped specs are opened through the registry passed in.
 pub type Opener = fn(&Spec, &Registry) -> Result<Box<dyn BlockDevice>, OpenError>;
 
+/// How a read-only open (`kura dev info`, `fsck` without repair, a read-only mount, ...) opens a
+/// kind: [`Registry::mark_read_only`] adds `ro=1` where the kind takes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReadOnly {
+    /// The kind takes `ro=1` and then refuses every write (file-backed backends); a read-only
+    /// open adds it unless the spec already says `ro=`.
+    RoOption,
+    /// Nothing of its own outlives the open: a RAM disk, or a wrapper whose writes reach only its
+    /// children, which are marked in turn.
+    ThroughChildren,
+    /// No read-only mode (a controller, a server's export): a read-only open issues no writes
+    /// itself but opens it as it is.
+    NotEnforced,
+}
+
 /// One registered kind.
 #[derive(Clone, Copy)]
 pub struct Kind {
@@ -26,6 +41,8 @@ pub struct Kind {
     pub usage: &'static str,
     /// What it is and its options; lines after the first continue the description.
     pub help: &'static str,
+    /// How a read-only open treats it.
+    pub read_only: ReadOnly,
     pub open: Opener,
 }
 
@@ -85,6 +102,22 @@ impl Registry {
         }
     }
 
+    /// Marks `spec` and everything it wraps for a read-only open: adds `ro=1` to each node whose
+    /// kind takes it ([`ReadOnly::RoOption`]) and whose spec does not already say `ro=`. Unknown
+    /// kinds are left alone (opening them reports them).
+    pub fn mark_read_only(&self, spec: &mut Spec) {
+        if self
+            .get(&spec.kind)
+            .is_some_and(|k| k.read_only == ReadOnly::RoOption)
+            && spec.option("ro").is_none()
+        {
+            spec.options.push(("ro".into(), "1".into()));
+        }
+        for child in &mut spec.children {
+            self.mark_read_only(child);
+        }
+    }
+
     fn unknown_kind(&self, spec: &Spec) -> OpenError {
         let known: Vec<&str> = self.kinds.iter().map(|k| k.name).collect();
         let hint = suggest(&spec.kind, &known)
@@ -132,11 +165,51 @@ mod tests {
             group: "Test",
             usage: "twin:SIZE",
             help: "a RAM disk under another name",
+            read_only: ReadOnly::ThroughChildren,
             open: twice,
         });
         let dev = reg.open("fault(twin:1M)?read_eio=3").unwrap();
         assert_eq!(dev.geometry().capacity_bytes(), 1 << 20);
         assert!(Registry::engine().open("twin:1M").is_err());
+    }
+
+    #[test]
+    fn read_only_marks_every_node_that_takes_ro_and_keeps_what_the_spec_says() {
+        let reg = Registry::engine();
+        for kind in ["file", "uring", "sync", "redirect"] {
+            assert_eq!(
+                reg.get(kind).unwrap().read_only,
+                ReadOnly::RoOption,
+                "{kind}"
+            );
+        }
+        for kind in ["mem", "null", "fault"] {
+            assert_eq!(
+                reg.get(kind).unwrap().read_only,
+                ReadOnly::ThroughChildren,
+                "{kind}"
+            );
+        }
+        let mut spec = Spec::parse("fault(fault(file:/a?size=1M),mem:1M,sync:/b?ro=0,nope:/c)")
+            .expect("parse");
+        reg.mark_read_only(&mut spec);
+        let inner = &spec.children[0].children[0];
+        assert_eq!(inner.kind, "file");
+        assert_eq!(inner.option("ro"), Some("1"));
+        assert_eq!(inner.option("size"), Some("1M"));
+        assert_eq!(spec.option("ro"), None, "a wrapper takes no ro=");
+        assert_eq!(spec.children[0].option("ro"), None);
+        assert_eq!(spec.children[1].option("ro"), None, "mem takes no ro=");
+        assert_eq!(
+            spec.children[2].option("ro"),
+            Some("0"),
+            "what the spec says stays"
+        );
+        assert_eq!(
+            spec.children[3].option("ro"),
+            None,
+            "unknown kinds are left alone"
+        );
     }
 
     #[test]

@@ -3,6 +3,7 @@
 
 use crate::client::connect;
 use crate::NbdClient;
+use kura_engine::registry::ReadOnly;
 use kura_engine::{BlockDevice, Kind, OpenError, Registry};
 
 const REMOTE: &str = "Remote devices";
@@ -14,6 +15,7 @@ pub fn register(registry: &mut Registry) {
         group: REMOTE,
         usage: "nbd:HOST:PORT/EXPORT",
         help: "an NBD export (kura serve, qemu-nbd, nbdkit); also nbd://HOST[:PORT][/EXPORT]",
+        read_only: ReadOnly::NotEnforced,
         open: |spec, _| {
             let address = spec.target.as_deref().unwrap_or("");
             open_address(address).map(|c| Box::new(c) as Box<dyn BlockDevice>)
@@ -26,6 +28,7 @@ pub fn register(registry: &mut Registry) {
         help: "an NBD export with bounded waits, one reconnect per drop (unacknowledged\n\
                commands replayed; a flush across it fails if acknowledged writes were\n\
                unflushed) and TLS. Options: tls=1&ca=PATH&timeout=10&reconnect=1",
+        read_only: ReadOnly::NotEnforced,
         open: |spec, _| crate::remote::open(spec).map(|d| Box::new(d) as Box<dyn BlockDevice>),
     });
 }

@@ -15,6 +15,7 @@ use crate::error::NvmeError;
 use crate::queue::NvmeQueue;
 use crate::sim::{SimConfig, SimController};
 use kura_engine::device::DEFAULT_QUEUE_DEPTH;
+use kura_engine::registry::ReadOnly;
 use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +54,7 @@ pub fn register(registry: &mut Registry) {
             usage: "nvme:BDF",
             help: "polled NVMe driver over VFIO, e.g. nvme:0000:00:04.0 (own queues and\n\
                    doorbells, DMA straight from the buffer pool)",
+            read_only: ReadOnly::NotEnforced,
             open: |spec, _| crate::vfio::open(spec).map(|q| Box::new(q) as Box<dyn BlockDevice>),
         },
         Kind {
@@ -60,6 +62,7 @@ pub fn register(registry: &mut Registry) {
             group: NVME,
             usage: "nvme-pt:/dev/ngXnY",
             help: "raw NVMe commands through io_uring passthrough to the kernel's char device",
+            read_only: ReadOnly::NotEnforced,
             open: |spec, _| crate::pt::open(spec).map(|q| Box::new(q) as Box<dyn BlockDevice>),
         },
         Kind {
@@ -67,6 +70,7 @@ pub fn register(registry: &mut Registry) {
             group: NVME,
             usage: "nvme-sim:SIZE",
             help: "an in-process simulated controller (testing the driver without hardware)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, _| open_sim(spec).map(|(q, _)| Box::new(q) as Box<dyn BlockDevice>),
         },
     ] {

@@ -51,6 +51,7 @@ pub use spill::{Spill, SpillStats};
 pub use stripe::Stripe;
 
 use kura_engine::open::ChildOpener;
+use kura_engine::registry::ReadOnly;
 use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
 
 const DRIVES: &str = "Virtual drives (kura-vdrive), composable with everything else";
@@ -64,6 +65,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "split(CHILD)?offset=SIZE&len=SIZE",
             help: "a window of the child (a partition)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(partition::open(spec, &children_of(r))),
         },
         Kind {
@@ -71,6 +73,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "concat(A,B,...)",
             help: "children end to end",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(concat::open(spec, &children_of(r))),
         },
         Kind {
@@ -78,6 +81,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "stripe(A,B,...)?chunk=64K",
             help: "RAID-0",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(stripe::open(spec, &children_of(r))),
         },
         Kind {
@@ -86,6 +90,7 @@ pub fn register(registry: &mut Registry) {
             usage: "mirror(A,B,...)",
             help: "RAID-1: reads balanced, writes to all legs; a failing leg is\n\
                    marked degraded and the drive keeps serving",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(mirror::open(spec, &children_of(r))),
         },
         Kind {
@@ -93,6 +98,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "cache(CHILD)?size=32M&mode=wt|wb",
             help: "LRU block cache, write-through or write-back",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(cache::open(spec, &children_of(r))),
         },
         Kind {
@@ -101,6 +107,7 @@ pub fn register(registry: &mut Registry) {
             usage: "coalesce(CHILD)?max=1M",
             help: "merges contiguous requests that arrive within half the\n\
                    child's measured average latency (at most 2 ms)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(coalesce::open(spec, &children_of(r))),
         },
         Kind {
@@ -109,6 +116,7 @@ pub fn register(registry: &mut Registry) {
             usage: "spill(LOCAL,REMOTE)?local=SIZE&chunk=1M",
             help: "REMOTE's size; first-written chunks live on LOCAL until\n\
                    it is full (chunk map in LOCAL's header, crash-safe)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(spill::open(spec, &children_of(r))),
         },
         Kind {
@@ -116,6 +124,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "priority(CHILD)?weights=8:1&bgdepth=4",
             help: "weighted classes on one child (opens class 0; see docs)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(priority::open(spec, &children_of(r))),
         },
         Kind {
@@ -123,6 +132,7 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "atomic(CHILD)?log=4M",
             help: "all-or-nothing multi-block writes; log takes the child's end",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(atomic::open(spec, &children_of(r))),
         },
         Kind {
@@ -132,6 +142,7 @@ pub fn register(registry: &mut Registry) {
             help: "copy-on-write snapshots and clones (the head; ?at= a read-only\n\
                    snapshot view; ?branch= a clone; ?format=1&chunk=64K creates;\n\
                    manage with `kura drive`)",
+            read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(snapshot::open(spec, &children_of(r))),
         },
     ] {

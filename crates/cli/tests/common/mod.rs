@@ -1,5 +1,5 @@
-//! What the CLI's edge tests share: running the `kura` binary, and FUSE mounts that are always
-//! taken down, even when a test fails.
+//! What the CLI's tests share: running the `kura` binary (its output, success and failure
+//! checks), and FUSE mounts that are always taken down, even when a test fails.
 
 #![allow(dead_code)]
 
@@ -14,16 +14,37 @@ pub fn kura(args: &[&str]) -> Output {
         .expect("run kura")
 }
 
-/// Runs `kura args`, which must succeed; its stdout.
-pub fn ok(args: &[&str]) -> String {
-    let o = kura(args);
-    assert!(
-        o.status.success(),
-        "kura {args:?} failed: {}{}",
+/// What `kura` printed: its stdout, then its stderr.
+pub fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
         String::from_utf8_lossy(&o.stdout),
         String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
+    )
+}
+
+/// Runs `kura args`, which must succeed; its output.
+pub fn ok_output(args: &[&str]) -> Output {
+    let o = kura(args);
+    assert!(o.status.success(), "kura {args:?} failed: {}", text(&o));
+    o
+}
+
+/// Runs `kura args`, which must succeed; its stdout.
+pub fn ok(args: &[&str]) -> String {
+    String::from_utf8_lossy(&ok_output(args).stdout).into_owned()
+}
+
+/// Runs `kura args`, which must succeed; its stdout and stderr ([`text`]).
+pub fn ok_text(args: &[&str]) -> String {
+    text(&ok_output(args))
+}
+
+/// Runs `kura args`, which must fail and say `says`.
+pub fn fails(args: &[&str], says: &str) {
+    let o = kura(args);
+    assert!(!o.status.success(), "kura {args:?} succeeded: {}", text(&o));
+    assert!(text(&o).contains(says), "kura {args:?}: {}", text(&o));
 }
 
 pub fn mounted(dir: &Path) -> bool {
