@@ -57,13 +57,29 @@ impl RepairReport {
 /// device cannot be read as AccelFS at all or fails; otherwise the report says what changed and
 /// what could not be fixed.
 pub fn repair(dev: Box<dyn BlockDevice>) -> Result<RepairReport, FsError> {
+    repair_with(dev, RepairOptions::default())
+}
+
+/// What [`repair_with`] may change beyond what is damaged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RepairOptions {
+    /// Set the `posix` feature flag (format §4) on an image made before it, so that symbolic
+    /// links, special files, hard links and extended attributes can be created there.
+    pub enable_posix: bool,
+}
+
+/// [`repair`], and what `opts` asks for.
+pub fn repair_with(
+    dev: Box<dyn BlockDevice>,
+    opts: RepairOptions,
+) -> Result<RepairReport, FsError> {
     let (sb, io, note) = load_superblock(dev)?;
     let mut r = Repairer::new(sb.layout, io);
     r.superblocks(&sb, note)?;
     r.journal()?;
     r.read_inodes()?;
     r.claim_blocks()?;
-    r.posix_flag(&sb);
+    r.posix_flag(&sb, opts.enable_posix);
     r.ensure_root();
     r.read_directories()?;
     r.one_entry_per_directory();
@@ -286,7 +302,7 @@ impl Repairer {
     /// An image without the `posix` flag whose inodes use it (symbolic links, special files,
     /// hard links, attribute blocks) gets the flag in both superblocks: the least destructive
     /// way to a state fsck accepts, and only a kura that knows the feature writes such inodes.
-    fn posix_flag(&mut self, sb: &Superblock) {
+    fn posix_flag(&mut self, sb: &Superblock, asked: bool) {
         use crate::layout::FEATURE_POSIX;
         if sb.features & FEATURE_POSIX != 0 {
             return;
@@ -301,7 +317,7 @@ impl Repairer {
             })
             .map(|(&ino, _)| ino)
             .collect();
-        if users.is_empty() {
+        if users.is_empty() && !asked {
             return;
         }
         let upgraded = Superblock {
@@ -311,10 +327,14 @@ impl Repairer {
         let backup = self.l.backup_superblock();
         self.writes.insert(0, upgraded.encode(0));
         self.writes.insert(backup, upgraded.encode(backup));
-        self.fixed(format!(
-            "inodes {} use the posix feature, which the superblock did not list; set its flag in both superblocks",
-            examples(&users)
-        ));
+        self.fixed(if users.is_empty() {
+            "enabled the posix feature (symbolic links, special files, hard links, extended attributes) in both superblocks, as asked".to_string()
+        } else {
+            format!(
+                "inodes {} use the posix feature, which the superblock did not list; set its flag in both superblocks",
+                examples(&users)
+            )
+        });
     }
 
     /// Replay the journal as mount would, so repair sees the state mount will see.

@@ -434,6 +434,21 @@ fn an_image_without_the_posix_feature_mounts_and_refuses_only_what_needs_it() {
     let fs = cycle(fs, &storage);
     assert_eq!(fs.read("/new").expect("read"), b"v1 file");
     fs.unmount().expect("unmount");
+    // `fsck --repair --enable-posix` turns the feature on; then everything works.
+    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+    let report = repair::repair_with(Box::new(dev), repair::RepairOptions { enable_posix: true })
+        .expect("repair");
+    assert!(
+        report.fixed.iter().any(|f| f.contains("as asked")),
+        "{report:#?}"
+    );
+    assert_clean(&storage);
+    let fs = remount(&storage).expect("mount");
+    fs.symlink(b"old", "/l").expect("symlink after enabling");
+    fs.hard_link("/old", "/h").expect("link after enabling");
+    let fs = cycle(fs, &storage);
+    assert_eq!(fs.read_link("/l").expect("readlink"), b"old");
+    fs.unmount().expect("unmount");
     // An unknown feature bit refuses the image cleanly.
     set_features(&storage, FEATURE_POSIX | 0x40);
     let e = remount(&storage).unwrap_err();

@@ -25,6 +25,10 @@ pub struct FsckArgs {
     /// orphans into /lost+found, a damaged superblock from its copy), then check again.
     #[arg(long)]
     repair: bool,
+    /// With --repair: also turn on the `posix` feature of an image made before it (symbolic
+    /// links, special files, hard links, extended attributes); older kura then refuses it.
+    #[arg(long, requires = "repair")]
+    enable_posix: bool,
 }
 
 pub fn run_mkfs(args: &MkfsArgs) -> anyhow::Result<()> {
@@ -79,7 +83,10 @@ pub fn run_fsck(args: &FsckArgs) -> i32 {
                 return 2;
             }
         };
-        match kura_accelfs::repair::repair(dev) {
+        let opts = kura_accelfs::repair::RepairOptions {
+            enable_posix: args.enable_posix,
+        };
+        match kura_accelfs::repair::repair_with(dev, opts) {
             Err(e) => {
                 eprintln!("kura fsck --repair: {}: {e}", args.spec);
                 return 2;
