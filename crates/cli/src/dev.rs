@@ -4,7 +4,7 @@ use crate::interrupt::Interrupted;
 use crate::pattern;
 use crate::stream::{self, progress};
 use anyhow::{bail, Context};
-use kura_engine::registry::ReadOnly;
+use kura_engine::registry::{Kind, ReadOnly};
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, Registry};
 use std::io::Write;
 use std::sync::OnceLock;
@@ -32,7 +32,7 @@ Examples
   mirror(stripe(mem:64M,mem:64M),cache(file:/tmp/b.img?size=128M)?mode=wb)
 ";
 
-/// What `kura specs` appends to the first help line of a kind that takes `ro=1`.
+/// What `kura specs` writes after the usage of a kind that takes `ro=1`.
 pub const RO_MARK: &str = " [ro=1]";
 
 /// Every kind the CLI opens: the engine's, the virtual drives, user-space NVMe and NBD. Built
@@ -56,30 +56,33 @@ pub fn specs_help(registry: &Registry) -> String {
     const MAX_COLUMN: usize = 38;
     let mut out = SPECS_SYNTAX.to_string();
     let kinds = registry.kinds();
+    // A kind a read-only open marks with ro=1 says so after its usage.
+    let shown = |k: &Kind| {
+        let ro = if k.read_only == ReadOnly::RoOption {
+            RO_MARK
+        } else {
+            ""
+        };
+        format!("{}{ro}", k.usage)
+    };
     for (i, kind) in kinds.iter().enumerate() {
         let column = kinds
             .iter()
             .filter(|k| k.group == kind.group)
-            .map(|k| k.usage.len())
+            .map(|k| shown(k).len())
             .filter(|&len| len <= MAX_COLUMN)
             .fold(MIN_COLUMN, usize::max)
             + 2;
         if i == 0 || kinds[i - 1].group != kind.group {
             out.push_str(&format!("\n{}\n", kind.group));
         }
+        let usage = shown(kind);
         let mut lines = kind.help.lines();
         let first = lines.next().unwrap_or("");
-        // Kinds a read-only open marks with ro=1 say so after their first line.
-        let ro = if kind.read_only == ReadOnly::RoOption {
-            RO_MARK
+        if usage.len() <= MAX_COLUMN {
+            out.push_str(&format!("  {usage:<column$}{first}\n"));
         } else {
-            ""
-        };
-        let first = format!("{first}{ro}");
-        if kind.usage.len() <= MAX_COLUMN {
-            out.push_str(&format!("  {:<column$}{first}\n", kind.usage));
-        } else {
-            out.push_str(&format!("  {}\n  {:<column$}{first}\n", kind.usage, ""));
+            out.push_str(&format!("  {usage}\n  {:<column$}{first}\n", ""));
         }
         for line in lines {
             out.push_str(&format!("  {:<column$}{line}\n", ""));
