@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
     let _ = Inode::decode(1, data);
     let _ = dir::decode_block(data, 3);
     let _ = ExtentMap::decode_block(data, 3);
+    let _ = kura_accelfs::xattr::decode_block(data, 3);
     let _ = JournalSuper::decode(data, 1);
     if data.len() >= 4096 {
         let mut b = Bitmap::new(40_000);
@@ -29,6 +30,7 @@ fuzz_target!(|data: &[u8]| {
             JournalSuper {
                 oldest_seq: 1,
                 oldest_pos: 0,
+                generation: 1,
             },
             area,
             4096,

@@ -3,7 +3,7 @@
 //! must each succeed or return an error — never panic or loop.
 #![no_main]
 
-use kura_accelfs::{FileSystem, FileType, MkfsOptions, MountOptions};
+use kura_accelfs::{FileSystem, FileType, MkfsOptions, MountOptions, XattrMode};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use libfuzzer_sys::fuzz_target;
@@ -30,6 +30,13 @@ fn pristine() -> &'static Vec<u8> {
             fs.write(&format!("/d/f{i}"), &vec![i as u8; 5000 * i + 1])
                 .expect("write");
         }
+        // The posix structures: a fast and a slow symlink, a hard link, an attribute block.
+        fs.symlink(b"f1", "/d/fast").expect("symlink");
+        fs.symlink(&[b'x'; 300], "/d/slow").expect("symlink");
+        fs.hard_link("/d/f2", "/d/e/f2-link").expect("link");
+        let f3 = fs.metadata("/d/f3").expect("stat").ino;
+        fs.set_xattr(f3, b"user.k", b"value", XattrMode::Any)
+            .expect("xattr");
         fs.sync().expect("sync");
         // Leave a committed transaction in the journal, too.
         fs.write("/d/e/journaled", b"in the log").expect("write");
@@ -51,6 +58,13 @@ fn walk(fs: &FileSystem, ino: u64, depth: usize) {
             FileType::File => {
                 let mut buf = vec![0u8; 64 << 10];
                 let _ = fs.read_ino(e.ino, 0, &mut buf);
+                let _ = fs.list_xattr(e.ino);
+            }
+            FileType::Symlink => {
+                let _ = fs.read_link_ino(e.ino);
+            }
+            _ => {
+                let _ = fs.list_xattr(e.ino);
             }
         }
     }

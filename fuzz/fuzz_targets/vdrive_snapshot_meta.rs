@@ -8,8 +8,9 @@
 
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
+use kura_engine::crc32c::crc32c as crc;
 use kura_engine::BlockingIo;
-use kura_vdrive::snapshot::format::{crc, Meta, Superblock};
+use kura_vdrive::snapshot::format::{Meta, Superblock};
 use kura_vdrive::snapshot::FormatOptions;
 use kura_vdrive::SnapshotVolume;
 use libfuzzer_sys::fuzz_target;
