@@ -2,6 +2,7 @@
 //! system calls, ...) in the same run and reports ratios, because these machines are noisy.
 //! Results go to a terminal table, a JSON file and a PNG plot.
 
+pub mod all;
 #[allow(unsafe_code)] // the SSE4.2 CRC32C kernel (target_feature)
 pub mod crc;
 pub mod drives;

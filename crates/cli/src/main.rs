@@ -84,6 +84,9 @@ enum BenchCommand {
     /// Genome pipeline: kura on each I/O path against minimap2 -ax sr (time, peak RSS,
     /// accuracy), and read loading against the device's sequential bandwidth.
     Genome(kura_bench::genome::GenomeBenchArgs),
+    /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
+    /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
+    All(kura_bench::all::AllArgs),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -109,6 +112,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
+        Command::Bench(BenchCommand::All(args)) => kura_bench::all::run(&args, &dev::open_dev),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => mkfs_fsck::run_mkfs(&args),
         Command::Fsck(args) => std::process::exit(mkfs_fsck::run_fsck(&args)),
