@@ -71,9 +71,15 @@ impl Allocator {
         self.freed_uncommitted.push((start, len));
     }
 
-    /// The running transaction committed: what it freed may be reused.
-    pub(crate) fn committed(&mut self) {
-        for (start, len) in std::mem::take(&mut self.freed_uncommitted) {
+    /// What the running transaction freed, handed to its commit (the blocks stay taken until
+    /// [`Allocator::committed`] is given them back once that commit is durable).
+    pub(crate) fn take_freed(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.freed_uncommitted)
+    }
+
+    /// A transaction that freed `freed` is durable: those blocks may be reused.
+    pub(crate) fn committed(&mut self, freed: Vec<(u64, u64)>) {
+        for (start, len) in freed {
             self.taken.set_range(start, len, false);
         }
     }
@@ -168,7 +174,8 @@ mod tests {
             again >= first + 8,
             "reused a block freed by the running transaction"
         );
-        a.committed();
+        let freed = a.take_freed();
+        a.committed(freed);
         assert_eq!(a.alloc_blocks(first, 8), Some((first, 8)));
     }
 

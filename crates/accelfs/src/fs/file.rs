@@ -166,19 +166,18 @@ impl File {
             .with_handle(self.ino, self.generation, |g| g.set_len(self.ino, size))
     }
 
-    /// Makes this file's data and metadata durable (and, today, everything else written
-    /// before it: the journal commits all pending metadata at once).
+    /// Makes this file's data and metadata durable (and everything else written before it: the
+    /// journal commits all pending metadata at once). fsyncs of many threads that overlap share
+    /// one commit and one flush (group commit, format §7).
     pub fn sync_all(&self) -> Result<(), FsError> {
-        self.fs
-            .with_handle(self.ino, self.generation, |g| g.commit())
+        self.fs.group_commit(Some((self.ino, self.generation)))
     }
 
     /// Makes this file's data durable (fdatasync): after an overwrite that changed neither the
     /// size nor the block map, one write of the dirty blocks and one flush, without a journal
     /// commit; otherwise the same as [`File::sync_all`].
     pub fn sync_data(&self) -> Result<(), FsError> {
-        self.fs
-            .with_handle(self.ino, self.generation, |g| g.sync_data(self.ino))
+        self.fs.sync_data_of(self.ino, self.generation)
     }
 
     pub fn metadata(&self) -> Result<Metadata, FsError> {

@@ -29,7 +29,7 @@ use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
 use state::Mounted;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
 const READ_ONLY_MOUNT: &str = "mounted read-only";
@@ -228,7 +228,14 @@ pub struct FsStats {
 /// A mounted AccelFS. Clone it to share it between threads.
 #[derive(Clone)]
 pub struct FileSystem {
-    inner: Arc<Mutex<Mounted>>,
+    inner: Arc<Shared>,
+}
+
+/// What the handles of one mount share: the mounted state behind its lock, and the signal that
+/// a group commit's leader finished (see [`FileSystem::group_commit`]).
+struct Shared {
+    state: Mutex<Mounted>,
+    commit_finished: Condvar,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -335,14 +342,92 @@ impl FileSystem {
         let alloc = alloc::Allocator::new(l, blocks, inodes);
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         Ok(FileSystem {
-            inner: Arc::new(Mutex::new(mounted)),
+            inner: Arc::new(Shared {
+                state: Mutex::new(mounted),
+                commit_finished: Condvar::new(),
+            }),
         })
     }
 
     fn lock(&self) -> MutexGuard<'_, Mounted> {
         // A panic while holding the lock cannot leave a half-applied change on the device (only
         // commits write metadata), so the state is still usable.
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Group commit (format §7): returns once every change made before the call is durable.
+    /// The caller needs the running transaction's sequence. When no commit is in flight it
+    /// leads one: the transaction is prepared under the state lock, which is released for the
+    /// log write and the flush (only the disk lock is held then), so other threads keep
+    /// changing the file system meanwhile. A caller arriving while a commit is in flight waits
+    /// for it; then one of the waiters leads the next commit, whose single flush serves every
+    /// change the waiters made. `handle` is checked first (a file removed while open).
+    pub(crate) fn group_commit(&self, handle: Option<(u64, u32)>) -> Result<(), FsError> {
+        let mut g = self.lock();
+        if let Some((ino, generation)) = handle {
+            g.check_handle(ino, generation)?;
+        }
+        if g.nothing_to_commit() {
+            return Ok(());
+        }
+        let need = g.running_seq();
+        loop {
+            if g.durable_seq() >= need {
+                return Ok(());
+            }
+            g.writable()?;
+            if g.commit_in_flight() {
+                g = self
+                    .inner
+                    .commit_finished
+                    .wait(g)
+                    .unwrap_or_else(|p| p.into_inner());
+                continue;
+            }
+            let prepared = g.prepare_commit()?;
+            g.set_commit_in_flight(true);
+            let leader = Leader { fs: self };
+            let disk = g.disk();
+            // The disk lock is taken before the state lock is released, so the transaction
+            // reaches the log before anything prepared after it (lock order: state, disk).
+            let mut d = disk.lock();
+            drop(g);
+            let written = prepared.write(&mut d);
+            drop(d);
+            g = self.lock();
+            // Finished first: nothing between taking the state lock and this may unwind, or
+            // the leader's drop would wait for the lock its own thread holds.
+            leader.finish(&mut g);
+            g.commit_done(written)?;
+        }
+    }
+
+    /// fdatasync of file `ino`: after an overwrite, its dirty blocks are written home and
+    /// flushed with only the disk lock held; when its size or block map changed, a group
+    /// commit.
+    pub(crate) fn sync_data_of(&self, ino: u64, generation: u32) -> Result<(), FsError> {
+        let mut g = self.lock();
+        g.check_handle(ino, generation)?;
+        if g.nothing_to_commit() {
+            return Ok(());
+        }
+        match g.sync_data_ops(ino)? {
+            None => {
+                drop(g);
+                self.group_commit(Some((ino, generation)))
+            }
+            Some(ops) => {
+                let disk = g.disk();
+                let mut d = disk.lock();
+                drop(g);
+                let result = d.write_and_flush(ops);
+                drop(d);
+                if let Err(e) = &result {
+                    self.lock().poison(e);
+                }
+                result
+            }
+        }
     }
 
     // ---- path API -----------------------------------------------------------------------
@@ -529,7 +614,7 @@ impl FileSystem {
 
     /// Makes every change so far durable (one journal commit, one flush).
     pub fn sync(&self) -> Result<(), FsError> {
-        self.lock().commit()
+        self.group_commit(None)
     }
 
     pub fn statfs(&self) -> FsStats {
@@ -712,6 +797,27 @@ impl FileSystem {
         let mut g = self.lock();
         g.check_handle(ino, generation)?;
         f(&mut g)
+    }
+}
+
+/// The leader of a group commit: clears the in-flight mark and wakes the waiters when it
+/// finishes, or when its thread unwinds (so no waiter sleeps for ever).
+struct Leader<'a> {
+    fs: &'a FileSystem,
+}
+
+impl Leader<'_> {
+    fn finish(self, g: &mut Mounted) {
+        g.set_commit_in_flight(false);
+        self.fs.inner.commit_finished.notify_all();
+        std::mem::forget(self);
+    }
+}
+
+impl Drop for Leader<'_> {
+    fn drop(&mut self) {
+        self.fs.lock().set_commit_in_flight(false);
+        self.fs.inner.commit_finished.notify_all();
     }
 }
 

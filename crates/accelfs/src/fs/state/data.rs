@@ -204,7 +204,7 @@ impl Mounted {
             })
             .collect();
         let end = offset + out.len() as u64;
-        self.io.batch_each(ops, |i, buf| {
+        self.disk.lock().dev.batch_each(ops, |i, buf| {
             let (b, _, len) = runs[i];
             let run_lo = u64::from(b) * bs;
             let lo = run_lo.max(offset);
@@ -216,26 +216,26 @@ impl Mounted {
         Ok(())
     }
 
-    /// fdatasync: makes the file's data durable. When neither its size nor its block map changed
-    /// since the last commit (an overwrite), writing the dirty blocks home and one flush is
-    /// enough; the new times follow with the next commit. Otherwise it is a full commit.
-    pub(crate) fn sync_data(&mut self, ino: u64) -> Result<(), FsError> {
-        if self.mounted_read_only && !self.closed {
-            return Ok(());
-        }
+    /// fdatasync's plan for file `ino`: `None` when its size or block map changed in the
+    /// running transaction (then only a commit makes the data reachable after a crash), else
+    /// the writes of its dirty blocks (now marked clean), which one flush then makes durable;
+    /// the new times follow with the next commit (format §7).
+    pub(crate) fn sync_data_ops(&mut self, ino: u64) -> Result<Option<Vec<BatchOp>>, FsError> {
         self.writable()?;
         if self.layout_changed_in_transaction(ino) {
-            return self.commit();
+            return Ok(None);
         }
-        let result = (|| {
-            let ops = self.dirty_data_ops(Some(ino))?;
-            self.io.batch(ops)?;
-            self.io.flush()
-        })();
+        let result = self.dirty_data_ops(Some(ino));
         if let Err(e) = &result {
             self.read_only = Some(format!("after an I/O failure: {e}"));
         }
-        result
+        result.map(Some)
+    }
+
+    /// Records that a data write or flush failed: nothing more is written.
+    pub(crate) fn poison(&mut self, e: &FsError) {
+        self.read_only
+            .get_or_insert_with(|| format!("after an I/O failure: {e}"));
     }
 
     /// Streams `len` bytes from `offset` (clamped to the end of the file) to `deliver` in order,
@@ -269,7 +269,7 @@ impl Mounted {
         let n = (size - offset).min(len);
         if self.read_only.is_none() {
             let ops = self.dirty_data_ops(Some(ino))?;
-            self.io.batch(ops)?;
+            self.disk.lock().dev.batch(ops)?;
         } else if self.cache.has_dirty(ino) {
             return Err(FsError::ReadOnly(
                 "cannot stream a file whose newest data could not be written".into(),
@@ -320,8 +320,10 @@ impl Mounted {
                 })
                 .collect();
             self.before_device_reads(&device)?;
-            self.io
-                .stream_read_owned(&pieces, self.opts.stream_depth, |buf: IoBuf| {
+            self.disk.lock().dev.stream_read_owned(
+                &pieces,
+                self.opts.stream_depth,
+                |buf: IoBuf| {
                     let skipped = skip.min(buf.len());
                     skip -= skipped;
                     let take = ((buf.len() - skipped) as u64).min(left) as usize;
@@ -329,7 +331,8 @@ impl Mounted {
                         left -= take as u64;
                         deliver(buf, skipped..skipped + take);
                     }
-                })?;
+                },
+            )?;
             start = end + 1;
         }
         self.cache.stats.bypass_bytes += n;
@@ -362,7 +365,7 @@ impl Mounted {
                 buf: io_buffer(len * bs),
             })
             .collect();
-        let done = self.io.batch(ops)?;
+        let done = self.disk.lock().dev.batch(ops)?;
         let mut out = BTreeMap::new();
         for ((b, _, len), op) in runs.into_iter().zip(done) {
             if len == 1 {
@@ -507,7 +510,7 @@ impl Mounted {
                 .flat_map(|o| o.block..o.block + (o.buf.len() / self.bs) as u64)
                 .collect();
             self.before_direct_writes(&targets)?;
-            self.io.batch(ops)?;
+            self.disk.lock().dev.batch(ops)?;
         }
         Ok(())
     }
@@ -679,7 +682,7 @@ impl Mounted {
                 }
                 let targets: Vec<u64> = runs.iter().flat_map(|&(p, n)| p..p + n as u64).collect();
                 self.before_direct_writes(&targets)?;
-                let ops = runs
+                let ops: Vec<BatchOp> = runs
                     .into_iter()
                     .map(|(p, n)| {
                         let mut buf = io_buffer(n * self.bs);
@@ -691,7 +694,7 @@ impl Mounted {
                         }
                     })
                     .collect();
-                self.io.batch(ops)?;
+                self.disk.lock().dev.batch(ops)?;
             }
             if upto == last {
                 break;
@@ -819,9 +822,10 @@ impl Mounted {
     /// back over the newer data. Such writes first checkpoint the journal, which writes every
     /// pending image home and retires it.
     pub(super) fn before_direct_writes(&mut self, targets: &[u64]) -> Result<(), FsError> {
-        if targets.iter().any(|&b| self.journal.image(b).is_some()) {
-            let Mounted { journal, io, .. } = self;
-            journal.checkpoint(io)?;
+        let mut d = self.disk.lock();
+        if targets.iter().any(|&b| d.journal.image(b).is_some()) {
+            let super::disk::Disk { dev, journal, .. } = &mut *d;
+            journal.checkpoint(dev)?;
         }
         Ok(())
     }
@@ -831,12 +835,13 @@ impl Mounted {
     /// been evicted since) has a stale home copy, so reading it from the device would return old
     /// data. Such reads first checkpoint the journal. `runs` are (first device block, blocks).
     pub(super) fn before_device_reads(&mut self, runs: &[(u64, u64)]) -> Result<(), FsError> {
+        let mut d = self.disk.lock();
         if runs
             .iter()
-            .any(|&(start, count)| self.journal.has_image_in(start, count))
+            .any(|&(start, count)| d.journal.has_image_in(start, count))
         {
-            let Mounted { journal, io, .. } = self;
-            journal.checkpoint(io)?;
+            let super::disk::Disk { dev, journal, .. } = &mut *d;
+            journal.checkpoint(dev)?;
         }
         Ok(())
     }
@@ -847,7 +852,7 @@ impl Mounted {
             return Ok(());
         }
         let ops = self.placed(victims)?;
-        self.io.batch(ops)?;
+        self.disk.lock().dev.batch(ops)?;
         Ok(())
     }
 }

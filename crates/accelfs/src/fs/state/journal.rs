@@ -4,18 +4,27 @@
 //! writes them with the dirty data in one batch and one flush (format §7).
 //!
 //! Each concern hands over its part of the transaction (`inode_images`, `dir_images`, the
-//! allocator's bitmaps, the dirty data) and is told when it is committed. Owns the fields
-//! `journal`, `layout_changed` and `commits` of [`Mounted`].
+//! allocator's bitmaps, the dirty data). A commit has three steps: [`Mounted::prepare_commit`]
+//! takes that snapshot under the state lock and starts a new running transaction;
+//! [`super::Prepared::write`] writes and flushes it under the disk lock alone; and
+//! [`Mounted::commit_done`], under the state lock again, makes what it freed reusable and
+//! records it as durable. [`Mounted::commit`] does all three without releasing the state lock
+//! (for commits made inside an operation: room in the transaction, unmount); group commit
+//! (`FileSystem::sync`, `File::sync_all`) releases it for the write (see `fs/mod.rs`).
+//!
+//! Owns the fields `max_transaction`, `running_seq`, `durable_seq`, `commit_in_flight`,
+//! `layout_changed` and `commits` of [`Mounted`].
 
-use super::Mounted;
+use super::{Mounted, Prepared, Written};
 use crate::error::FsError;
 
 impl Mounted {
     /// A metadata block as committed: the journal's image when its home copy is stale.
     pub(super) fn read_meta(&mut self, block: u64) -> Result<Vec<u8>, FsError> {
-        match self.journal.image(block) {
-            Some(b) => Ok(b.to_vec()),
-            None => self.io.read(block),
+        let mut d = self.disk.lock();
+        match d.journal.image(block).map(<[u8]>::to_vec) {
+            Some(b) => Ok(b),
+            None => d.dev.read(block),
         }
     }
 
@@ -31,33 +40,70 @@ impl Mounted {
 
     /// Whether file `ino`'s size or block map changed in the running transaction (then
     /// fdatasync must commit).
-    pub(super) fn layout_changed_in_transaction(&self, ino: u64) -> bool {
+    pub(crate) fn layout_changed_in_transaction(&self, ino: u64) -> bool {
         self.layout_changed.contains(&ino)
     }
 
     /// Commits first when the running transaction is half way to the journal's limit, so that
     /// the next operation's changes fit into it.
     pub(super) fn make_transaction_room(&mut self) -> Result<(), FsError> {
-        if self.transaction_estimate() * 2 >= self.journal.max_transaction_blocks() {
+        if self.transaction_estimate() * 2 >= self.max_transaction {
             self.commit()?;
         }
         Ok(())
     }
 
-    /// Makes everything durable: dirty data and the running transaction, one batch, one flush.
+    /// Whether a commit has nothing to do: a read-only mount (not yet closed).
+    pub(crate) fn nothing_to_commit(&self) -> bool {
+        self.mounted_read_only && !self.closed
+    }
+
+    /// The running transaction's sequence: a sync that began now is done once
+    /// [`Mounted::durable_seq`] reaches it.
+    pub(crate) fn running_seq(&self) -> u64 {
+        self.running_seq
+    }
+
+    /// Every transaction up to this one is durable.
+    pub(crate) fn durable_seq(&self) -> u64 {
+        self.durable_seq
+    }
+
+    /// Whether a group commit's leader is writing a transaction now.
+    pub(crate) fn commit_in_flight(&self) -> bool {
+        self.commit_in_flight
+    }
+
+    /// Marks that this thread leads a group commit (or that it finished).
+    pub(crate) fn set_commit_in_flight(&mut self, on: bool) {
+        self.commit_in_flight = on;
+    }
+
+    /// Makes everything durable: dirty data and the running transaction, one batch, one flush,
+    /// all without releasing the state lock.
     pub(crate) fn commit(&mut self) -> Result<(), FsError> {
-        if self.mounted_read_only && !self.closed {
+        if self.nothing_to_commit() {
             return Ok(());
         }
+        let prepared = self.prepare_commit()?;
+        let disk = self.disk.clone();
+        let written = prepared.write(&mut disk.lock());
+        self.commit_done(written)
+    }
+
+    /// Takes the running transaction as a [`Prepared`] commit (dirty state is handed over and
+    /// cleared, so later changes go into the next transaction) and starts the next one. On
+    /// failure the file system goes read-only.
+    pub(crate) fn prepare_commit(&mut self) -> Result<Prepared, FsError> {
         self.writable()?;
-        let result = self.commit_inner();
+        let result = self.prepare_inner();
         if let Err(e) = &result {
             self.read_only = Some(format!("after an I/O failure: {e}"));
         }
         result
     }
 
-    fn commit_inner(&mut self) -> Result<(), FsError> {
+    fn prepare_inner(&mut self) -> Result<Prepared, FsError> {
         // Extent chains and inode-table blocks, then directory blocks, then bitmaps: laying out
         // the chains may allocate or free blocks, so the bitmaps come last.
         let mut images = self.inode_images()?;
@@ -66,7 +112,7 @@ impl Mounted {
         // Small amounts of dirty data go into the log with the metadata (format §7): an fsync'd
         // small write is then one sequential log write and one flush.
         let dirty = self.take_dirty_data();
-        let fits = images.len() + dirty.len() <= self.journal.max_transaction_blocks();
+        let fits = images.len() + dirty.len() <= self.max_transaction;
         let data = if !images.is_empty()
             && fits
             && dirty.len() * self.bs <= self.opts.journal_data_bytes
@@ -76,20 +122,39 @@ impl Mounted {
         } else {
             self.placed(dirty)?
         };
-        if images.is_empty() && data.is_empty() {
-            return self.io.flush();
-        }
-        if images.is_empty() {
-            self.io.batch(data)?;
-            return self.io.flush();
-        }
-        self.journal.commit_with_data(&mut self.io, &images, data)?;
-        self.alloc.committed();
         self.alloc.clear_dirty();
         self.inodes_committed();
         self.dirs_committed();
         self.layout_changed.clear();
-        self.commits += 1;
-        Ok(())
+        let seq = self.running_seq;
+        self.running_seq += 1;
+        Ok(Prepared {
+            images,
+            data,
+            freed: self.alloc.take_freed(),
+            seq,
+        })
+    }
+
+    /// A prepared commit was written: what it freed may be reused and everything up to it is
+    /// durable; or it failed, and the file system goes read-only.
+    pub(crate) fn commit_done(&mut self, written: Result<Written, FsError>) -> Result<(), FsError> {
+        match written {
+            Ok(w) => {
+                self.alloc.committed(w.freed);
+                // Transactions reach the log in sequence order (each takes the disk lock
+                // before the next is prepared), so this one durable means all before it are.
+                self.durable_seq = self.durable_seq.max(w.seq);
+                if w.transaction {
+                    self.commits += 1;
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.read_only
+                    .get_or_insert_with(|| format!("after an I/O failure: {e}"));
+                Err(e)
+            }
+        }
     }
 }

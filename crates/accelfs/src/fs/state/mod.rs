@@ -11,11 +11,30 @@
 //! - [`journal`]: the running transaction and its commit, and metadata blocks as committed;
 //! - [`xattrs`]: extended attributes (each inode's attribute block, loaded on first use).
 //!
+//! - [`disk`]: the device and the journal, behind their own lock.
+//!
 //! This file holds what belongs to the mount as a whole: mounting, whether it may still write,
 //! statistics, unmounting and the commit when the last handle is dropped. The groups of fields
 //! below follow the concerns, so that finer locking can later split them along the same lines.
+//!
+//! # Locks
+//!
+//! Two locks, always taken in this order, never the other way round:
+//!
+//! 1. the **state lock** (`FileSystem`'s mutex around this `Mounted`): every API call takes it;
+//! 2. the **disk lock** ([`SharedDisk`]: the `FsDevice` and the `Journal`): every device command
+//!    and every look at the journal's images takes it, briefly or for the I/O.
+//!
+//! Nothing takes the state lock while holding the disk lock. A thread that must wait for the
+//! device without blocking the others takes the disk lock while holding the state lock, then
+//! releases the state lock and does its I/O under the disk lock alone: a group commit's log
+//! write and flush (`FileSystem::group_commit`), and fdatasync's data write and flush. Taking
+//! the disk lock before releasing the state lock is what keeps the order of the journal: work
+//! prepared later under the state lock (another commit, a checkpoint, a direct write, a device
+//! read that first checks for a newer log image) reaches the device after it.
 
 mod data;
+mod disk;
 mod inodes;
 mod journal;
 mod names;
@@ -29,6 +48,7 @@ use crate::fsdevice::FsDevice;
 use crate::inode::Kind;
 use crate::layout::{Layout, Superblock, ROOT_INODE};
 use crate::wal::{Journal, Recovery};
+pub(crate) use disk::{Prepared, SharedDisk, Written};
 use inodes::Node;
 use names::Dir;
 use std::collections::{BTreeSet, HashMap};
@@ -36,7 +56,8 @@ use std::collections::{BTreeSet, HashMap};
 /// Everything a mounted file system holds in memory (see the module documentation).
 pub(crate) struct Mounted {
     // ---- the mount as a whole (this file) ----
-    io: FsDevice,
+    /// The device and the journal, behind their own lock (`disk.rs`).
+    disk: SharedDisk,
     sb: Superblock,
     bs: usize,
     opts: MountOptions,
@@ -63,8 +84,15 @@ pub(crate) struct Mounted {
     cache: Cache,
     /// Per file: where the next read continues a sequential stream.
     next_sequential: HashMap<u64, u64>,
-    // ---- the journal and the running transaction (`journal.rs`) ----
-    journal: Journal,
+    // ---- the running transaction and group commit (`journal.rs`) ----
+    /// Blocks the largest transaction may hold (the journal's, fixed at mount).
+    max_transaction: usize,
+    /// Sequence of the running transaction (the one changes go into now); starts at 1.
+    running_seq: u64,
+    /// Every transaction up to this sequence is durable.
+    durable_seq: u64,
+    /// A group commit's leader is writing a transaction with the state lock released.
+    commit_in_flight: bool,
     /// Files whose size or block map changed in the running transaction (fdatasync must
     /// commit for them).
     layout_changed: BTreeSet<u64>,
@@ -88,8 +116,9 @@ impl Mounted {
         read_only: bool,
     ) -> Result<Mounted, FsError> {
         let bs = sb.layout.block_size as usize;
+        let max_transaction = journal.max_transaction_blocks();
         let mut m = Mounted {
-            io,
+            disk: SharedDisk::new(io, journal),
             sb,
             bs,
             opts,
@@ -106,7 +135,10 @@ impl Mounted {
             dirs: HashMap::new(),
             cache: Cache::new(bs, opts.cache_bytes),
             next_sequential: HashMap::new(),
-            journal,
+            max_transaction,
+            running_seq: 1,
+            durable_seq: 0,
+            commit_in_flight: false,
             layout_changed: BTreeSet::new(),
             commits: 0,
         };
@@ -122,6 +154,11 @@ impl Mounted {
         }
         m.dir(ROOT_INODE)?;
         Ok(m)
+    }
+
+    /// The device and journal, for I/O with the state lock released.
+    pub(crate) fn disk(&self) -> SharedDisk {
+        self.disk.clone()
     }
 
     pub(crate) fn layout(&self) -> Layout {
@@ -176,7 +213,9 @@ impl Mounted {
         }
         if self.read_only.is_none() {
             self.commit()?;
-            self.journal.checkpoint(&mut self.io)?;
+            let mut d = self.disk.lock();
+            let disk::Disk { dev, journal, .. } = &mut *d;
+            journal.checkpoint(dev)?;
         }
         self.closed = true;
         Ok(())
@@ -189,7 +228,9 @@ impl Drop for Mounted {
         // closing a file system would. Errors cannot be reported here; the journal keeps
         // what was committed before.
         if !self.closed && self.read_only.is_none() && self.commit().is_ok() {
-            let _ = self.journal.checkpoint(&mut self.io);
+            let mut d = self.disk.lock();
+            let disk::Disk { dev, journal, .. } = &mut *d;
+            let _ = journal.checkpoint(dev);
         }
     }
 }
