@@ -103,6 +103,10 @@ impl FsError {
     pub fn errno(&self) -> i32 {
         match self {
             FsError::Device(_) | FsError::Format(_) => libc::EIO,
+            FsError::BadName {
+                source: crate::dir::NameError::TooLong(_),
+                ..
+            } => libc::ENAMETOOLONG,
             FsError::Invalid(_) | FsError::BadName { .. } => libc::EINVAL,
             FsError::NotFound(_) => libc::ENOENT,
             FsError::Exists(_) => libc::EEXIST,

@@ -234,6 +234,14 @@ impl Mounted {
     }
 
     pub(crate) fn lookup(&mut self, parent: u64, name: &[u8]) -> Result<Option<DirEntry>, FsError> {
+        // No entry can have a longer name; say so (ENAMETOOLONG) rather than "not found", as
+        // ext4 and tmpfs do, so a symlink to such a name fails the same way on every file system.
+        if name.len() > dir::MAX_NAME {
+            return Err(FsError::BadName {
+                path: String::from_utf8_lossy(name).into_owned(),
+                source: dir::NameError::TooLong(name.len()),
+            });
+        }
         Ok(self.dir(parent)?.get(name).cloned())
     }
 
@@ -637,5 +645,35 @@ impl Mounted {
         for d in self.dirs.values_mut() {
             d.dirty.clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{FileSystem, MkfsOptions, MountOptions};
+    use kura_engine::backend::common::QueueOptions;
+    use kura_engine::backend::mem::MemDevice;
+
+    #[test]
+    fn a_name_longer_than_the_limit_is_too_long_not_missing() {
+        let fs = FileSystem::format(
+            Box::new(MemDevice::new(8 << 20, QueueOptions::default())),
+            MkfsOptions::default(),
+            MountOptions::default(),
+        )
+        .expect("format");
+        let long = vec![b'x'; crate::dir::MAX_NAME + 1];
+        let e = fs.lookup(1, &long).expect_err("lookup of a 256-byte name");
+        assert_eq!(e.errno(), libc::ENAMETOOLONG, "{e}");
+        let e = fs
+            .lookup(1, b"absent")
+            .expect_err("lookup of a missing name");
+        assert_eq!(e.errno(), libc::ENOENT, "{e}");
+        let e = fs
+            .write(&format!("/{}", "y".repeat(256)), b"")
+            .expect_err("create");
+        assert_eq!(e.errno(), libc::ENAMETOOLONG, "{e}");
+        fs.write(&format!("/{}", "y".repeat(255)), b"ok")
+            .expect("a 255-byte name");
     }
 }
