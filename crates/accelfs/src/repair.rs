@@ -1517,38 +1517,14 @@ impl Repairer {
 mod tests {
     use super::*;
     use crate::fsck::fsck;
-    use crate::journal::Transaction;
-    use crate::mkfs::{mkfs, MkfsOptions};
-    use crate::testing::{bit_flips, fresh_metadata_blocks, BitFlip};
-    use kura_engine::backend::common::QueueOptions;
-    use kura_engine::backend::mem::{MemDevice, MemStorage};
+    use crate::testing::{
+        bit_flips, format_ram_disk, fresh_metadata_blocks, ghost_entry_transaction, reopen, BitFlip,
+    };
+    use kura_engine::backend::mem::MemStorage;
 
     fn formatted(bytes: u64, block_size: u32) -> (MemStorage, Layout) {
-        let dev = MemDevice::new(
-            bytes,
-            QueueOptions {
-                block_size: 4096,
-                ..QueueOptions::default()
-            },
-        );
-        let storage = dev.storage();
-        let mut io = FsDevice::new(Box::new(dev), block_size as usize).expect("block io");
-        let sb = mkfs(
-            &mut io,
-            MkfsOptions {
-                block_size,
-                inodes: None,
-            },
-        )
-        .expect("mkfs");
+        let (storage, sb) = format_ram_disk(bytes, block_size, 4096);
         (storage, sb.layout)
-    }
-
-    fn reopen(storage: &MemStorage) -> Box<dyn BlockDevice> {
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        ))
     }
 
     fn block(storage: &MemStorage, l: &Layout, n: u64) -> Vec<u8> {
@@ -1853,21 +1829,7 @@ mod tests {
     #[test]
     fn the_journal_is_replayed_before_repairing() {
         let (storage, l) = formatted(16 << 20, 8192);
-        let ghost = DirEntry {
-            ino: 5,
-            kind: Kind::File,
-            name: b"ghost".to_vec(),
-        };
-        let image = dir::encode_block(&[ghost], 8192, l.data_start).expect("fits");
-        let txn = Transaction {
-            seq: 1,
-            images: vec![(l.data_start, image)],
-        };
-        let area = JournalArea {
-            start: l.journal_start,
-            len: l.journal_len,
-        };
-        for (n, b) in journal::encode(&txn, area, 0, 8192) {
+        for (n, b) in ghost_entry_transaction(&l) {
             put(&storage, &l, n, &b);
         }
         let report = repair_until_clean(&storage);

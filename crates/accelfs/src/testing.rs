@@ -2,9 +2,55 @@
 //! part of the file system's API.
 //!
 //! [`bit_flips`] is the damage both the fsck test ("every flip is noticed") and the repair test
-//! ("every flip is repaired") apply to a fresh image, one flip at a time.
+//! ("every flip is repaired") apply to a fresh image, one flip at a time; [`format_ram_disk`]
+//! and [`reopen`] make the image and open it again for each check; [`ghost_entry_transaction`]
+//! is the journal both the fsck and the repair test leave committed but not yet applied.
 
-use crate::layout::Layout;
+use crate::dir::{self, DirEntry};
+use crate::fsdevice::FsDevice;
+use crate::inode::Kind;
+use crate::journal::{self, JournalArea, Transaction};
+use crate::layout::{Layout, Superblock};
+use crate::mkfs::{mkfs, MkfsOptions};
+use kura_engine::backend::common::QueueOptions;
+use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_engine::BlockDevice;
+
+/// A RAM disk of `bytes` with `device_block_size`-byte blocks, formatted by `mkfs` with
+/// `block_size`-byte file-system blocks: its storage (to damage and inspect) and the superblock
+/// written. Panics if `mkfs` fails: it is for tests.
+pub fn format_ram_disk(
+    bytes: u64,
+    block_size: u32,
+    device_block_size: u32,
+) -> (MemStorage, Superblock) {
+    let dev = MemDevice::new(
+        bytes,
+        QueueOptions {
+            block_size: device_block_size,
+            ..QueueOptions::default()
+        },
+    );
+    let storage = dev.storage();
+    let mut io = FsDevice::new(Box::new(dev), block_size as usize).expect("block io");
+    let sb = mkfs(
+        &mut io,
+        MkfsOptions {
+            block_size,
+            inodes: None,
+        },
+    )
+    .expect("mkfs");
+    (storage, sb)
+}
+
+/// A new RAM disk (default queue options) over `storage`, for one fsck or repair to consume.
+pub fn reopen(storage: &MemStorage) -> Box<dyn BlockDevice> {
+    Box::new(MemDevice::with_storage(
+        storage.clone(),
+        QueueOptions::default(),
+    ))
+}
 
 /// The blocks of a freshly made image that hold checked metadata: the superblock and its backup,
 /// the journal superblock and the first log block, the bitmaps, the inode table and the root
@@ -62,4 +108,27 @@ pub fn bit_flips(
             mask: 1 << (state >> 60 & 7),
         }
     })
+}
+
+/// The journal blocks (number, bytes) of one committed transaction, sequence 1, written at the
+/// start of the journal of a fresh image laid out as `l`: it rewrites the root directory's block
+/// with one entry, `ghost`, naming inode 5, which is not in use. Only a check that replays the
+/// journal as mount would sees the bad entry.
+pub fn ghost_entry_transaction(l: &Layout) -> Vec<(u64, Vec<u8>)> {
+    let bs = l.block_size as usize;
+    let ghost = DirEntry {
+        ino: 5,
+        kind: Kind::File,
+        name: b"ghost".to_vec(),
+    };
+    let image = dir::encode_block(&[ghost], bs, l.data_start).expect("one entry fits a block");
+    let txn = Transaction {
+        seq: 1,
+        images: vec![(l.data_start, image)],
+    };
+    let area = JournalArea {
+        start: l.journal_start,
+        len: l.journal_len,
+    };
+    journal::encode(&txn, area, 0, bs)
 }

@@ -3,49 +3,17 @@
 
 use kura_accelfs::fsdevice::FsDevice;
 use kura_accelfs::header::{seal, BlockKind};
-use kura_accelfs::journal::{self, JournalArea, Transaction};
-use kura_accelfs::testing::{bit_flips, fresh_metadata_blocks, BitFlip};
-use kura_accelfs::{fsck, mkfs, FormatError, FsError, MkfsOptions};
+use kura_accelfs::testing::{
+    bit_flips, format_ram_disk, fresh_metadata_blocks, ghost_entry_transaction, reopen, BitFlip,
+};
+use kura_accelfs::{fsck, FormatError, FsError};
 use kura_engine::backend::common::QueueOptions;
-use kura_engine::backend::mem::{MemDevice, MemStorage};
-use kura_engine::BlockDevice;
-
-fn formatted(
-    bytes: u64,
-    block_size: u32,
-    device_bs: u32,
-) -> (MemStorage, kura_accelfs::layout::Superblock) {
-    let dev = MemDevice::new(
-        bytes,
-        QueueOptions {
-            block_size: device_bs,
-            ..QueueOptions::default()
-        },
-    );
-    let storage = dev.storage();
-    let mut io = FsDevice::new(Box::new(dev), block_size as usize).expect("block io");
-    let sb = mkfs(
-        &mut io,
-        MkfsOptions {
-            block_size,
-            inodes: None,
-        },
-    )
-    .expect("mkfs");
-    (storage, sb)
-}
-
-fn reopen(storage: &MemStorage) -> Box<dyn BlockDevice> {
-    Box::new(MemDevice::with_storage(
-        storage.clone(),
-        QueueOptions::default(),
-    ))
-}
+use kura_engine::backend::mem::MemDevice;
 
 #[test]
 fn a_fresh_file_system_is_clean_at_every_block_size() {
     for (bs, dbs) in [(4096, 512), (8192, 4096), (65536, 4096)] {
-        let (storage, sb) = formatted(64 << 20, bs, dbs);
+        let (storage, sb) = format_ram_disk(64 << 20, bs, dbs);
         let report = fsck(Box::new(MemDevice::with_storage(
             storage,
             QueueOptions {
@@ -66,7 +34,7 @@ fn a_fresh_file_system_is_clean_at_every_block_size() {
 
 #[test]
 fn a_damaged_inode_table_is_reported() {
-    let (storage, sb) = formatted(16 << 20, 8192, 4096);
+    let (storage, sb) = format_ram_disk(16 << 20, 8192, 4096);
     let at = sb.layout.inode_table_start as usize * 8192 + 300;
     storage.lock().unwrap()[at] ^= 0x40;
     let report = fsck(reopen(&storage)).unwrap();
@@ -82,7 +50,7 @@ fn a_damaged_inode_table_is_reported() {
 
 #[test]
 fn a_leaked_block_is_reported() {
-    let (storage, sb) = formatted(16 << 20, 8192, 4096);
+    let (storage, sb) = format_ram_disk(16 << 20, 8192, 4096);
     let l = sb.layout;
     let n = l.block_bitmap_start;
     let mut disk = storage.lock().unwrap();
@@ -102,7 +70,7 @@ fn a_leaked_block_is_reported() {
 
 #[test]
 fn a_destroyed_primary_superblock_falls_back_to_the_backup() {
-    let (storage, _) = formatted(16 << 20, 8192, 4096);
+    let (storage, _) = format_ram_disk(16 << 20, 8192, 4096);
     storage.lock().unwrap()[..8192].fill(0);
     let report = fsck(reopen(&storage)).unwrap();
     assert!(
@@ -124,25 +92,11 @@ fn a_device_without_accelfs_is_a_clear_error() {
 
 #[test]
 fn committed_journal_transactions_are_checked_as_mount_will_see_them() {
-    let (storage, sb) = formatted(16 << 20, 8192, 4096);
+    let (storage, sb) = format_ram_disk(16 << 20, 8192, 4096);
     let l = sb.layout;
     // A committed transaction that rewrites the root directory with an entry for an unused inode.
-    let entry = kura_accelfs::dir::DirEntry {
-        ino: 5,
-        kind: kura_accelfs::inode::Kind::File,
-        name: b"ghost".to_vec(),
-    };
-    let image = kura_accelfs::dir::encode_block(&[entry], 8192, l.data_start).unwrap();
-    let txn = Transaction {
-        seq: 1,
-        images: vec![(l.data_start, image)],
-    };
-    let area = JournalArea {
-        start: l.journal_start,
-        len: l.journal_len,
-    };
     let mut io = FsDevice::new(reopen(&storage), 8192).unwrap();
-    for (n, b) in journal::encode(&txn, area, 0, 8192) {
+    for (n, b) in ghost_entry_transaction(&l) {
         io.write(n, &b).unwrap();
     }
     drop(io);
@@ -167,7 +121,7 @@ fn committed_journal_transactions_are_checked_as_mount_will_see_them() {
 
 #[test]
 fn every_bit_flip_in_checked_metadata_is_noticed_and_none_panics() {
-    let (storage, sb) = formatted(8 << 20, 4096, 4096);
+    let (storage, sb) = format_ram_disk(8 << 20, 4096, 4096);
     let l = sb.layout;
     let pristine = storage.lock().unwrap().clone();
     // Every block fsck checks.
