@@ -10,6 +10,7 @@
 use crate::cmd::{command_pieces, io, Sqe};
 use crate::open::queue_spec;
 use crate::prp;
+use crate::queue::hand_over;
 use crate::status::NvmeStatus;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use kura_engine::poison::FlushPoison;
@@ -315,10 +316,7 @@ impl BlockDevice for NvmePt {
         loop {
             self.feed()?;
             self.reap();
-            let n = self.done.len();
-            out.append(&mut self.done);
-            self.in_flight -= n;
-            got += n;
+            got += hand_over(&mut self.done, out, &mut self.in_flight);
             if got >= want {
                 return Ok(got);
             }

@@ -117,6 +117,19 @@ fn bounce_buffer(len: usize) -> Result<IoBuf, DeviceError> {
     Ok(BufferPool::global().alloc(len)?)
 }
 
+/// Moves the completions waiting in `done` to `out` and counts them off `in_flight`: the step of
+/// every `poll` loop of this crate's queues. Returns how many moved.
+pub(crate) fn hand_over(
+    done: &mut Vec<Completion>,
+    out: &mut Vec<Completion>,
+    in_flight: &mut usize,
+) -> usize {
+    let n = done.len();
+    out.append(done);
+    *in_flight -= n;
+    n
+}
+
 impl NvmeQueue {
     /// Creates I/O queue pair number `qid` on the controller.
     pub(crate) fn create(
@@ -767,10 +780,7 @@ impl BlockDevice for NvmeQueue {
             if self.reap() > 0 {
                 self.feed();
             }
-            let n = self.done.len();
-            out.append(&mut self.done);
-            self.in_flight -= n;
-            got += n;
+            got += hand_over(&mut self.done, out, &mut self.in_flight);
             if got >= want {
                 return Ok(got);
             }
