@@ -5,9 +5,10 @@ use crate::device::{
     Completion, Geometry, Rejected, Request, DEFAULT_MAX_TRANSFER, DEFAULT_QUEUE_DEPTH,
     MAX_QUEUE_DEPTH,
 };
-use crate::error::{DeviceResult, OpenError};
+use crate::error::{DeviceError, DeviceResult, OpenError};
 use crate::poison::FlushPoison;
 use crate::spec::Spec;
+use crate::split::SplitParent;
 use std::collections::VecDeque;
 
 /// Option keys understood by every backend.
@@ -76,6 +77,59 @@ impl QueueOptions {
             buffer_alignment,
         }
     }
+}
+
+/// A free parent slot for `req` from `free`, the request wrapped as the parent of its pieces, and
+/// how many pieces it splits into under `geo`; or `req` refused with `QueueFull` when no slot is
+/// free. The first step of `submit` in the backends that split a request into pieces and keep
+/// each parent in a slot until its last piece completes (io_uring, redirect).
+pub(crate) fn claim_parent(
+    free: &mut Vec<u32>,
+    req: Request,
+    geo: &Geometry,
+) -> Result<(u32, SplitParent, u32), Rejected> {
+    let Some(slot) = free.pop() else {
+        return Err(Rejected::new(
+            req,
+            DeviceError::QueueFull {
+                depth: geo.queue_depth,
+            },
+        ));
+    };
+    let pieces = crate::split::piece_count(&req, geo);
+    Ok((slot, SplitParent::new(req, pieces as usize), pieces))
+}
+
+/// The other end of [`claim_parent`], once the last piece of a parent has finished: its
+/// completion goes to `out` (its status observed by `poison` for flush failures) and its `slot`
+/// back to `free`. `parent` is what the slot held.
+pub(crate) fn release_parent(
+    parent: Option<SplitParent>,
+    slot: u32,
+    free: &mut Vec<u32>,
+    poison: &mut FlushPoison,
+    out: &mut Vec<Completion>,
+) {
+    if let Some(parent) = parent {
+        let c = parent.into_completion();
+        poison.observe(c.op, &c.status);
+        out.push(c);
+    }
+    free.push(slot);
+}
+
+/// Moves the completions waiting in `ready` (commands answered without the device) to `out` and
+/// counts them off `in_flight`: the first step of `poll` in the backends that split requests.
+/// Returns how many moved.
+pub(crate) fn hand_over_ready(
+    ready: &mut VecDeque<Completion>,
+    out: &mut Vec<Completion>,
+    in_flight: &mut usize,
+) -> usize {
+    let n = ready.len();
+    out.extend(ready.drain(..));
+    *in_flight -= n;
+    n
 }
 
 /// The queue of a backend that performs each command inside `submit` (RAM disk, null device,

@@ -16,7 +16,7 @@
 //! - **Fallbacks**: SQPOLL and IOPOLL are asked for, not assumed; when the kernel refuses, the ring
 //!   is built without them and [`UringDevice::notes`] (and `describe`) say so.
 
-use super::common::{QueueOptions, COMMON_OPTIONS};
+use super::common::{claim_parent, hand_over_ready, release_parent, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::buffer::BufferPool;
@@ -380,16 +380,12 @@ impl UringDevice {
                 Ok(())
             };
             if entry.parent.piece_done(status) {
-                if let Some(entry) = self.slots[slot as usize].take() {
-                    let completion = entry.parent.into_completion();
-                    self.poison.observe(completion.op, &completion.status);
-                    out.push(completion);
-                }
-                self.free_slots.push(slot);
-                self.in_flight -= 1;
+                let parent = self.slots[slot as usize].take().map(|e| e.parent);
+                release_parent(parent, slot, &mut self.free_slots, &mut self.poison, out);
                 finished += 1;
             }
         }
+        self.in_flight -= finished;
         self.cqe_scratch = cqes;
         for (slot, piece, done) in retry {
             if let Some(sqe) = self.piece_sqe(slot, piece, done) {
@@ -521,17 +517,9 @@ impl BlockDevice for UringDevice {
             self.complete_now(req, status);
             return Ok(());
         }
-        let Some(slot) = self.free_slots.pop() else {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        };
-        let parts = crate::split::piece_count(&req, &self.geo);
+        let (slot, parent, parts) = claim_parent(&mut self.free_slots, req, &self.geo)?;
         self.slots[slot as usize] = Some(Slot {
-            parent: SplitParent::new(req, parts as usize),
+            parent,
             partial: Vec::new(),
         });
         self.in_flight += 1;
@@ -563,12 +551,7 @@ impl BlockDevice for UringDevice {
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let want = min_complete.min(self.in_flight);
-        let mut got = 0;
-        while let Some(c) = self.ready.pop_front() {
-            out.push(c);
-            self.in_flight -= 1;
-            got += 1;
-        }
+        let mut got = hand_over_ready(&mut self.ready, out, &mut self.in_flight);
         loop {
             self.fill_ring();
             if got < want && self.in_kernel > 0 && self.spin.as_nanos() > 0 {

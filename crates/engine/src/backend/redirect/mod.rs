@@ -15,7 +15,7 @@
 pub mod channel;
 pub mod proxy;
 
-use super::common::{QueueOptions, COMMON_OPTIONS};
+use super::common::{claim_parent, hand_over_ready, release_parent, QueueOptions, COMMON_OPTIONS};
 use super::file::{BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
@@ -290,16 +290,18 @@ impl RedirectDevice {
                 Ok(())
             };
             if parent.split.piece_done(status) {
-                if let Some(parent) = self.parents[parent_id as usize].take() {
-                    let c = parent.split.into_completion();
-                    self.poison.observe(c.op, &c.status);
-                    out.push(c);
-                }
-                self.free_parents.push(parent_id);
-                self.in_flight -= 1;
+                let done = self.parents[parent_id as usize].take().map(|p| p.split);
+                release_parent(
+                    done,
+                    parent_id,
+                    &mut self.free_parents,
+                    &mut self.poison,
+                    out,
+                );
                 finished += 1;
             }
         }
+        self.in_flight -= finished;
         finished
     }
 
@@ -363,17 +365,9 @@ impl BlockDevice for RedirectDevice {
             self.complete_now(req, Err(e));
             return Ok(());
         }
-        let Some(parent_id) = self.free_parents.pop() else {
-            return Err(Rejected::new(
-                req,
-                DeviceError::QueueFull {
-                    depth: self.geo.queue_depth,
-                },
-            ));
-        };
-        let pieces = crate::split::piece_count(&req, &self.geo);
+        let (parent_id, split, pieces) = claim_parent(&mut self.free_parents, req, &self.geo)?;
         self.parents[parent_id as usize] = Some(Parent {
-            split: SplitParent::new(req, pieces as usize),
+            split,
             next_piece: 0,
             pieces,
         });
@@ -390,12 +384,7 @@ impl BlockDevice for RedirectDevice {
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let want = min_complete.min(self.in_flight);
-        let mut got = 0;
-        while let Some(c) = self.ready.pop_front() {
-            out.push(c);
-            self.in_flight -= 1;
-            got += 1;
-        }
+        let mut got = hand_over_ready(&mut self.ready, out, &mut self.in_flight);
         let started = Instant::now();
         loop {
             self.dispatch();
