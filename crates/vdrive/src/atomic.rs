@@ -533,10 +533,7 @@ impl BlockDevice for AtomicDrive {
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
         self.push_backlog();
         self.commit_pending()?;
-        if self.child.in_flight() > 0 {
-            self.child.ring_doorbell()?;
-        }
-        Ok(())
+        crate::ring_if_busy(self.child.as_mut())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
@@ -551,17 +548,12 @@ impl BlockDevice for AtomicDrive {
                 self.child.poll(&mut got, want)?;
             }
             self.retire(got);
-            let ready = self.ready.len();
-            self.accepted -= ready;
-            n += ready;
-            out.extend(self.ready.drain(..));
+            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
             if n >= target {
                 return Ok(n);
             }
             if self.child.in_flight() == 0 && self.backlog.is_empty() && self.pending.is_empty() {
-                return Err(DeviceError::Offline {
-                    reason: "atomic drive lost track of a request in flight".into(),
-                });
+                return Err(crate::lost_track("atomic drive"));
             }
         }
     }
@@ -573,8 +565,6 @@ impl BlockDevice for AtomicDrive {
 
 /// Opens `atomic(CHILD)?log=SIZE`.
 pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<AtomicDrive, OpenError> {
-    spec.check_options(ATOMIC_OPTIONS)?;
-    let log = spec.size_option("log")?.unwrap_or(DEFAULT_LOG_BYTES);
-    let mut kids = crate::open_children(spec, children, 1, Some(1))?;
-    AtomicDrive::new(kids.remove(0), log).map_err(|e| crate::in_spec(spec, e))
+    let size = ("log", DEFAULT_LOG_BYTES);
+    crate::open_with_one_child(spec, children, ATOMIC_OPTIONS, size, AtomicDrive::new)
 }

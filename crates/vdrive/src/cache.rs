@@ -679,10 +679,7 @@ impl BlockDevice for Cache {
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        if self.child.in_flight() > 0 {
-            self.child.ring_doorbell()?;
-        }
-        Ok(())
+        crate::ring_if_busy(self.child.as_mut())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
@@ -692,10 +689,7 @@ impl BlockDevice for Cache {
             if self.ready.is_empty() && !self.jobs.is_empty() {
                 self.pump(n < target)?;
             }
-            let got = self.ready.len();
-            self.accepted = self.accepted.saturating_sub(got);
-            n += got;
-            out.extend(self.ready.drain(..));
+            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
             if n >= target || self.jobs.is_empty() {
                 return Ok(n);
             }

@@ -430,10 +430,7 @@ impl BlockDevice for Coalesce {
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
         self.dispatch();
-        if self.child.in_flight() > 0 {
-            self.child.ring_doorbell()?;
-        }
-        Ok(())
+        crate::ring_if_busy(self.child.as_mut())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
@@ -442,10 +439,7 @@ impl BlockDevice for Coalesce {
         loop {
             let stall = self.dispatch();
             self.collect(false)?;
-            let ready = self.ready.len();
-            self.accepted = self.accepted.saturating_sub(ready);
-            n += ready;
-            out.extend(self.ready.drain(..));
+            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
             if n >= target {
                 return Ok(n);
             }
@@ -459,11 +453,7 @@ impl BlockDevice for Coalesce {
                     }
                 }
                 _ if !self.sent.is_empty() => self.collect(true)?,
-                _ => {
-                    return Err(DeviceError::Offline {
-                        reason: "coalesce lost track of a request in flight".into(),
-                    })
-                }
+                _ => return Err(crate::lost_track("coalesce")),
             }
         }
     }
@@ -475,8 +465,6 @@ impl BlockDevice for Coalesce {
 
 /// Opens `coalesce(CHILD)?max=SIZE`.
 pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Coalesce, OpenError> {
-    spec.check_options(COALESCE_OPTIONS)?;
-    let max = spec.size_option("max")?.unwrap_or(DEFAULT_MAX_BYTES);
-    let mut kids = crate::open_children(spec, children, 1, Some(1))?;
-    Coalesce::new(kids.remove(0), max).map_err(|e| crate::in_spec(spec, e))
+    let size = ("max", DEFAULT_MAX_BYTES);
+    crate::open_with_one_child(spec, children, COALESCE_OPTIONS, size, Coalesce::new)
 }

@@ -11,8 +11,8 @@
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
-    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Rejected,
-    Request,
+    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Opcode,
+    Rejected, Request,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -171,6 +171,23 @@ impl<M> Fanout<M> {
         }
     }
 
+    /// Sends the whole of parent `id` to `leg`, at `lba` there, as one piece that carries the
+    /// parent's own buffer (moved, not copied). The piece's meta is `with_data` when the parent
+    /// had a buffer and `without_data` when its command carries none.
+    pub fn send_whole(&mut self, id: usize, leg: usize, lba: u64, with_data: M, without_data: M) {
+        let Some(parent) = self.parents.get_mut(&id) else {
+            return;
+        };
+        let buf = parent.req.buf.take();
+        let meta = if buf.is_some() {
+            with_data
+        } else {
+            without_data
+        };
+        let req = piece(parent.req.op, lba, parent.req.blocks, buf);
+        self.send(id, leg, req, meta);
+    }
+
     /// Records one finished piece of parent `id`; true when it was the last one in flight.
     pub fn piece_done(&mut self, id: usize, leg: usize, status: DeviceResult<()>) -> bool {
         let Some(p) = self.parents.get_mut(&id) else {
@@ -225,11 +242,7 @@ impl<M> Fanout<M> {
                 Some(l) => {
                     l.dev.poll(&mut got, 1)?;
                 }
-                None => {
-                    return Err(DeviceError::Offline {
-                        reason: "a virtual drive lost track of a request in flight".into(),
-                    })
-                }
+                None => return Err(crate::lost_track("a virtual drive")),
             }
         }
         self.pump();
@@ -284,6 +297,18 @@ impl<M> Fanout<M> {
     }
 }
 
+/// A piece for a leg: `op` on `blocks` blocks at `lba` with `buf`; [`Fanout::send`] gives it its
+/// tag.
+pub(crate) fn piece(op: Opcode, lba: u64, blocks: u64, buf: Option<IoBuf>) -> Request {
+    Request {
+        tag: 0,
+        op,
+        lba,
+        blocks,
+        buf,
+    }
+}
+
 /// An aligned scratch buffer for a piece's share of a caller's data.
 pub(crate) fn scratch(len: usize) -> IoBuf {
     BufferPool::global()
@@ -307,3 +332,29 @@ pub(crate) fn combined_geometry(legs: &[Geometry], num_blocks: u64) -> Geometry 
         buffer_alignment: legs.iter().map(|g| g.buffer_alignment).max().unwrap_or(1),
     }
 }
+
+/// The [`BlockDevice`](kura_engine::BlockDevice) methods of a drive built on a [`Fanout`], which
+/// every such drive would otherwise write out the same way: `submit` admits the request as a
+/// parent and hands its id to the drive's `fn dispatch(&mut self, id: usize)`, `ring_doorbell`
+/// rings every leg that has work, and `in_flight` is the fanout's. Goes inside the
+/// `impl BlockDevice` block of a drive with the fields `fan` (its [`Fanout`]) and `geo` (its
+/// geometry): `fanout_methods!();`. The drive writes `geometry`, `describe` and `poll` itself.
+macro_rules! fanout_methods {
+    () => {
+        fn submit(&mut self, req: kura_engine::Request) -> Result<(), kura_engine::Rejected> {
+            if let Some(id) = self.fan.admit(&self.geo, req)? {
+                self.dispatch(id);
+            }
+            Ok(())
+        }
+
+        fn ring_doorbell(&mut self) -> kura_engine::DeviceResult<()> {
+            self.fan.ring()
+        }
+
+        fn in_flight(&self) -> usize {
+            self.fan.in_flight()
+        }
+    };
+}
+pub(crate) use fanout_methods;

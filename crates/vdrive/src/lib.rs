@@ -52,7 +52,10 @@ pub use stripe::Stripe;
 
 use kura_engine::open::ChildOpener;
 use kura_engine::registry::ReadOnly;
-use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
+use kura_engine::{
+    BlockDevice, Completion, DeviceError, DeviceResult, Kind, OpenError, Registry, Spec,
+};
+use std::collections::VecDeque;
 
 const DRIVES: &str = "Virtual drives (kura-vdrive), composable with everything else";
 
@@ -232,5 +235,51 @@ pub(crate) fn in_spec(spec: &Spec, e: OpenError) -> OpenError {
     match e {
         OpenError::Invalid(m) => OpenError::Invalid(format!("{spec}: {m}")),
         other => other,
+    }
+}
+
+/// Opens the drive of a `spec` that wraps exactly one child and takes one size option: checks
+/// the options against `allowed`, reads `key` (`default` when absent), opens the child and builds
+/// the drive with `new`, whose errors are prefixed with the spec.
+pub(crate) fn open_with_one_child<D>(
+    spec: &Spec,
+    children: ChildOpener<'_>,
+    allowed: &[&str],
+    (key, default): (&str, u64),
+    new: impl FnOnce(Box<dyn BlockDevice>, u64) -> Result<D, OpenError>,
+) -> Result<D, OpenError> {
+    spec.check_options(allowed)?;
+    let size = spec.size_option(key)?.unwrap_or(default);
+    let child = open_children(spec, children, 1, Some(1))?.remove(0);
+    new(child, size).map_err(|e| in_spec(spec, e))
+}
+
+/// Rings `child`'s doorbell when it has commands in flight (a child with nothing to do is left
+/// alone): the doorbell of a drive that passes commands to one child.
+pub(crate) fn ring_if_busy(child: &mut dyn BlockDevice) -> DeviceResult<()> {
+    if child.in_flight() > 0 {
+        child.ring_doorbell()?;
+    }
+    Ok(())
+}
+
+/// Moves the completions waiting in `ready` to `out` and counts them off `accepted` (the drive's
+/// commands in flight): the step of a single-child drive's `poll` loop. Returns how many moved.
+pub(crate) fn hand_over(
+    ready: &mut VecDeque<Completion>,
+    out: &mut Vec<Completion>,
+    accepted: &mut usize,
+) -> usize {
+    let n = ready.len();
+    *accepted = accepted.saturating_sub(n);
+    out.extend(ready.drain(..));
+    n
+}
+
+/// The error a drive's `poll` returns when it is waiting for completions that nothing it sent can
+/// bring: `drive` (as in "atomic drive") lost track of a request in flight.
+pub(crate) fn lost_track(drive: &str) -> DeviceError {
+    DeviceError::Offline {
+        reason: format!("{drive} lost track of a request in flight"),
     }
 }

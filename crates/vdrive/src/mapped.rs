@@ -8,9 +8,9 @@
 //! one completion carrying the first piece's error, if any. Flushes go to every child.
 //! A failed flush poisons the drive.
 
-use crate::fanout::{combined_geometry, scratch, Done, Fanout};
+use crate::fanout::{combined_geometry, fanout_methods, piece, scratch, Done, Fanout};
 use kura_engine::{
-    BlockDevice, Completion, DeviceResult, Geometry, IoBuf, Opcode, OpenError, Rejected, Request,
+    BlockDevice, Completion, DeviceResult, Geometry, IoBuf, Opcode, OpenError, Request,
 };
 
 /// One child command: `blocks` blocks at `lba` on child `leg`, carrying the caller's data from
@@ -90,20 +90,8 @@ impl<L: Layout> MappedDrive<L> {
         let bs = self.geo.block_size as usize;
         if let [p] = pieces.as_slice() {
             if p.blocks == blocks {
-                let buf = self.fan.parent_mut(id).and_then(|p| p.req.buf.take());
-                let meta = if buf.is_some() {
-                    PieceData::Whole
-                } else {
-                    PieceData::Nothing
-                };
-                let req = Request {
-                    tag: 0,
-                    op,
-                    lba: p.lba,
-                    blocks,
-                    buf,
-                };
-                self.fan.send(id, p.leg, req, meta);
+                self.fan
+                    .send_whole(id, p.leg, p.lba, PieceData::Whole, PieceData::Nothing);
                 self.pieces = pieces;
                 return;
             }
@@ -123,27 +111,16 @@ impl<L: Layout> MappedDrive<L> {
                 ),
                 _ => (None, PieceData::Nothing),
             };
-            let req = Request {
-                tag: 0,
-                op,
-                lba: p.lba,
-                blocks: p.blocks,
-                buf,
-            };
+            let req = piece(op, p.lba, p.blocks, buf);
             self.fan.send(id, p.leg, req, meta);
         }
         self.pieces = pieces;
     }
 
     fn on_done(fan: &mut Fanout<PieceData>, bs: usize, done: Done<PieceData>) {
-        let Done {
-            parent,
-            leg,
-            meta,
-            completion,
-        } = done;
+        let (parent, completion) = (done.parent, done.completion);
         if let Some(p) = fan.parent_mut(parent) {
-            match meta {
+            match done.meta {
                 PieceData::Whole => p.req.buf = completion.buf,
                 PieceData::Scatter(segs) => {
                     if let (Ok(()), Some(src), Some(dst)) = (
@@ -157,7 +134,7 @@ impl<L: Layout> MappedDrive<L> {
                 PieceData::Nothing => {}
             }
         }
-        if fan.piece_done(parent, leg, completion.status) {
+        if fan.piece_done(parent, done.leg, completion.status) {
             if let Some(mut p) = fan.take_parent(parent) {
                 let status = p.first_status();
                 fan.complete(p.req, status);
@@ -223,24 +200,11 @@ impl<L: Layout> BlockDevice for MappedDrive<L> {
         )
     }
 
-    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if let Some(id) = self.fan.admit(&self.geo, req)? {
-            self.dispatch(id);
-        }
-        Ok(())
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        self.fan.ring()
-    }
+    fanout_methods!();
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let bs = self.geo.block_size as usize;
         self.fan
             .poll_with(out, min_complete, |fan, done| Self::on_done(fan, bs, done))
-    }
-
-    fn in_flight(&self) -> usize {
-        self.fan.in_flight()
     }
 }

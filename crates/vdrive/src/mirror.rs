@@ -12,11 +12,11 @@
 //! [`DeviceError::Offline`] naming the mirror. A failed flush poisons the drive.
 //! [`Mirror::status`] and `describe()` say which legs are degraded and why.
 
-use crate::fanout::{combined_geometry, scratch, Done, Fanout};
+use crate::fanout::{combined_geometry, fanout_methods, piece, scratch, Done, Fanout};
 use kura_engine::open::ChildOpener;
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError,
-    Rejected, Request, Spec,
+    Spec,
 };
 
 /// Most legs a mirror may have.
@@ -198,13 +198,7 @@ impl Mirror {
             match self.pick_read_leg(0) {
                 Some(leg) => {
                     let buf = self.fan.parent_mut(id).and_then(|p| p.req.buf.take());
-                    let req = Request {
-                        tag: 0,
-                        op,
-                        lba,
-                        blocks,
-                        buf,
-                    };
+                    let req = piece(op, lba, blocks, buf);
                     self.fan
                         .send(id, leg, req, MirrorPiece::Read { tried: 1 << leg });
                 }
@@ -237,29 +231,11 @@ impl Mirror {
             } else {
                 None
             };
-            let req = Request {
-                tag: 0,
-                op,
-                lba,
-                blocks,
-                buf,
-            };
-            self.fan.send(id, leg, req, MirrorPiece::Copy);
+            self.fan
+                .send(id, leg, piece(op, lba, blocks, buf), MirrorPiece::Copy);
         }
-        let buf = self.fan.parent_mut(id).and_then(|p| p.req.buf.take());
-        let meta = if buf.is_some() {
-            MirrorPiece::Whole
-        } else {
-            MirrorPiece::Copy
-        };
-        let req = Request {
-            tag: 0,
-            op,
-            lba,
-            blocks,
-            buf,
-        };
-        self.fan.send(id, first, req, meta);
+        self.fan
+            .send_whole(id, first, lba, MirrorPiece::Whole, MirrorPiece::Copy);
     }
 
     fn on_done(
@@ -283,13 +259,7 @@ impl Mirror {
                         .filter(|&l| health[l] == LegHealth::Healthy && tried & (1 << l) == 0)
                         .min_by_key(|&l| fan.legs[l].load());
                     if let (Some(next), Some(p)) = (retry, fan.parent_mut(parent)) {
-                        let req = Request {
-                            tag: 0,
-                            op: Opcode::Read,
-                            lba: p.req.lba,
-                            blocks: p.req.blocks,
-                            buf: completion.buf,
-                        };
+                        let req = piece(Opcode::Read, p.req.lba, p.req.blocks, completion.buf);
                         fan.send(
                             parent,
                             next,
@@ -449,16 +419,7 @@ impl BlockDevice for Mirror {
         }
     }
 
-    fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if let Some(id) = self.fan.admit(&self.geo, req)? {
-            self.dispatch(id);
-        }
-        Ok(())
-    }
-
-    fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        self.fan.ring()
-    }
+    fanout_methods!();
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let Mirror {
@@ -470,10 +431,6 @@ impl BlockDevice for Mirror {
         fan.poll_with(out, min_complete, |fan, done| {
             Self::on_done(fan, health, read_errors, done)
         })
-    }
-
-    fn in_flight(&self) -> usize {
-        self.fan.in_flight()
     }
 }
 

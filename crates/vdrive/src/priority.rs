@@ -630,9 +630,7 @@ impl BlockDevice for ClassHandle {
                 && !mine_on_child
                 && class.ready.is_empty()
             {
-                return Err(DeviceError::Offline {
-                    reason: "priority drive lost track of a request in flight".into(),
-                });
+                return Err(crate::lost_track("priority drive"));
             }
             if !may_block {
                 let nap = self.shared.reaped.wait_timeout(s, BACKGROUND_NAP);

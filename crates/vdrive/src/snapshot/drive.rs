@@ -384,9 +384,7 @@ impl BlockDevice for SnapshotDrive {
                     return Ok(n);
                 }
                 if !core.busy() {
-                    return Err(DeviceError::Offline {
-                        reason: "snapshot drive lost track of a request in flight".into(),
-                    });
+                    return Err(crate::lost_track("snapshot drive"));
                 }
                 core.progress(1)?;
             }
