@@ -2,29 +2,11 @@
 //! SAM (samtools reads it) and PAF, the same on the AccelFS of an image with `--dev`, bad input
 //! named by file and line, and `kura bench genome --quick` against minimap2 when installed.
 
+mod common;
+
+use common::{fails, kura, ok, ok_output, text};
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn kura(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_kura"))
-        .args(args)
-        .output()
-        .expect("run kura")
-}
-
-fn both(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn ok(args: &[&str]) -> Output {
-    let o = kura(args);
-    assert!(o.status.success(), "kura {args:?} failed: {}", both(&o));
-    o
-}
+use std::process::Command;
 
 fn simulate(dir: &Path, reads: &str, paired: bool) {
     let d = dir.to_str().expect("utf-8 path");
@@ -63,17 +45,17 @@ fn simulate_index_map_on_host_files() {
     simulate(d, "800", true);
     let fa = d.join("reference.fa");
     let idx = d.join("ref.kgi");
-    let o = ok(&[
+    let out = ok(&[
         "genome",
         "index",
         fa.to_str().unwrap(),
         "-o",
         idx.to_str().unwrap(),
     ]);
-    assert!(String::from_utf8_lossy(&o.stdout).contains("minimizers"));
+    assert!(out.contains("minimizers"));
     // Single-end from the index, SAM on stdout.
     let r1 = d.join("reads_1.fq");
-    let o = ok(&[
+    let o = ok_output(&[
         "genome",
         "map",
         idx.to_str().unwrap(),
@@ -113,7 +95,7 @@ fn simulate_index_map_on_host_files() {
             .arg(&sam_path)
             .output()
             .expect("run samtools");
-        assert!(o.status.success(), "{}", both(&o));
+        assert!(o.status.success(), "{}", text(&o));
         assert!(String::from_utf8_lossy(&o.stdout).contains("800 + 0 in total"));
     }
 }
@@ -144,7 +126,7 @@ fn index_and_map_on_an_accelfs_image() {
         "--dev",
         &spec,
     ]);
-    let o = ok(&[
+    let o = ok_output(&[
         "genome",
         "map",
         "/idx/ref.kgi",
@@ -161,21 +143,20 @@ fn index_and_map_on_an_accelfs_image() {
     let sam = std::fs::read_to_string(&out).expect("read SAM");
     assert_eq!(sam.lines().filter(|l| !l.starts_with('@')).count(), 500);
     let o = kura(&["fsck", &spec]);
-    assert_eq!(o.status.code(), Some(0), "{}", both(&o));
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
     // Mapping to stdout only reads the device: the image is opened read-only and stays as it is.
     let before = std::fs::read(&img).expect("read image");
-    let o = ok(&[
+    let records = ok(&[
         "genome",
         "map",
         "/idx/ref.kgi",
         "/reads_1.fq",
         "--dev",
         &spec,
-    ]);
-    let records = String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| !l.starts_with('@'))
-        .count();
+    ])
+    .lines()
+    .filter(|l| !l.starts_with('@'))
+    .count();
     assert_eq!(records, 500);
     assert!(
         std::fs::read(&img).expect("read image") == before,
@@ -200,7 +181,7 @@ fn bad_reads_are_named_by_file_and_line() {
         std::fs::write(&p, body).expect("write");
         let o = kura(&["genome", "map", fa.to_str().unwrap(), p.to_str().unwrap()]);
         assert!(!o.status.success(), "{name} must be refused");
-        let err = both(&o);
+        let err = text(&o);
         assert!(
             err.contains(name),
             "{name}: the error names the file: {err}"
@@ -208,16 +189,17 @@ fn bad_reads_are_named_by_file_and_line() {
         assert!(!err.contains("panicked"), "{name}: {err}");
     }
     // A FASTA given as reads.
-    let o = kura(&["genome", "map", fa.to_str().unwrap(), fa.to_str().unwrap()]);
-    assert!(!o.status.success());
-    assert!(both(&o).contains("reference.fa"), "{}", both(&o));
+    fails(
+        &["genome", "map", fa.to_str().unwrap(), fa.to_str().unwrap()],
+        "reference.fa",
+    );
 }
 
 #[test]
 fn bench_genome_quick_reports_every_path_and_the_peer() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let json = tmp.path().join("g.json");
-    let o = ok(&[
+    let o = ok_output(&[
         "bench",
         "genome",
         "--quick",
@@ -230,7 +212,7 @@ fn bench_genome_quick_reports_every_path_and_the_peer() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let text = both(&o);
+    let text = text(&o);
     assert!(text.contains("of the device's sequential read"), "{text}");
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("JSON")).expect("parse");
