@@ -10,9 +10,9 @@
 use crate::cmd::{command_pieces, io, Sqe};
 use crate::open::queue_spec;
 use crate::prp;
-use crate::queue::hand_over;
 use crate::status::NvmeStatus;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use kura_engine::backend::common::hand_over;
 use kura_engine::poison::FlushPoison;
 use kura_engine::split::SplitParent;
 use kura_engine::{
@@ -316,7 +316,7 @@ impl BlockDevice for NvmePt {
         loop {
             self.feed()?;
             self.reap();
-            got += hand_over(&mut self.done, out, &mut self.in_flight);
+            got += hand_over(self.done.drain(..), out, &mut self.in_flight);
             if got >= want {
                 return Ok(got);
             }

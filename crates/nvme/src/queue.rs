@@ -22,6 +22,7 @@ use crate::prp::{self, LIST_ENTRIES};
 use crate::qpair::QueuePair;
 use crate::regs::{self, PAGE};
 use crate::status::NvmeStatus;
+use kura_engine::backend::common::hand_over;
 use kura_engine::poison::FlushPoison;
 use kura_engine::split::{CommandSpan, SplitParent};
 use kura_engine::{
@@ -115,19 +116,6 @@ pub struct NvmeQueue {
 
 fn bounce_buffer(len: usize) -> Result<IoBuf, DeviceError> {
     Ok(BufferPool::global().alloc(len)?)
-}
-
-/// Moves the completions waiting in `done` to `out` and counts them off `in_flight`: the step of
-/// every `poll` loop of this crate's queues. Returns how many moved.
-pub(crate) fn hand_over(
-    done: &mut Vec<Completion>,
-    out: &mut Vec<Completion>,
-    in_flight: &mut usize,
-) -> usize {
-    let n = done.len();
-    out.append(done);
-    *in_flight -= n;
-    n
 }
 
 impl NvmeQueue {
@@ -780,7 +768,7 @@ impl BlockDevice for NvmeQueue {
             if self.reap() > 0 {
                 self.feed();
             }
-            got += hand_over(&mut self.done, out, &mut self.in_flight);
+            got += hand_over(self.done.drain(..), out, &mut self.in_flight);
             if got >= want {
                 return Ok(got);
             }

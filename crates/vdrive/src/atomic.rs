@@ -27,6 +27,7 @@
 //! If a step after the commit fails the drive refuses further mutations (the group is replayed at
 //! the next open); reads keep working.
 
+use kura_engine::backend::common::hand_over;
 use kura_engine::crc32c::crc32c;
 use kura_engine::open::ChildOpener;
 use kura_engine::poison::FlushPoison;
@@ -548,7 +549,7 @@ impl BlockDevice for AtomicDrive {
                 self.child.poll(&mut got, want)?;
             }
             self.retire(got);
-            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
+            n += hand_over(self.ready.drain(..), out, &mut self.accepted);
             if n >= target {
                 return Ok(n);
             }

@@ -25,6 +25,7 @@
 //! it was out is never filled into the cache from that command, because the child may have
 //! carried the two out in either order: the cache only ever holds what the child holds.
 
+use kura_engine::backend::common::hand_over;
 use kura_engine::open::ChildOpener;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
@@ -689,7 +690,7 @@ impl BlockDevice for Cache {
             if self.ready.is_empty() && !self.jobs.is_empty() {
                 self.pump(n < target)?;
             }
-            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
+            n += hand_over(self.ready.drain(..), out, &mut self.accepted);
             if n >= target || self.jobs.is_empty() {
                 return Ok(n);
             }

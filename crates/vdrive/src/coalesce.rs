@@ -26,6 +26,7 @@
 //! waiting when the drive is dropped are dropped with it (poll to completion first).
 
 use crate::fanout::scratch;
+use kura_engine::backend::common::hand_over;
 use kura_engine::open::ChildOpener;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
@@ -439,7 +440,7 @@ impl BlockDevice for Coalesce {
         loop {
             let stall = self.dispatch();
             self.collect(false)?;
-            n += crate::hand_over(&mut self.ready, out, &mut self.accepted);
+            n += hand_over(self.ready.drain(..), out, &mut self.accepted);
             if n >= target {
                 return Ok(n);
             }

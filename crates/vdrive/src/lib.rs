@@ -52,10 +52,7 @@ pub use stripe::Stripe;
 
 use kura_engine::open::ChildOpener;
 use kura_engine::registry::ReadOnly;
-use kura_engine::{
-    BlockDevice, Completion, DeviceError, DeviceResult, Kind, OpenError, Registry, Spec,
-};
-use std::collections::VecDeque;
+use kura_engine::{BlockDevice, DeviceError, DeviceResult, Kind, OpenError, Registry, Spec};
 
 const DRIVES: &str = "Virtual drives (kura-vdrive), composable with everything else";
 
@@ -261,19 +258,6 @@ pub(crate) fn ring_if_busy(child: &mut dyn BlockDevice) -> DeviceResult<()> {
         child.ring_doorbell()?;
     }
     Ok(())
-}
-
-/// Moves the completions waiting in `ready` to `out` and counts them off `accepted` (the drive's
-/// commands in flight): the step of a single-child drive's `poll` loop. Returns how many moved.
-pub(crate) fn hand_over(
-    ready: &mut VecDeque<Completion>,
-    out: &mut Vec<Completion>,
-    accepted: &mut usize,
-) -> usize {
-    let n = ready.len();
-    *accepted = accepted.saturating_sub(n);
-    out.extend(ready.drain(..));
-    n
 }
 
 /// The error a drive's `poll` returns when it is waiting for completions that nothing it sent can

@@ -118,17 +118,17 @@ pub(crate) fn release_parent(
     free.push(slot);
 }
 
-/// Moves the completions waiting in `ready` (commands answered without the device) to `out` and
-/// counts them off `in_flight`: the first step of `poll` in the backends that split requests.
-/// Returns how many moved.
-pub(crate) fn hand_over_ready(
-    ready: &mut VecDeque<Completion>,
+/// Moves the finished commands `done` yields (a device's queue of completions, drained) to `out`
+/// and counts them off `in_flight`, the device's count of commands accepted and not yet polled:
+/// the step every `poll` loop that keeps such a queue takes. Returns how many moved.
+pub fn hand_over(
+    done: impl ExactSizeIterator<Item = Completion>,
     out: &mut Vec<Completion>,
     in_flight: &mut usize,
 ) -> usize {
-    let n = ready.len();
-    out.extend(ready.drain(..));
-    *in_flight -= n;
+    let n = done.len();
+    out.extend(done);
+    *in_flight = in_flight.saturating_sub(n);
     n
 }
 

@@ -16,7 +16,7 @@
 //! - **Fallbacks**: SQPOLL and IOPOLL are asked for, not assumed; when the kernel refuses, the ring
 //!   is built without them and [`UringDevice::notes`] (and `describe`) say so.
 
-use super::common::{claim_parent, hand_over_ready, release_parent, QueueOptions, COMMON_OPTIONS};
+use super::common::{claim_parent, hand_over, release_parent, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::buffer::BufferPool;
@@ -551,7 +551,7 @@ impl BlockDevice for UringDevice {
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let want = min_complete.min(self.in_flight);
-        let mut got = hand_over_ready(&mut self.ready, out, &mut self.in_flight);
+        let mut got = hand_over(self.ready.drain(..), out, &mut self.in_flight);
         loop {
             self.fill_ring();
             if got < want && self.in_kernel > 0 && self.spin.as_nanos() > 0 {

@@ -15,7 +15,7 @@
 pub mod channel;
 pub mod proxy;
 
-use super::common::{claim_parent, hand_over_ready, release_parent, QueueOptions, COMMON_OPTIONS};
+use super::common::{claim_parent, hand_over, release_parent, QueueOptions, COMMON_OPTIONS};
 use super::file::{BackingFile, DirectMode};
 use super::sync::FILE_OPTIONS;
 use crate::device::{BlockDevice, Completion, Geometry, Opcode, Rejected, Request};
@@ -384,7 +384,7 @@ impl BlockDevice for RedirectDevice {
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let want = min_complete.min(self.in_flight);
-        let mut got = hand_over_ready(&mut self.ready, out, &mut self.in_flight);
+        let mut got = hand_over(self.ready.drain(..), out, &mut self.in_flight);
         let started = Instant::now();
         loop {
             self.dispatch();
