@@ -9,8 +9,8 @@ use std::collections::BTreeMap;
 
 use crate::error::CrushError;
 use crate::map::{
-    Bucket, BucketKind, ChooseArg, CrushMap, Rule, Step, Tunables, ALG_LIST, ALG_STRAW,
-    ALG_STRAW2, ALG_TREE, ALG_UNIFORM,
+    Bucket, BucketKind, ChooseArg, CrushMap, Rule, Step, Tunables, ALG_LIST, ALG_STRAW, ALG_STRAW2,
+    ALG_TREE, ALG_UNIFORM,
 };
 
 /// `CRUSH_MAGIC`.
@@ -86,7 +86,7 @@ impl<'a> Reader<'a> {
     }
 
     fn u32s(&mut self, n: usize, what: &'static str) -> Result<Vec<u32>, CrushError> {
-        let bytes = self.take(n.checked_mul(4).unwrap_or(usize::MAX), what)?;
+        let bytes = self.take(n.saturating_mul(4), what)?;
         Ok(bytes
             .chunks_exact(4)
             .map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -159,7 +159,7 @@ fn bucket(r: &mut Reader<'_>, index: usize) -> Result<Option<Bucket>, CrushError
             item_weight: r.u32("uniform item weight")?,
         },
         ALG_LIST => {
-            let pairs = r.u32s(size.checked_mul(2).unwrap_or(usize::MAX), "list weights")?;
+            let pairs = r.u32s(size.saturating_mul(2), "list weights")?;
             BucketKind::List {
                 item_weights: pairs.iter().step_by(2).copied().collect(),
                 sum_weights: pairs.iter().skip(1).step_by(2).copied().collect(),
@@ -171,7 +171,7 @@ fn bucket(r: &mut Reader<'_>, index: usize) -> Result<Option<Bucket>, CrushError
             BucketKind::Tree { node_weights }
         }
         ALG_STRAW => {
-            let pairs = r.u32s(size.checked_mul(2).unwrap_or(usize::MAX), "straw weights")?;
+            let pairs = r.u32s(size.saturating_mul(2), "straw weights")?;
             BucketKind::Straw {
                 item_weights: pairs.iter().step_by(2).copied().collect(),
                 straws: pairs.iter().skip(1).step_by(2).copied().collect(),

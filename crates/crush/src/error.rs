@@ -45,7 +45,9 @@ pub enum CrushError {
         alg: u32,
     },
     /// A rule whose ruleset differs from its id (encodings older than Luminous).
-    #[error("rule {rule} has ruleset {ruleset}; crush ruleset != rule id, the encoding is too old")]
+    #[error(
+        "rule {rule} has ruleset {ruleset}; crush ruleset != rule id, the encoding is too old"
+    )]
     RulesetMismatch {
         /// Rule id.
         rule: u32,

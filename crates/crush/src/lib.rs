@@ -1,7 +1,7 @@
 //! CRUSH, Ceph's placement function, bit-identical to Ceph's own (`crushtool --test`).
 //!
 //! * [`decode`] reads the compiled map `crushtool -c`/`--build -o` writes, bounded and checked
-//!   (typed [`CrushError`]s, never a panic);
+//!   (typed [`CrushError`]s, never a panic), and [`encode`] writes it back;
 //! * [`map`] is the map itself: buckets of every algorithm (uniform, list, tree, straw,
 //!   straw2), rules, tunables and their profiles, names, device classes and shadow buckets,
 //!   `choose_args` weight sets;
@@ -15,6 +15,7 @@
 
 pub mod batch;
 pub mod decode;
+pub mod encode;
 pub mod error;
 pub mod hash;
 pub mod ln;
@@ -25,6 +26,7 @@ pub mod tester;
 
 pub use batch::{map_range, BatchResult};
 pub use decode::decode;
+pub use encode::encode;
 pub use error::CrushError;
 pub use map::{CrushMap, Tunables, ITEM_NONE};
 pub use mapper::{Mapper, Workspace};

@@ -87,7 +87,7 @@ const fn build_rh_lh() -> [u64; 258] {
     let mut k = 0;
     while k <= 128 {
         let d = 128 + k as u128;
-        t[2 * k] = (((1u128 << 55) + d - 1) / d) as u64;
+        t[2 * k] = (1u128 << 55).div_ceil(d) as u64;
         t[2 * k + 1] = log2_q48(128 + k as u128, 128);
         k += 1;
     }

@@ -19,6 +19,16 @@ pub const ALG_STRAW: u8 = 4;
 /// Straw2 bucket.
 pub const ALG_STRAW2: u8 = 5;
 
+/// Largest retry count accepted in tunables and `set_*_tries` steps. Ceph takes any value, but
+/// its profiles use at most 50 and erasure-code rules 100; a map asking for millions of retries
+/// would make one mapping take minutes, so such maps are refused as absurd.
+pub const MAX_TRIES: u32 = 256;
+
+/// Largest replica count a rule step may ask for, and the largest result a mapping may be
+/// asked to fill. Ceph sets no bound, but `firstn` makes `tries` attempts for every position
+/// up to the count even when none can be filled, so a count in the millions never finishes.
+pub const MAX_REP: usize = 1024;
+
 /// The item no position could be filled with (`CRUSH_ITEM_NONE`), printed as 2147483647.
 pub const ITEM_NONE: i32 = 0x7fff_ffff;
 /// Not yet decided (`CRUSH_ITEM_UNDEF`), internal to `indep` choices.
@@ -348,6 +358,20 @@ impl CrushMap {
     /// Checks everything the mapper relies on; decoding calls it.
     pub fn validate(&self) -> Result<(), CrushError> {
         let nb = self.buckets.len();
+        let t = &self.tunables;
+        for (what, v) in [
+            ("choose_local_tries", t.choose_local_tries),
+            ("choose_local_fallback_tries", t.choose_local_fallback_tries),
+            ("choose_total_tries", t.choose_total_tries),
+        ] {
+            if v > MAX_TRIES {
+                return Err(CrushError::TooLarge {
+                    what,
+                    value: v as u64,
+                    max: MAX_TRIES as u64,
+                });
+            }
+        }
         for (idx, b) in self.buckets.iter().enumerate() {
             let Some(b) = b else { continue };
             if b.id != -1 - idx as i32 {
@@ -475,11 +499,34 @@ impl CrushMap {
         }
         for (id, rule) in self.rules.iter().enumerate() {
             let Some(rule) = rule else { continue };
+            // A take of a missing bucket is ignored by Ceph (the working set stays empty) and
+            // by the mapper alike, so only the retry counts are checked.
             for s in &rule.steps {
-                if s.op == op::TAKE && s.arg1 < 0 && self.bucket(s.arg1).is_none() {
-                    // Ceph ignores a take of a missing bucket (the working set stays empty);
-                    // such a rule maps to nothing, which is what the mapper does too.
-                    let _ = id;
+                let tries = matches!(
+                    s.op,
+                    op::SET_CHOOSE_TRIES
+                        | op::SET_CHOOSELEAF_TRIES
+                        | op::SET_CHOOSE_LOCAL_TRIES
+                        | op::SET_CHOOSE_LOCAL_FALLBACK_TRIES
+                );
+                let choose = matches!(
+                    s.op,
+                    op::CHOOSE_FIRSTN
+                        | op::CHOOSE_INDEP
+                        | op::CHOOSELEAF_FIRSTN
+                        | op::CHOOSELEAF_INDEP
+                );
+                if choose && s.arg1 > MAX_REP as i32 {
+                    return Err(CrushError::Invalid(format!(
+                        "rule {id} chooses {} items in one step, more than {MAX_REP}",
+                        s.arg1
+                    )));
+                }
+                if tries && s.arg1 > MAX_TRIES as i32 {
+                    return Err(CrushError::Invalid(format!(
+                        "rule {id} sets {} tries, more than {MAX_TRIES}",
+                        s.arg1
+                    )));
                 }
             }
         }

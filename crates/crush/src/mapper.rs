@@ -11,7 +11,7 @@ use crate::error::CrushError;
 use crate::hash::{hash32_2, typed_hash32_3, typed_hash32_4};
 use crate::ln::crush_ln;
 use crate::map::{
-    op, Bucket, BucketKind, ChooseArg, CrushMap, ALG_UNIFORM, ITEM_NONE, ITEM_UNDEF,
+    op, Bucket, BucketKind, ChooseArg, CrushMap, ALG_UNIFORM, ITEM_NONE, ITEM_UNDEF, MAX_REP,
 };
 
 /// Per-bucket permutation state (`crush_work_bucket`).
@@ -117,6 +117,13 @@ impl<'a> Mapper<'a> {
         out: &mut Vec<i32>,
     ) -> Result<(), CrushError> {
         out.clear();
+        if result_max > MAX_REP {
+            return Err(CrushError::TooLarge {
+                what: "result size",
+                value: result_max as u64,
+                max: MAX_REP as u64,
+            });
+        }
         let Some(rule) = self.map.rule(rule) else {
             return Err(CrushError::NoSuchRule(rule));
         };
@@ -153,37 +160,27 @@ impl<'a> Mapper<'a> {
                         wsize = 1;
                     }
                 }
-                op::SET_CHOOSE_TRIES => {
-                    if step.arg1 > 0 {
-                        choose_tries = step.arg1 as u32;
-                    }
+                op::SET_CHOOSE_TRIES if step.arg1 > 0 => {
+                    choose_tries = step.arg1 as u32;
                 }
-                op::SET_CHOOSELEAF_TRIES => {
-                    if step.arg1 > 0 {
-                        choose_leaf_tries = step.arg1 as u32;
-                    }
+                op::SET_CHOOSELEAF_TRIES if step.arg1 > 0 => {
+                    choose_leaf_tries = step.arg1 as u32;
                 }
-                op::SET_CHOOSE_LOCAL_TRIES => {
-                    if step.arg1 >= 0 {
-                        local_retries = step.arg1 as u32;
-                    }
+                op::SET_CHOOSE_LOCAL_TRIES if step.arg1 >= 0 => {
+                    local_retries = step.arg1 as u32;
                 }
-                op::SET_CHOOSE_LOCAL_FALLBACK_TRIES => {
-                    if step.arg1 >= 0 {
-                        local_fallback_retries = step.arg1 as u32;
-                    }
+                op::SET_CHOOSE_LOCAL_FALLBACK_TRIES if step.arg1 >= 0 => {
+                    local_fallback_retries = step.arg1 as u32;
                 }
-                op::SET_CHOOSELEAF_VARY_R => {
-                    if step.arg1 >= 0 {
-                        vary_r = step.arg1 as u32;
-                    }
+                op::SET_CHOOSELEAF_VARY_R if step.arg1 >= 0 => {
+                    vary_r = step.arg1 as u32;
                 }
-                op::SET_CHOOSELEAF_STABLE => {
-                    if step.arg1 >= 0 {
-                        stable = step.arg1 as u32;
-                    }
+                op::SET_CHOOSELEAF_STABLE if step.arg1 >= 0 => {
+                    stable = step.arg1 as u32;
                 }
-                op::CHOOSE_FIRSTN | op::CHOOSELEAF_FIRSTN | op::CHOOSE_INDEP
+                op::CHOOSE_FIRSTN
+                | op::CHOOSELEAF_FIRSTN
+                | op::CHOOSE_INDEP
                 | op::CHOOSELEAF_INDEP => {
                     if wsize == 0 {
                         continue;
@@ -192,7 +189,7 @@ impl<'a> Mapper<'a> {
                     let recurse_to_leaf =
                         step.op == op::CHOOSELEAF_FIRSTN || step.op == op::CHOOSELEAF_INDEP;
                     let mut osize = 0usize;
-                    for i in 0..wsize {
+                    for &wi in w.iter().take(wsize) {
                         let mut numrep = step.arg1;
                         if numrep <= 0 {
                             numrep = numrep.wrapping_add(result_max as i32);
@@ -200,7 +197,7 @@ impl<'a> Mapper<'a> {
                                 continue;
                             }
                         }
-                        let Some(bucket) = self.bucket_of(w[i]) else {
+                        let Some(bucket) = self.bucket_of(wi) else {
                             continue;
                         };
                         let room = result_max - osize;
@@ -533,10 +530,12 @@ impl<'a> Mapper<'a> {
                     if reject || collide {
                         ftotal = ftotal.wrapping_add(1);
                         flocal = flocal.wrapping_add(1);
-                        if collide && flocal <= local_retries {
-                            retry_bucket = true;
-                        } else if local_fallback_retries > 0
-                            && flocal <= size.wrapping_add(local_fallback_retries)
+                        // Retry in this bucket after a collision (a few times), or for an
+                        // exhaustive local search; else descend again from the top; else give
+                        // up on this position.
+                        if (collide && flocal <= local_retries)
+                            || (local_fallback_retries > 0
+                                && flocal <= size.wrapping_add(local_fallback_retries))
                         {
                             retry_bucket = true;
                         } else if ftotal < tries {
@@ -598,8 +597,10 @@ impl<'a> Mapper<'a> {
                 loop {
                     let mut r = (rep as i32).wrapping_add(parent_r);
                     let size = inb.items.len() as u32;
-                    if inb.kind.alg() == ALG_UNIFORM && size % (numrep as u32) == 0 {
-                        r = r.wrapping_add((numrep.wrapping_add(1) as u32).wrapping_mul(ftotal) as i32);
+                    if inb.kind.alg() == ALG_UNIFORM && size.checked_rem(numrep as u32) == Some(0) {
+                        r = r.wrapping_add(
+                            (numrep.wrapping_add(1) as u32).wrapping_mul(ftotal) as i32
+                        );
                     } else {
                         r = r.wrapping_add((numrep as u32).wrapping_mul(ftotal) as i32);
                     }

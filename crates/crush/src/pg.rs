@@ -90,7 +90,11 @@ pub fn pg_num_mask(pg_num: u32) -> u32 {
 
 /// The placement group of an object: its raw hash folded into `pg_num`.
 pub fn object_pg(name: &str, pg_num: u32) -> u32 {
-    stable_mod(str_hash_rjenkins(name.as_bytes()), pg_num, pg_num_mask(pg_num))
+    stable_mod(
+        str_hash_rjenkins(name.as_bytes()),
+        pg_num,
+        pg_num_mask(pg_num),
+    )
 }
 
 /// The CRUSH input of PG `ps` in pool `pool` (`pg_pool_t::raw_pg_to_pps` for pools with the

@@ -128,7 +128,11 @@ fn maximum_affected_by_rule(map: &CrushMap, rule: u32) -> i32 {
 pub fn cpp_float(v: f32) -> String {
     let v = v as f64;
     if v == 0.0 {
-        return if v.is_sign_negative() { "-0".into() } else { "0".into() };
+        return if v.is_sign_negative() {
+            "-0".into()
+        } else {
+            "0".into()
+        };
     }
     if !v.is_finite() {
         return if v.is_nan() {
@@ -229,8 +233,9 @@ pub fn run_test(map: &CrushMap, opts: &TestOptions, out: &mut dyn Write) -> io::
             if total_weight == 0 {
                 continue;
             }
-            let expected_objects =
-                nr.min(maximum_affected_by_rule(map, ru)).wrapping_mul(num_objects) as f32;
+            let expected_objects = nr
+                .min(maximum_affected_by_rule(map, ru))
+                .wrapping_mul(num_objects) as f32;
             for x in min_x..=max_x {
                 let real_x = match opts.pool_id {
                     Some(pool) => hash32_2(x as u32, pool) as i32,

@@ -121,10 +121,10 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
     }
     // Tunables: a named profile or a random mix.
     let t: [u32; 6] = match rng.gen_range(0..6) {
-        0 => [2, 5, 19, 0, 0, 0],  // legacy / argonaut
-        1 => [0, 0, 50, 1, 0, 0],  // bobtail
-        2 => [0, 0, 50, 1, 1, 0],  // firefly / hammer
-        3 => [0, 0, 50, 1, 1, 1],  // jewel / optimal
+        0 => [2, 5, 19, 0, 0, 0], // legacy / argonaut
+        1 => [0, 0, 50, 1, 0, 0], // bobtail
+        2 => [0, 0, 50, 1, 1, 0], // firefly / hammer
+        3 => [0, 0, 50, 1, 1, 1], // jewel / optimal
         _ => [
             rng.gen_range(0..=3),
             rng.gen_range(0..=6),
@@ -181,9 +181,7 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
     let mut rules = Vec::new();
     let mut rule = |name: &str, ty: &str, steps: &[String]| {
         let id = rules.len() + 1;
-        let mut r = format!(
-            "rule {name} {{\n\tid {id}\n\ttype {ty}\n\tmin_size 1\n\tmax_size 5\n"
-        );
+        let mut r = format!("rule {name} {{\n\tid {id}\n\ttype {ty}\n\tmin_size 1\n\tmax_size 5\n");
         for st in steps {
             let _ = writeln!(r, "\tstep {st}");
         }
@@ -194,7 +192,11 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
     rule(
         "leaf_firstn",
         "replicated",
-        &[take.clone(), format!("chooseleaf firstn 0 type {leaf}"), s("emit")],
+        &[
+            take.clone(),
+            format!("chooseleaf firstn 0 type {leaf}"),
+            s("emit"),
+        ],
     );
     rule(
         "leaf_indep",
@@ -370,6 +372,11 @@ fn compare_maps(tool: &Path, first: u64, count: u64, xmax: i32) -> (u64, u64) {
         let bytes = std::fs::read(&b.map).expect("read compiled map");
         let map = kura_crush::decode(&bytes)
             .unwrap_or_else(|e| panic!("decoding crushtool's map: {e}\n{}", b.log));
+        assert!(
+            kura_crush::encode(&map) == bytes,
+            "re-encoding differs from crushtool's bytes\n{}",
+            b.log
+        );
         let mut got = Vec::new();
         run_test(&map, &b.opts, &mut got).expect("run_test");
         let want = String::from_utf8_lossy(&want);
@@ -470,7 +477,10 @@ fn wide_input_range() {
         };
         let mut got = Vec::new();
         run_test(&m, &opts, &mut got).expect("run_test");
-        let (want, got) = (String::from_utf8_lossy(&want), String::from_utf8_lossy(&got));
+        let (want, got) = (
+            String::from_utf8_lossy(&want),
+            String::from_utf8_lossy(&got),
+        );
         let wl: Vec<&str> = want.lines().collect();
         let gl: Vec<&str> = got.lines().collect();
         assert_eq!(wl.len(), xmax as usize + 1, "{log}");
