@@ -582,14 +582,7 @@ impl Cache {
             blocks,
             tainted,
         };
-        let child_req = Request {
-            tag: 0,
-            op: Opcode::Write,
-            lba,
-            blocks,
-            buf,
-        };
-        self.send(job, child_req);
+        self.send(job, crate::child_request(Opcode::Write, lba, blocks, buf));
     }
 
     fn start_pass(&mut self, owner: u64, req: Request) {
@@ -610,16 +603,7 @@ impl Cache {
             lba,
             blocks,
         };
-        self.send(
-            job,
-            Request {
-                tag: 0,
-                op,
-                lba,
-                blocks,
-                buf: None,
-            },
-        );
+        self.send(job, crate::child_request(op, lba, blocks, None));
     }
 
     /// Writes every dirty block back in LBA order, in runs of contiguous blocks. Each run is found

@@ -11,8 +11,8 @@
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
-    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Opcode,
-    Rejected, Request,
+    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Rejected,
+    Request,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -184,7 +184,7 @@ impl<M> Fanout<M> {
         } else {
             without_data
         };
-        let req = piece(parent.req.op, lba, parent.req.blocks, buf);
+        let req = crate::child_request(parent.req.op, lba, parent.req.blocks, buf);
         self.send(id, leg, req, meta);
     }
 
@@ -294,18 +294,6 @@ impl<M> Fanout<M> {
             }
         }
         Ok(())
-    }
-}
-
-/// A piece for a leg: `op` on `blocks` blocks at `lba` with `buf`; [`Fanout::send`] gives it its
-/// tag.
-pub(crate) fn piece(op: Opcode, lba: u64, blocks: u64, buf: Option<IoBuf>) -> Request {
-    Request {
-        tag: 0,
-        op,
-        lba,
-        blocks,
-        buf,
     }
 }
 

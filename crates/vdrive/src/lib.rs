@@ -52,7 +52,9 @@ pub use stripe::Stripe;
 
 use kura_engine::open::ChildOpener;
 use kura_engine::registry::ReadOnly;
-use kura_engine::{BlockDevice, DeviceError, DeviceResult, Kind, OpenError, Registry, Spec};
+use kura_engine::{
+    BlockDevice, DeviceError, DeviceResult, IoBuf, Kind, Opcode, OpenError, Registry, Request, Spec,
+};
 
 const DRIVES: &str = "Virtual drives (kura-vdrive), composable with everything else";
 
@@ -265,5 +267,18 @@ pub(crate) fn ring_if_busy(child: &mut dyn BlockDevice) -> DeviceResult<()> {
 pub(crate) fn lost_track(drive: &str) -> DeviceError {
     DeviceError::Offline {
         reason: format!("{drive} lost track of a request in flight"),
+    }
+}
+
+/// A request for a child device (a piece of a caller's request, or one the drive makes itself):
+/// `op` on `blocks` blocks at `lba` with `buf`. Its tag is 0 until the drive sends it and gives it
+/// one of its own.
+pub(crate) fn child_request(op: Opcode, lba: u64, blocks: u64, buf: Option<IoBuf>) -> Request {
+    Request {
+        tag: 0,
+        op,
+        lba,
+        blocks,
+        buf,
     }
 }

@@ -8,7 +8,8 @@
 //! one completion carrying the first piece's error, if any. Flushes go to every child.
 //! A failed flush poisons the drive.
 
-use crate::fanout::{combined_geometry, fanout_methods, piece, scratch, Done, Fanout};
+use crate::child_request;
+use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
 use kura_engine::{
     BlockDevice, Completion, DeviceResult, Geometry, IoBuf, Opcode, OpenError, Request,
 };
@@ -111,7 +112,7 @@ impl<L: Layout> MappedDrive<L> {
                 ),
                 _ => (None, PieceData::Nothing),
             };
-            let req = piece(op, p.lba, p.blocks, buf);
+            let req = child_request(op, p.lba, p.blocks, buf);
             self.fan.send(id, p.leg, req, meta);
         }
         self.pieces = pieces;

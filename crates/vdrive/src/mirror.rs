@@ -12,7 +12,8 @@
 //! [`DeviceError::Offline`] naming the mirror. A failed flush poisons the drive.
 //! [`Mirror::status`] and `describe()` say which legs are degraded and why.
 
-use crate::fanout::{combined_geometry, fanout_methods, piece, scratch, Done, Fanout};
+use crate::child_request;
+use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
 use kura_engine::open::ChildOpener;
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError,
@@ -198,7 +199,7 @@ impl Mirror {
             match self.pick_read_leg(0) {
                 Some(leg) => {
                     let buf = self.fan.parent_mut(id).and_then(|p| p.req.buf.take());
-                    let req = piece(op, lba, blocks, buf);
+                    let req = child_request(op, lba, blocks, buf);
                     self.fan
                         .send(id, leg, req, MirrorPiece::Read { tried: 1 << leg });
                 }
@@ -231,8 +232,8 @@ impl Mirror {
             } else {
                 None
             };
-            self.fan
-                .send(id, leg, piece(op, lba, blocks, buf), MirrorPiece::Copy);
+            let req = child_request(op, lba, blocks, buf);
+            self.fan.send(id, leg, req, MirrorPiece::Copy);
         }
         self.fan
             .send_whole(id, first, lba, MirrorPiece::Whole, MirrorPiece::Copy);
@@ -259,7 +260,8 @@ impl Mirror {
                         .filter(|&l| health[l] == LegHealth::Healthy && tried & (1 << l) == 0)
                         .min_by_key(|&l| fan.legs[l].load());
                     if let (Some(next), Some(p)) = (retry, fan.parent_mut(parent)) {
-                        let req = piece(Opcode::Read, p.req.lba, p.req.blocks, completion.buf);
+                        let req =
+                            child_request(Opcode::Read, p.req.lba, p.req.blocks, completion.buf);
                         fan.send(
                             parent,
                             next,

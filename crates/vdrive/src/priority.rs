@@ -207,13 +207,7 @@ impl Sched {
                 (Opcode::Read, _) => Some(scratch(len)),
                 _ => None,
             };
-            let piece = Request {
-                tag: 0,
-                op: req.op,
-                lba: req.lba + at,
-                blocks,
-                buf,
-            };
+            let piece = crate::child_request(req.op, req.lba + at, blocks, buf);
             self.classes[c].spans.push_back(PendingSpan {
                 parent,
                 offset,

@@ -191,13 +191,7 @@ impl SnapshotDrive {
             let pc = core.versions[vi].map[*vc];
             if pc != UNMAPPED {
                 let buf = parent.req.buf.take();
-                let req = Request {
-                    tag: 0,
-                    op: Opcode::Read,
-                    lba: core.child_lba(pc, *off),
-                    blocks: *n,
-                    buf,
-                };
+                let req = crate::child_request(Opcode::Read, core.child_lba(pc, *off), *n, buf);
                 core.send(
                     Route {
                         handback: Handback::Whole,
@@ -279,13 +273,7 @@ impl SnapshotDrive {
                             handback: Handback::Whole,
                             ..route
                         },
-                        Request {
-                            tag: 0,
-                            op,
-                            lba: target,
-                            blocks: n,
-                            buf,
-                        },
+                        crate::child_request(op, target, n, buf),
                     );
                     continue;
                 }
