@@ -393,25 +393,20 @@ impl Spill {
             };
             let blocks = run_end - at;
             let range = ((at - start) * bs) as usize..((run_end - start) * bs) as usize;
-            match req.op {
+            let (op, all) = (req.op, req.blocks);
+            let no_buffer = || DeviceError::BadBuffer {
+                op,
+                blocks: all,
+                need: all * bs,
+                have: 0,
+            };
+            match op {
                 Opcode::Read => {
-                    let need = req.blocks * bs;
-                    let buf = req.buf.as_mut().ok_or(DeviceError::BadBuffer {
-                        op: Opcode::Read,
-                        blocks: req.blocks,
-                        need,
-                        have: 0,
-                    })?;
+                    let buf = req.buf.as_mut().ok_or_else(no_buffer)?;
                     dev.read_blocks(lba, &mut buf[range])?;
                 }
                 Opcode::Write => {
-                    let need = req.blocks * bs;
-                    let buf = req.buf.as_ref().ok_or(DeviceError::BadBuffer {
-                        op: Opcode::Write,
-                        blocks: req.blocks,
-                        need,
-                        have: 0,
-                    })?;
+                    let buf = req.buf.as_ref().ok_or_else(no_buffer)?;
                     dev.write_blocks(lba, &buf[range])?;
                 }
                 Opcode::WriteZeroes => dev.zero_blocks(lba, blocks)?,
