@@ -90,9 +90,8 @@ impl File {
     /// Reads at `offset` without moving the position; returns bytes read (0 at the end).
     pub fn read_at(&self, offset: u64, out: &mut [u8]) -> Result<usize, FsError> {
         self.need(false)?;
-        self.fs.with_handle(self.ino, self.generation, |g| {
-            g.read_at(self.ino, offset, out)
-        })
+        self.fs
+            .read_file(self.ino, Some(self.generation), offset, out)
     }
 
     /// Streams up to `len` bytes from `offset` to `deliver`, in order and without copying: each

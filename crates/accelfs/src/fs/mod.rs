@@ -767,7 +767,42 @@ impl FileSystem {
     }
 
     pub fn read_ino(&self, ino: u64, offset: u64, out: &mut [u8]) -> Result<usize, FsError> {
-        self.lock().read_at(ino, offset, out)
+        self.read_file(ino, None, offset, out)
+    }
+
+    /// A read of file `ino` (of the handle's `generation`, when given) that waits for the
+    /// device without the state lock: blocks missing from the cache are fetched holding only
+    /// the disk lock, so cached reads and writes of other threads go on meanwhile. If the
+    /// file's data changed while the lock was released, the read is done again under the lock
+    /// throughout (so it always ends).
+    pub(crate) fn read_file(
+        &self,
+        ino: u64,
+        generation: Option<u32>,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<usize, FsError> {
+        let mut g = self.lock();
+        if let Some(generation) = generation {
+            g.check_handle(ino, generation)?;
+        }
+        g.file_node(ino)?;
+        let plan = match g.read_begin(ino, offset, out)? {
+            state::ReadStep::Done(n) => return Ok(n),
+            state::ReadStep::Fetch(plan) => plan,
+        };
+        let disk = g.disk();
+        drop(g);
+        let fetched = plan.read(&mut disk.lock().dev, out)?;
+        let mut g = self.lock();
+        if let Some(generation) = generation {
+            g.check_handle(ino, generation)?;
+        }
+        g.file_node(ino)?;
+        match g.read_finish(&plan, fetched, out)? {
+            Some(n) => Ok(n),
+            None => g.read_at(ino, offset, out),
+        }
     }
 
     pub fn write_ino(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize, FsError> {

@@ -9,14 +9,18 @@
 //! [`crate::fsdevice::FsDevice`] only, after checkpointing the journal when it holds a newer
 //! image of a block they touch.
 //!
-//! Owns the fields `cache` and `next_sequential` of [`Mounted`] (the buffer cache and the
-//! read-ahead state) and hands dirty data to the commit ([`Mounted::take_dirty_data`],
+//! A small read that misses the cache can fetch with the state lock released
+//! ([`Mounted::read_begin`] plans under it, [`FetchPlan::read`] needs only the disk lock,
+//! [`Mounted::read_finish`] copies out and caches under it again, unless the file's data stamp
+//! moved meanwhile: then the read starts again). Owns the fields `cache`, `next_sequential`,
+//! `data_versions` and `data_clock` of [`Mounted`] (the buffer cache, the read-ahead state and
+//! the data stamps) and hands dirty data to the commit ([`Mounted::take_dirty_data`],
 //! [`Mounted::journaled`], [`Mounted::placed`]).
 
 use super::{corrupt, Mounted};
 use crate::error::FsError;
 use crate::fs::Fallocate;
-use crate::fsdevice::{BatchOp, StreamPart};
+use crate::fsdevice::{BatchOp, FsDevice, StreamPart};
 use crate::inode::Kind;
 use kura_engine::{BufferPool, IoBuf};
 use std::collections::{BTreeMap, HashSet};
@@ -29,7 +33,8 @@ const WRITE_STEP: usize = 8 << 20;
 const STREAM_WINDOW_COMMANDS: u64 = 256;
 
 impl Mounted {
-    fn file_node(&mut self, ino: u64) -> Result<(), FsError> {
+    /// Fails unless `ino` is a regular file.
+    pub(crate) fn file_node(&mut self, ino: u64) -> Result<(), FsError> {
         match self.node(ino)?.inode.kind {
             Kind::File => Ok(()),
             Kind::Directory => Err(FsError::IsADirectory(format!("inode {ino}"))),
@@ -67,16 +72,39 @@ impl Mounted {
     }
 
     /// [`Mounted::read_at`] without the check that `ino` is a regular file (a slow symbolic
-    /// link's target is read this way).
+    /// link's target is read this way). The whole read holds the state lock, device reads too.
     pub(super) fn read_data(
         &mut self,
         ino: u64,
         offset: u64,
         out: &mut [u8],
     ) -> Result<usize, FsError> {
+        match self.read_begin(ino, offset, out)? {
+            ReadStep::Done(n) => Ok(n),
+            ReadStep::Fetch(plan) => {
+                let fetched = plan.read(&mut self.disk.lock().dev, out)?;
+                self.read_finish(&plan, fetched, out)?.ok_or_else(|| {
+                    corrupt(format!("inode {ino}: changed during a read under the lock"))
+                })
+            }
+        }
+    }
+
+    /// The part of a read done under the state lock before any device read: serves it from
+    /// the cache ([`ReadStep::Done`]: every block cached, or all that is missing are holes) or
+    /// from the device directly (a large read, still under the lock), or says which blocks to
+    /// fetch ([`ReadStep::Fetch`]), which the caller may do with the state lock released (the
+    /// journal has been checkpointed first if it held a newer copy of any of them) and then
+    /// hand to [`Mounted::read_finish`].
+    pub(crate) fn read_begin(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Result<ReadStep, FsError> {
         let size = self.node(ino)?.inode.size;
         if offset >= size || out.is_empty() {
-            return Ok(0);
+            return Ok(ReadStep::Done(0));
         }
         let n = (size - offset).min(out.len() as u64) as usize;
         let out = &mut out[..n];
@@ -96,16 +124,22 @@ impl Mounted {
             }
             self.cache.stats.hits += u64::from(last - first + 1);
             self.next_sequential.insert(ino, offset + n as u64);
-            return Ok(n);
+            return Ok(ReadStep::Done(n));
         }
         let sequential = self.next_sequential.get(&ino) == Some(&offset);
         // Large reads, and random reads of several blocks, skip the cache: caching them would
         // cost a copy per block and evict what sequential readers and small I/O need.
         let large = n >= self.opts.bypass_bytes || (!sequential && n >= 4 * self.bs);
         if large {
-            self.read_direct(ino, offset, out)?;
-            self.next_sequential.insert(ino, offset + n as u64);
-            return Ok(n);
+            let plan = self.plan_direct(ino, offset, out)?;
+            if plan.runs.is_empty() {
+                // Everything was cached or a hole: nothing for the device.
+                return self
+                    .read_finish(&plan, BTreeMap::new(), out)?
+                    .map(ReadStep::Done)
+                    .ok_or_else(|| corrupt(format!("inode {ino}: changed during a read")));
+            }
+            return Ok(ReadStep::Fetch(plan));
         }
         let ahead = if sequential {
             let eof_block = (size.div_ceil(bs)).saturating_sub(1) as u32;
@@ -128,9 +162,67 @@ impl Mounted {
                 }
             }
         }
-        let fetched = self.fetch(&missing)?;
-        self.cache.stats.readahead_blocks +=
-            missing.iter().filter(|(b, _)| *b > last).count() as u64;
+        let plan = FetchPlan {
+            ino,
+            offset,
+            version: self.data_version(ino),
+            runs: self.fetch_runs(&missing),
+            bs: self.bs,
+            direct: None,
+        };
+        if missing.is_empty() {
+            return self
+                .read_finish(&plan, BTreeMap::new(), out)?
+                .map(ReadStep::Done)
+                .ok_or_else(|| corrupt(format!("inode {ino}: changed during a read")));
+        }
+        let device: Vec<(u64, u64)> = plan.runs.iter().map(|&(_, p, n)| (p, n as u64)).collect();
+        self.before_device_reads(&device)?;
+        Ok(ReadStep::Fetch(plan))
+    }
+
+    /// Completes a read [`Mounted::read_begin`] planned, with the blocks fetched: copies out and
+    /// caches them. `None` when the file's data or block map changed since the plan (what was
+    /// fetched may no longer be the file's): the caller starts again.
+    pub(crate) fn read_finish(
+        &mut self,
+        plan: &FetchPlan,
+        fetched: BTreeMap<u32, IoBuf>,
+        out: &mut [u8],
+    ) -> Result<Option<usize>, FsError> {
+        let (ino, offset) = (plan.ino, plan.offset);
+        if self.data_version(ino) != plan.version {
+            return Ok(None);
+        }
+        if let Some(n) = plan.direct {
+            // Read straight into `out`; the size cannot have changed (that moves the stamp).
+            self.cache.stats.bypass_bytes += n as u64;
+            self.next_sequential.insert(ino, offset + n as u64);
+            return Ok(Some(n));
+        }
+        let size = self.node(ino)?.inode.size;
+        if offset >= size || out.is_empty() {
+            return Ok(Some(0));
+        }
+        let n = (size - offset).min(out.len() as u64) as usize;
+        let out = &mut out[..n];
+        let bs = self.bs as u64;
+        let first = (offset / bs) as u32;
+        let last = ((offset + n as u64 - 1) / bs) as u32;
+        // A block that was cached when the read was planned may have been evicted since (that
+        // does not move the stamp): it is neither cached nor fetched now, but not a hole.
+        self.node(ino)?;
+        let Mounted { nodes, cache, .. } = &*self;
+        let map = nodes.get(&ino).map(|n| &n.map);
+        let evicted = (first..=last).any(|b| {
+            !fetched.contains_key(&b)
+                && !cache.contains(ino, b)
+                && map.is_some_and(|m| m.lookup(b).is_some())
+        });
+        if evicted {
+            return Ok(None);
+        }
+        self.cache.stats.readahead_blocks += fetched.keys().filter(|&&b| b > last).count() as u64;
         for b in first..=last {
             let lo = (u64::from(b) * bs).max(offset);
             let hi = (u64::from(b) * bs + bs).min(offset + n as u64);
@@ -146,26 +238,46 @@ impl Mounted {
                 dst.fill(0); // a hole
             }
         }
-        let room = fetched.len().min(self.cache.budget_blocks());
+        // Another reader may have cached some of these meanwhile (the same contents: the data
+        // did not change); those stay as they are.
+        let fresh: Vec<(u32, IoBuf)> = fetched
+            .into_iter()
+            .filter(|(b, _)| !self.cache.contains(ino, *b))
+            .collect();
+        let room = fresh.len().min(self.cache.budget_blocks());
         let victims = self.cache.make_room(room);
         self.write_victims(victims)?;
-        for (b, buf) in fetched.into_iter().take(room) {
+        for (b, buf) in fresh.into_iter().take(room) {
             self.cache.insert(ino, b, buf, false);
         }
         self.next_sequential.insert(ino, offset + n as u64);
-        Ok(n)
+        Ok(Some(n))
+    }
+
+    /// The stamp of file `ino`'s data and block map (see [`Mounted::data_changed`]).
+    fn data_version(&self, ino: u64) -> u64 {
+        self.data_versions.get(&ino).copied().unwrap_or(0)
+    }
+
+    /// Records that file `ino`'s data or block map changed (a write, a truncation, a hole
+    /// punched or filled, the inode freed): a read that fetched blocks of it with the state lock
+    /// released must not use them.
+    fn data_changed(&mut self, ino: u64) {
+        self.data_clock += 1;
+        self.data_versions.insert(ino, self.data_clock);
     }
 
     /// A large read: cached blocks (which may be newer than the device) are copied from the
-    /// cache, the rest is read straight from the device in big commands at queue depth.
-    fn read_direct(&mut self, ino: u64, offset: u64, out: &mut [u8]) -> Result<(), FsError> {
+    /// cache and holes zeroed now; the plan returned reads the rest straight from the device
+    /// into `out` in big commands at queue depth ([`FetchPlan::read`]).
+    fn plan_direct(&mut self, ino: u64, offset: u64, out: &mut [u8]) -> Result<FetchPlan, FsError> {
         let bs = self.bs as u64;
         let first = (offset / bs) as u32;
         let last = ((offset + out.len() as u64 - 1) / bs) as u32;
-        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u32;
+        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1);
         let map = self.node(ino)?.map.clone();
         // (first file block, device block, blocks)
-        let mut runs: Vec<(u32, u64, u32)> = Vec::new();
+        let mut runs: Vec<(u32, u64, usize)> = Vec::new();
         for b in first..=last {
             let cached = self.cache.get(ino, b).map(|slot| {
                 let lo = (u64::from(b) * bs).max(offset);
@@ -186,34 +298,23 @@ impl Mounted {
             };
             match runs.last_mut() {
                 Some((lb, lp, len))
-                    if *lb + *len == b && *lp + u64::from(*len) == p && *len < max_blocks =>
+                    if *lb + *len as u32 == b && *lp + *len as u64 == p && *len < max_blocks =>
                 {
                     *len += 1
                 }
                 _ => runs.push((b, p, 1)),
             }
         }
-        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, u64::from(n))).collect();
+        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, n as u64)).collect();
         self.before_device_reads(&device)?;
-        let ops = runs
-            .iter()
-            .map(|&(_, p, len)| BatchOp {
-                write: false,
-                block: p,
-                buf: io_buffer(len as usize * self.bs),
-            })
-            .collect();
-        let end = offset + out.len() as u64;
-        self.disk.lock().dev.batch_each(ops, |i, buf| {
-            let (b, _, len) = runs[i];
-            let run_lo = u64::from(b) * bs;
-            let lo = run_lo.max(offset);
-            let hi = (run_lo + u64::from(len) * bs).min(end);
-            out[(lo - offset) as usize..(hi - offset) as usize]
-                .copy_from_slice(&buf[(lo - run_lo) as usize..(hi - run_lo) as usize]);
-        })?;
-        self.cache.stats.bypass_bytes += out.len() as u64;
-        Ok(())
+        Ok(FetchPlan {
+            ino,
+            offset,
+            version: self.data_version(ino),
+            runs,
+            bs: self.bs,
+            direct: Some(out.len()),
+        })
     }
 
     /// fdatasync's plan for file `ino`: `None` when its size or block map changed in the
@@ -342,8 +443,16 @@ impl Mounted {
 
     /// Reads file blocks (with their device blocks) at queue depth, merging contiguous runs.
     fn fetch(&mut self, blocks: &[(u32, u64)]) -> Result<BTreeMap<u32, IoBuf>, FsError> {
-        let bs = self.bs;
-        let max_blocks = (self.opts.max_command_bytes / bs).max(1);
+        let runs = self.fetch_runs(blocks);
+        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, n as u64)).collect();
+        self.before_device_reads(&device)?;
+        read_runs(&mut self.disk.lock().dev, &runs, self.bs)
+    }
+
+    /// File blocks (with their device blocks, in file order) merged into device runs of at
+    /// most `max_command_bytes`: (first file block, first device block, blocks).
+    fn fetch_runs(&self, blocks: &[(u32, u64)]) -> Vec<(u32, u64, usize)> {
+        let max_blocks = (self.opts.max_command_bytes / self.bs).max(1);
         let mut runs: Vec<(u32, u64, usize)> = Vec::new();
         for &(b, p) in blocks {
             match runs.last_mut() {
@@ -355,31 +464,7 @@ impl Mounted {
                 _ => runs.push((b, p, 1)),
             }
         }
-        let device: Vec<(u64, u64)> = runs.iter().map(|&(_, p, n)| (p, n as u64)).collect();
-        self.before_device_reads(&device)?;
-        let ops = runs
-            .iter()
-            .map(|&(_, p, len)| BatchOp {
-                write: false,
-                block: p,
-                buf: io_buffer(len * bs),
-            })
-            .collect();
-        let done = self.disk.lock().dev.batch(ops)?;
-        let mut out = BTreeMap::new();
-        for ((b, _, len), op) in runs.into_iter().zip(done) {
-            if len == 1 {
-                out.insert(b, op.buf);
-            } else {
-                for i in 0..len {
-                    out.insert(
-                        b + i as u32,
-                        IoBuf::from_slice(&op.buf[i * bs..(i + 1) * bs]),
-                    );
-                }
-            }
-        }
-        Ok(out)
+        runs
     }
 
     /// Writes `data` at `offset`, growing the file as needed. All or nothing per step: space
@@ -440,6 +525,7 @@ impl Mounted {
         data: &[u8],
         large: bool,
     ) -> Result<(), FsError> {
+        self.data_changed(ino);
         let bs = self.bs as u64;
         let first = (offset / bs) as u32;
         let last = ((offset + data.len() as u64 - 1) / bs) as u32;
@@ -575,6 +661,7 @@ impl Mounted {
             return Err(FsError::FileTooLarge(format!("inode {ino}")));
         }
         self.make_transaction_room()?;
+        self.data_changed(ino);
         let bs = self.bs as u64;
         let old = self.node(ino)?.inode.size;
         if size < old {
@@ -657,6 +744,7 @@ impl Mounted {
         loop {
             let upto = at.saturating_add(step - 1).min(last);
             self.make_transaction_room()?;
+            self.data_changed(ino);
             let fresh = self.map_holes(ino, at, upto)?;
             if !fresh.is_empty() {
                 // The new blocks read as zeroes: write zeroes to them now (ordered data, before
@@ -720,6 +808,7 @@ impl Mounted {
             return Ok(());
         }
         self.make_transaction_room()?;
+        self.data_changed(ino);
         // Partial blocks at the edges are zeroed in place (only where they hold data).
         let whole_from = offset.div_ceil(bs);
         let whole_to = end / bs;
@@ -762,6 +851,7 @@ impl Mounted {
 
     /// Drops the cached blocks and read-ahead state of file `ino` (its inode was freed).
     pub(super) fn forget_data(&mut self, ino: u64) {
+        self.data_changed(ino);
         self.cache.remove_from(ino, 0);
         self.next_sequential.remove(&ino);
     }
@@ -855,6 +945,96 @@ impl Mounted {
         self.disk.lock().dev.batch(ops)?;
         Ok(())
     }
+}
+
+/// What a read found under the state lock ([`Mounted::read_begin`]).
+pub(crate) enum ReadStep {
+    /// Served: this many bytes were read.
+    Done(usize),
+    /// These blocks must come from the device first.
+    Fetch(FetchPlan),
+}
+
+/// Blocks a read must fetch from the device, planned under the state lock; the fetch itself
+/// ([`FetchPlan::read`]) needs only the disk lock.
+pub(crate) struct FetchPlan {
+    ino: u64,
+    offset: u64,
+    /// The file's data stamp when planned.
+    version: u64,
+    /// (first file block, first device block, blocks)
+    runs: Vec<(u32, u64, usize)>,
+    bs: usize,
+    /// A large read of this many bytes, read by the device straight into the caller's buffer
+    /// (cached blocks and holes already copied there); `None`: blocks for the cache.
+    direct: Option<usize>,
+}
+
+impl FetchPlan {
+    /// Reads the planned blocks (the caller holds the disk lock, and need not hold the state
+    /// lock): into `out` for a large read (returning nothing), else as blocks to cache.
+    pub(crate) fn read(
+        &self,
+        dev: &mut FsDevice,
+        out: &mut [u8],
+    ) -> Result<BTreeMap<u32, IoBuf>, FsError> {
+        let Some(n) = self.direct else {
+            return read_runs(dev, &self.runs, self.bs);
+        };
+        let (bs, offset) = (self.bs as u64, self.offset);
+        let out = &mut out[..n];
+        let end = offset + n as u64;
+        let ops = self
+            .runs
+            .iter()
+            .map(|&(_, p, len)| BatchOp {
+                write: false,
+                block: p,
+                buf: io_buffer(len * self.bs),
+            })
+            .collect();
+        dev.batch_each(ops, |i, buf| {
+            let (b, _, len) = self.runs[i];
+            let run_lo = u64::from(b) * bs;
+            let lo = run_lo.max(offset);
+            let hi = (run_lo + len as u64 * bs).min(end);
+            out[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&buf[(lo - run_lo) as usize..(hi - run_lo) as usize]);
+        })?;
+        Ok(BTreeMap::new())
+    }
+}
+
+/// Reads `runs` (first file block, first device block, blocks) at queue depth; returns each
+/// file block's contents.
+fn read_runs(
+    dev: &mut FsDevice,
+    runs: &[(u32, u64, usize)],
+    bs: usize,
+) -> Result<BTreeMap<u32, IoBuf>, FsError> {
+    let ops = runs
+        .iter()
+        .map(|&(_, p, len)| BatchOp {
+            write: false,
+            block: p,
+            buf: io_buffer(len * bs),
+        })
+        .collect();
+    let done = dev.batch(ops)?;
+    let mut out = BTreeMap::new();
+    for (&(b, _, len), op) in runs.iter().zip(done) {
+        if len == 1 {
+            out.insert(b, op.buf);
+        } else {
+            for i in 0..len {
+                out.insert(
+                    b + i as u32,
+                    IoBuf::from_slice(&op.buf[i * bs..(i + 1) * bs]),
+                );
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// A buffer for the device to read into, or for data about to be copied in whole: from the

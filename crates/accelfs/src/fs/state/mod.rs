@@ -32,6 +32,20 @@
 //! the disk lock before releasing the state lock is what keeps the order of the journal: work
 //! prepared later under the state lock (another commit, a checkpoint, a direct write, a device
 //! read that first checks for a newer log image) reaches the device after it.
+//!
+//! A read (`FileSystem::read_file`) is served under the state lock when its blocks are cached
+//! (a short copy). Otherwise it is planned under the state lock (`Mounted::read_begin`: cached
+//! blocks copied, a checkpoint first if the log holds a newer copy of a block to read), the
+//! state lock is released and the blocks are read under the disk lock alone, and the state lock
+//! is taken again to copy out and cache them (`Mounted::read_finish`). That is valid only if the
+//! file did not change meanwhile: every change to a file's data or block map moves its data
+//! stamp (`data_versions`), and a block cached at planning may have been evicted since; in either
+//! case the read is done again under the state lock throughout. Reads of one file, and of
+//! different files, therefore wait for the device without blocking each other's cached reads,
+//! writes into the cache or name operations; device commands themselves are still one at a time
+//! (one queue pair behind the disk lock). Still under the state lock: writes that reach the
+//! device (large direct writes, dirty blocks evicted to make room, a checkpoint), streaming
+//! reads (`read_stream`), slow symbolic links and loading metadata not yet in memory.
 
 mod data;
 mod disk;
@@ -48,6 +62,7 @@ use crate::fsdevice::FsDevice;
 use crate::inode::Kind;
 use crate::layout::{Layout, Superblock, ROOT_INODE};
 use crate::wal::{Journal, Recovery};
+pub(crate) use data::ReadStep;
 pub(crate) use disk::{Prepared, SharedDisk, Written};
 use inodes::Node;
 use names::Dir;
@@ -84,6 +99,12 @@ pub(crate) struct Mounted {
     cache: Cache,
     /// Per file: where the next read continues a sequential stream.
     next_sequential: HashMap<u64, u64>,
+    /// Per file: a stamp changed by every change to its data or block map, so that a read that
+    /// went to the device with the state lock released can tell whether what it read is still
+    /// the file's (`data.rs`).
+    data_versions: HashMap<u64, u64>,
+    /// Source of those stamps.
+    data_clock: u64,
     // ---- the running transaction and group commit (`journal.rs`) ----
     /// Blocks the largest transaction may hold (the journal's, fixed at mount).
     max_transaction: usize,
@@ -135,6 +156,8 @@ impl Mounted {
             dirs: HashMap::new(),
             cache: Cache::new(bs, opts.cache_bytes),
             next_sequential: HashMap::new(),
+            data_versions: HashMap::new(),
+            data_clock: 0,
             max_transaction,
             running_seq: 1,
             durable_seq: 0,
