@@ -15,14 +15,17 @@
 //! sets them only where the host allows: as root), and access and modification times with
 //! nanoseconds (not on a host symlink itself, which std cannot set). `put` also copies FIFOs,
 //! sockets and device nodes; `get` skips them with a message (creating them on the host needs
-//! `mknod`). Extended attributes are not copied: the host side needs the `*xattr` system calls,
-//! which this crate does not link (use `kura mount` and `cp -a`/`tar --xattrs` for them).
+//! `mknod`). Extended attributes are copied both ways (host side through rustix's
+//! `l{list,get,set}xattr`): `put` copies the namespaces AccelFS keeps (`user.`, `trusted.`,
+//! `security.`) and skips others (POSIX ACLs in `system.`) with a message; `get` sets each one
+//! the host permits and says which it could not set (e.g. `trusted.` when not root, `user.` on a
+//! symlink, which Linux refuses). `stat` lists an inode's attributes.
 
 use crate::dev::{open_dev, open_dev_read_only};
 use crate::interrupt::{self, Interrupted};
 use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
-use kura_accelfs::{FileSystem, FileType, FsError, Metadata, MountOptions, NodeSpec};
+use kura_accelfs::{FileSystem, FileType, FsError, Metadata, MountOptions, NodeSpec, XattrMode};
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::io::{Read, Write};
@@ -285,6 +288,14 @@ fn execute(fs: &FileSystem, cmd: FsCommand) -> anyhow::Result<()> {
             println!(" atime: {}", timestamp(m.atime_ns));
             println!(" mtime: {}", timestamp(m.mtime_ns));
             println!(" ctime: {}", timestamp(m.ctime_ns));
+            for name in fs.list_xattr(m.ino)? {
+                let value = fs.get_xattr(m.ino, &name)?;
+                println!(
+                    " xattr: {} ({} bytes)",
+                    String::from_utf8_lossy(&name),
+                    value.len()
+                );
+            }
             Ok(())
         }
         FsCommand::Df { .. } => {
@@ -490,7 +501,7 @@ fn put(
             put(fs, &e.path(), &join(dest, name), bar, done)?;
         }
         // After the children, whose creation changed the directory's times.
-        return put_attributes(fs, dest, &m);
+        return put_attributes(fs, dest, local, &m);
     }
     let key = (m.dev(), m.ino());
     if !m.is_dir() && m.nlink() > 1 {
@@ -527,7 +538,7 @@ fn put(
             done.linked.insert(key, PathBuf::from(dest));
         }
         done.files += 1;
-        return put_attributes(fs, dest, &m);
+        return put_attributes(fs, dest, local, &m);
     }
     if fs.metadata(dest).is_ok_and(|d| !d.is_file() && !d.is_dir()) {
         replace_non_dir(fs, dest)?;
@@ -571,7 +582,7 @@ fn put(
     }
     done.files += 1;
     done.bytes += at;
-    put_attributes(fs, dest, &m)
+    put_attributes(fs, dest, local, &m)
 }
 
 /// Removes `dest` when it exists and is not a directory (what `cp` replaces).
@@ -593,9 +604,115 @@ fn host_ns(secs: i64, nsec: i64) -> u64 {
         .unwrap_or(0)
 }
 
-/// Gives `dest` the host file's permission bits (not a symlink's), owner and times.
-fn put_attributes(fs: &FileSystem, dest: &str, m: &std::fs::Metadata) -> anyhow::Result<()> {
+/// The namespaces of extended attributes AccelFS keeps (format §5).
+const KEPT_XATTRS: [&[u8]; 3] = [b"user.", b"trusted.", b"security."];
+
+/// Host extended attributes of `local` (a symlink's own), names and values. A host file
+/// system without them has none.
+fn host_xattrs(local: &Path) -> anyhow::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    use rustix::io::Errno;
+    let listed = |buf: &mut Vec<u8>| rustix::fs::llistxattr(local, &mut buf[..]);
+    let mut names = vec![0u8; 4096];
+    let n = loop {
+        match listed(&mut names) {
+            Ok(n) => break n,
+            Err(Errno::RANGE) => {
+                let want = rustix::fs::llistxattr_query(local)?;
+                names.resize(want.max(names.len() * 2), 0);
+            }
+            Err(Errno::NOTSUP) => return Ok(Vec::new()),
+            Err(e) => {
+                return Err(e).with_context(|| format!("listing the xattrs of {}", local.display()))
+            }
+        }
+    };
+    let mut out = Vec::new();
+    for name in names[..n].split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let name_os = OsStr::from_bytes(name);
+        let mut value = vec![0u8; 4096];
+        let len = loop {
+            match rustix::fs::lgetxattr(local, name_os, &mut value[..]) {
+                Ok(len) => break Some(len),
+                Err(Errno::RANGE) => {
+                    let want = rustix::fs::lgetxattr_query(local, name_os)?;
+                    value.resize(want.max(value.len() * 2), 0);
+                }
+                // Removed since it was listed.
+                Err(Errno::NODATA) => break None,
+                Err(e) => {
+                    return Err(e).with_context(|| {
+                        format!(
+                            "reading xattr {} of {}",
+                            String::from_utf8_lossy(name),
+                            local.display()
+                        )
+                    })
+                }
+            }
+        };
+        if let Some(len) = len {
+            value.truncate(len);
+            out.push((name.to_vec(), value));
+        }
+    }
+    Ok(out)
+}
+
+/// Copies the host file `local`'s extended attributes to inode `ino` (those AccelFS keeps).
+fn put_xattrs(fs: &FileSystem, ino: u64, dest: &str, local: &Path) -> anyhow::Result<()> {
+    for (name, value) in host_xattrs(local)? {
+        let shown = String::from_utf8_lossy(&name);
+        if !KEPT_XATTRS.iter().any(|p| name.starts_with(p)) {
+            eprintln!(
+                "skipping xattr {shown} of {} (AccelFS keeps user., trusted. and security.)",
+                local.display()
+            );
+            continue;
+        }
+        fs.set_xattr(ino, &name, &value, XattrMode::Any)
+            .with_context(|| format!("setting xattr {shown} of {dest}"))?;
+    }
+    Ok(())
+}
+
+/// Sets inode `ino`'s extended attributes on the host copy `local`, each where the host
+/// permits it (saying which it could not set).
+fn get_xattrs(fs: &FileSystem, ino: u64, local: &Path) -> anyhow::Result<()> {
+    use rustix::io::Errno;
+    for name in fs.list_xattr(ino)? {
+        let value = fs.get_xattr(ino, &name)?;
+        let name_os = OsStr::from_bytes(&name);
+        match rustix::fs::lsetxattr(local, name_os, &value, rustix::fs::XattrFlags::empty()) {
+            Ok(()) => {}
+            Err(e @ (Errno::PERM | Errno::ACCESS | Errno::NOTSUP)) => eprintln!(
+                "could not set xattr {} of {}: {e}",
+                String::from_utf8_lossy(&name),
+                local.display()
+            ),
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "setting xattr {} of {}",
+                        String::from_utf8_lossy(&name),
+                        local.display()
+                    )
+                })
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gives `dest` the host file `local`'s permission bits (not a symlink's), owner, extended
+/// attributes and times.
+fn put_attributes(
+    fs: &FileSystem,
+    dest: &str,
+    local: &Path,
+    m: &std::fs::Metadata,
+) -> anyhow::Result<()> {
     let ino = fs.metadata(dest)?.ino;
+    put_xattrs(fs, ino, dest, local)?;
     if !m.file_type().is_symlink() {
         fs.set_attr(ino, Some((m.mode() & 0o7777) as u16), None)?;
     }
@@ -608,10 +725,12 @@ fn put_attributes(fs: &FileSystem, dest: &str, m: &std::fs::Metadata) -> anyhow:
     Ok(())
 }
 
-/// Gives the host copy `local` of `m` its permission bits, owner (where the host allows) and
-/// times; a symlink only its owner.
-fn get_attributes(local: &Path, m: &Metadata) -> anyhow::Result<()> {
+/// Gives the host copy `local` of `m` its extended attributes, permission bits, owner (where
+/// the host allows) and times; a symlink only its owner and attributes.
+fn get_attributes(fs: &FileSystem, local: &Path, m: &Metadata) -> anyhow::Result<()> {
     use std::os::unix::fs::PermissionsExt;
+    // Before the mode: setting a user. attribute needs write permission on the file.
+    get_xattrs(fs, m.ino, local)?;
     if let Some((uid, gid)) = m.owner {
         match std::os::unix::fs::lchown(local, Some(uid), Some(gid)) {
             Ok(()) => {}
@@ -662,7 +781,7 @@ fn get(
             let name = e.name_lossy();
             get(fs, &join(src, &name), &local.join(&name), bar, done)?;
         }
-        return get_attributes(local, &m);
+        return get_attributes(fs, local, &m);
     }
     let key = (0, m.ino);
     if m.links > 1 {
@@ -685,7 +804,7 @@ fn get(
                 done.linked.insert(key, local.to_path_buf());
             }
             done.files += 1;
-            return get_attributes(local, &m);
+            return get_attributes(fs, local, &m);
         }
         _ => {
             eprintln!(
@@ -738,7 +857,7 @@ fn get(
     }
     done.files += 1;
     done.bytes += m.size;
-    get_attributes(local, &m)
+    get_attributes(fs, local, &m)
 }
 
 /// Removes a host file or symlink at `local` (not a directory) before it is replaced.

@@ -197,6 +197,92 @@ fn put_r_and_get_r_keep_links_modes_owners_and_times_like_cp_a() {
     assert!(ok(&["fsck", &spec]).contains("clean"));
 }
 
+/// Every extended attribute of `path` (not following a symlink), names to values, sorted.
+fn host_xattrs(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut names = vec![0u8; 1 << 16];
+    let n = rustix::fs::llistxattr(path, &mut names[..]).expect("llistxattr");
+    let mut out: Vec<(String, Vec<u8>)> = names[..n]
+        .split(|&b| b == 0)
+        .filter(|n| !n.is_empty())
+        .map(|name| {
+            let name = String::from_utf8_lossy(name).into_owned();
+            let mut v = vec![0u8; 1 << 16];
+            let len = rustix::fs::lgetxattr(path, name.as_str(), &mut v[..]).expect("lgetxattr");
+            v.truncate(len);
+            (name, v)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn put_r_and_get_r_copy_extended_attributes() {
+    const TEST: &str = "put_r_and_get_r_copy_extended_attributes";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let img = dir.path().join("fs.img");
+    ok(&["mkfs", &format!("file:{}?size=64M", img.display())]);
+    let spec = format!("file:{}", img.display());
+    let src = dir.path().join("x");
+    std::fs::create_dir_all(src.join("d")).expect("mkdir");
+    std::fs::write(src.join("f"), b"with attributes").expect("write");
+    std::fs::write(src.join("d/plain"), b"none").expect("write");
+    std::fs::write(src.join("ro"), b"read-only file").expect("write");
+    std::os::unix::fs::symlink("f", src.join("link")).expect("symlink");
+    let set = |rel: &str, name: &str, value: &[u8]| {
+        rustix::fs::lsetxattr(src.join(rel), name, value, rustix::fs::XattrFlags::empty())
+    };
+    if let Err(e) = set("f", "user.probe", b"") {
+        return kura_testkit::Missing::new(
+            "user-xattrs",
+            format!("the temporary directory's file system refuses user xattrs: {e}"),
+        )
+        .skip(TEST);
+    }
+    let binary: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+    set("f", "user.color", b"blue").expect("setxattr");
+    set("f", "user.binary", &binary).expect("setxattr");
+    set("d", "user.on.a.directory", b"dir value").expect("setxattr");
+    set("ro", "user.kept", b"even though the mode is 0444").expect("setxattr");
+    let root = kura_testkit::is_root();
+    if root {
+        // Only root may read or write trusted.*; a symlink may carry it (user.* it may not).
+        set("f", "trusted.t", b"\x01\x02").expect("setxattr trusted");
+        set("link", "trusted.on.link", b"l").expect("setxattr trusted on a symlink");
+    }
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(src.join("ro"), std::fs::Permissions::from_mode(0o444))
+            .expect("chmod");
+    }
+    ok(&["fs", "put", &spec, src.to_str().expect("utf8"), "/", "-r"]);
+    // The image holds them (kura fs stat lists names and sizes).
+    let stat = ok(&["fs", "stat", &spec, "/x/f"]);
+    for line in [
+        "xattr: user.color (4 bytes)",
+        "xattr: user.binary (3000 bytes)",
+        "xattr: user.probe (0 bytes)",
+    ] {
+        assert!(stat.contains(line), "{line} missing from: {stat}");
+    }
+    let stat = ok(&["fs", "stat", &spec, "/x/d/plain"]);
+    assert!(!stat.contains("xattr:"), "{stat}");
+    // And back out: every file carries exactly what the source did.
+    let out = dir.path().join("out");
+    std::fs::create_dir(&out).expect("mkdir");
+    ok(&["fs", "get", &spec, "/x", out.to_str().expect("utf8"), "-r"]);
+    let back = out.join("x");
+    for rel in ["f", "d", "d/plain", "ro", "link"] {
+        assert_eq!(
+            host_xattrs(&src.join(rel)),
+            host_xattrs(&back.join(rel)),
+            "xattrs of {rel}"
+        );
+    }
+    assert_eq!(host_xattrs(&back.join("f")).len(), if root { 4 } else { 3 });
+    assert!(ok(&["fsck", &spec]).contains("clean"));
+}
+
 #[test]
 fn fuse_mount_copies_a_tree_in_and_out_unchanged() {
     // /dev/fuse opens and fusermount3 is installed: from here on, a mount that fails is a failure.
