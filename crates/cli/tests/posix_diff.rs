@@ -9,8 +9,10 @@
 //! write under O_APPEND), truncate (open + ftruncate), rename with no flag, RENAME_NOREPLACE and
 //! RENAME_EXCHANGE (renameat2), link, symlink (fast and slow targets, dangling ones, loops),
 //! readlink, unlink, mkdir, rmdir, chmod, utimensat with nanoseconds (following and not following
-//! symlinks), lsetxattr with XATTR_CREATE/XATTR_REPLACE, lgetxattr, llistxattr, lremovexattr,
-//! fallocate (plain, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE), readdir, stat and lstat. The paths come
+//! symlinks), mknod of FIFOs and sockets, lsetxattr with XATTR_CREATE/XATTR_REPLACE, lgetxattr,
+//! llistxattr, lremovexattr, fallocate (plain, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE), readdir, stat
+//! and lstat. Every open is O_NONBLOCK, so opening a FIFO fails (ENXIO) instead of waiting for a
+//! reader. The paths come
 //! from a small name space (4 directories × 6 names, which are also directory names), so most
 //! calls meet existing names, wrong kinds and missing parents as well as the plain case.
 //!
@@ -32,7 +34,7 @@
 //!   that itself; `kura mount` is `nosuid` anyway.
 //! - Only `user.*` xattrs: the host may carry `security.*` labels that a fresh image does not.
 //!
-//! `KURA_POSIX_OPS` (calls per seed, default 1500) and `KURA_POSIX_SEED` (a seed or a
+//! `KURA_POSIX_OPS` (calls per seed, default 2500) and `KURA_POSIX_SEED` (a seed or a
 //! comma-separated list; default 1,2) make longer runs; each failure names its seed, the call's
 //! index and the calls before it.
 
@@ -123,6 +125,12 @@ enum Op {
     },
     Rmdir {
         path: String,
+    },
+    /// A FIFO (`fifo`) or a socket node (mknod); device nodes stay out (the mount is `nodev`).
+    Mknod {
+        path: String,
+        fifo: bool,
+        mode: u32,
     },
     Chmod {
         path: String,
@@ -267,7 +275,12 @@ fn gen(rng: &mut StdRng, tree: &BTreeMap<String, String>) -> Op {
             path: path(rng),
             mode: rng.gen_range(0..=0o1777) | 0o700,
         },
-        59..=61 => Op::Rmdir {
+        59..=60 => Op::Mknod {
+            path: path(rng),
+            fifo: rng.gen_bool(0.5),
+            mode: rng.gen_range(0..=0o777),
+        },
+        61 => Op::Rmdir {
             path: pick(rng, tree, |d| d.starts_with("dir")),
         },
         62..=64 => Op::Chmod {
@@ -373,7 +386,7 @@ fn run(root: &Path, op: &Op) -> Outcome {
             offset,
             data,
         } => {
-            let mut flags = OFlags::WRONLY | OFlags::CLOEXEC;
+            let mut flags = OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK;
             for (on, f) in [
                 (*create, OFlags::CREATE),
                 (*excl, OFlags::EXCL),
@@ -396,7 +409,7 @@ fn run(root: &Path, op: &Op) -> Outcome {
             let fd = rustix::fs::openat(
                 CWD,
                 p(path),
-                OFlags::WRONLY | OFlags::CLOEXEC,
+                OFlags::WRONLY | OFlags::CLOEXEC | OFlags::NONBLOCK,
                 Mode::empty(),
             )?;
             rustix::fs::ftruncate(&fd, *len)?;
@@ -434,6 +447,15 @@ fn run(root: &Path, op: &Op) -> Outcome {
         }
         Op::Rmdir { path } => {
             rustix::fs::unlinkat(CWD, p(path), AtFlags::REMOVEDIR)?;
+            Ok(String::new())
+        }
+        Op::Mknod { path, fifo, mode } => {
+            let t = if *fifo {
+                rustix::fs::FileType::Fifo
+            } else {
+                rustix::fs::FileType::Socket
+            };
+            rustix::fs::mknodat(CWD, p(path), t, Mode::from_raw_mode(*mode), 0)?;
             Ok(String::new())
         }
         Op::Chmod { path, mode } => {
@@ -504,8 +526,12 @@ fn run(root: &Path, op: &Op) -> Outcome {
             offset,
             len,
         } => {
-            let fd =
-                rustix::fs::openat(CWD, p(path), OFlags::RDWR | OFlags::CLOEXEC, Mode::empty())?;
+            let fd = rustix::fs::openat(
+                CWD,
+                p(path),
+                OFlags::RDWR | OFlags::CLOEXEC | OFlags::NONBLOCK,
+                Mode::empty(),
+            )?;
             rustix::fs::fallocate(&fd, FallocateFlags::from_bits_retain(*mode), *offset, *len)?;
             Ok(String::new())
         }
@@ -716,7 +742,7 @@ fn random_calls_agree_with_the_host_file_system() {
     if let Some(m) = kura_testkit::fuse_unavailable() {
         return m.skip(TEST);
     }
-    let ops = env_u64("KURA_POSIX_OPS").unwrap_or(1500);
+    let ops = env_u64("KURA_POSIX_OPS").unwrap_or(2500);
     let seeds: Vec<u64> = match std::env::var("KURA_POSIX_SEED") {
         Ok(v) => v
             .split(',')
