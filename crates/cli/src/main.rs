@@ -2,6 +2,7 @@
 
 #![forbid(unsafe_code)]
 
+mod crush;
 mod demo;
 mod dev;
 mod drive;
@@ -58,6 +59,9 @@ enum Command {
     /// Snapshot drives: format, snapshot, list, rollback, clone, delete.
     #[command(subcommand, long_about = drive::ABOUT)]
     Drive(drive::DriveCommand),
+    /// CRUSH placement on Ceph's compiled maps: `test` (crushtool --test's output), `map`.
+    #[command(subcommand)]
+    Crush(crush::CrushCommand),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -121,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Serve(args) => serve::run(&args),
         Command::Nvme(cmd) => nvme::run(cmd),
         Command::Genome(cmd) => genome::run(cmd),
+        Command::Crush(cmd) => crush::run(cmd),
         Command::Specs => {
             print!("{}", dev::specs_help(dev::registry()));
             Ok(())

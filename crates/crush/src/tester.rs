@@ -176,8 +176,14 @@ fn vec_str(v: &[i32]) -> String {
     s
 }
 
-/// Runs the test and writes crushtool's lines to `out`.
-pub fn run_test(map: &CrushMap, opts: &TestOptions, out: &mut dyn Write) -> io::Result<()> {
+/// Runs the test and writes crushtool's lines: to `out` what crushtool prints on standard
+/// output, to `err` what it prints on standard error (the `--show-utilization-all` weights).
+pub fn run_test(
+    map: &CrushMap,
+    opts: &TestOptions,
+    out: &mut dyn Write,
+    err: &mut dyn Write,
+) -> io::Result<()> {
     let stats = opts.show_statistics || opts.show_utilization || opts.show_utilization_all;
     let (mut min_rule, mut max_rule) = (opts.min_rule, opts.max_rule);
     if min_rule < 0 || max_rule < 0 {
@@ -192,7 +198,7 @@ pub fn run_test(map: &CrushMap, opts: &TestOptions, out: &mut dyn Write) -> io::
     let weight = test_weights(map, opts);
     if opts.show_utilization_all {
         let hex: Vec<String> = weight.iter().map(|w| format!("{w:x}")).collect();
-        writeln!(out, "devices weights (hex): [{}]", hex.join(","))?;
+        writeln!(err, "devices weights (hex): [{}]", hex.join(","))?;
     }
     let mapper = Mapper::for_test(map);
     let mut ws = Workspace::new();

@@ -378,7 +378,7 @@ fn compare_maps(tool: &Path, first: u64, count: u64, xmax: i32) -> (u64, u64) {
             b.log
         );
         let mut got = Vec::new();
-        run_test(&map, &b.opts, &mut got).expect("run_test");
+        run_test(&map, &b.opts, &mut got, &mut std::io::sink()).expect("run_test");
         let want = String::from_utf8_lossy(&want);
         let got = String::from_utf8_lossy(&got);
         let mut n = 0u64;
@@ -476,7 +476,7 @@ fn wide_input_range() {
             ..TestOptions::default()
         };
         let mut got = Vec::new();
-        run_test(&m, &opts, &mut got).expect("run_test");
+        run_test(&m, &opts, &mut got, &mut std::io::sink()).expect("run_test");
         let (want, got) = (
             String::from_utf8_lossy(&want),
             String::from_utf8_lossy(&got),

@@ -1,0 +1,209 @@
+//! `kura crush`: Ceph CRUSH placement on compiled maps (`kura-crush`). `test` prints exactly
+//! the lines `crushtool --test` prints for the same options; `map` places an object the way a
+//! Ceph OSD map does (name hash, PG, placement seed, rule), printing `osdmaptool
+//! --test-map-object`'s line.
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Write};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::{Args, Subcommand};
+use kura_crush::tester::{run_test, TestOptions};
+use kura_crush::{pg, CrushMap, Mapper, Workspace, ITEM_NONE};
+
+/// `kura crush` subcommands.
+#[derive(Debug, Subcommand)]
+pub enum CrushCommand {
+    /// Map a range of inputs through a compiled CRUSH map (crushtool -c / --build output) and
+    /// print what `crushtool --test` prints for the same options.
+    Test(TestArgs),
+    /// Place an object: name hash -> PG -> placement seed -> rule -> devices, as
+    /// `osdmaptool --test-map-object` prints it (every device up and in).
+    Map(MapArgs),
+}
+
+/// Options of `kura crush test`, named as crushtool names them.
+#[derive(Debug, Args)]
+pub struct TestArgs {
+    /// The compiled CRUSH map.
+    #[arg(short = 'i', long = "infn")]
+    input: PathBuf,
+    /// Only this rule (sets --min-rule and --max-rule).
+    #[arg(long)]
+    rule: Option<i32>,
+    /// First rule.
+    #[arg(long = "min-rule")]
+    min_rule: Option<i32>,
+    /// Last rule.
+    #[arg(long = "max-rule")]
+    max_rule: Option<i32>,
+    /// Only rules of this ruleset.
+    #[arg(long)]
+    ruleset: Option<i32>,
+    /// Replica count; default: each rule's min_size..max_size.
+    #[arg(long = "num-rep")]
+    num_rep: Option<i32>,
+    /// Only this input (sets --min-x and --max-x).
+    #[arg(long = "x")]
+    x: Option<i32>,
+    /// First input (default 0).
+    #[arg(long = "min-x")]
+    min_x: Option<i32>,
+    /// Last input (default 1023).
+    #[arg(long = "max-x")]
+    max_x: Option<i32>,
+    /// Mix each input with this pool id, as crushtool does.
+    #[arg(long = "pool-id")]
+    pool_id: Option<u32>,
+    /// `--weight DEV W`: test with device DEV at weight W (0..1), repeatable.
+    #[arg(short = 'w', long = "weight", num_args = 2, value_names = ["DEV", "WEIGHT"])]
+    weight: Vec<String>,
+    /// Print each mapping.
+    #[arg(long = "show-mappings")]
+    show_mappings: bool,
+    /// Print mappings with fewer results than replicas or with holes.
+    #[arg(long = "show-bad-mappings")]
+    show_bad_mappings: bool,
+    /// Print result-size statistics.
+    #[arg(long = "show-statistics")]
+    show_statistics: bool,
+    /// Print per-device utilization (with statistics).
+    #[arg(long = "show-utilization")]
+    show_utilization: bool,
+    /// Print per-device utilization including unused devices.
+    #[arg(long = "show-utilization-all")]
+    show_utilization_all: bool,
+}
+
+/// Options of `kura crush map`.
+#[derive(Debug, Args)]
+pub struct MapArgs {
+    /// The compiled CRUSH map.
+    #[arg(short = 'i', long = "infn")]
+    input: PathBuf,
+    /// Pool id.
+    #[arg(long)]
+    pool: u32,
+    /// The pool's pg_num.
+    #[arg(long = "pg-num")]
+    pg_num: u32,
+    /// The pool's pgp_num (default: pg_num).
+    #[arg(long = "pgp-num")]
+    pgp_num: Option<u32>,
+    /// The pool's CRUSH rule.
+    #[arg(long, default_value_t = 0)]
+    rule: u32,
+    /// The pool's size (replicas).
+    #[arg(long, default_value_t = 3)]
+    size: usize,
+    /// Object names.
+    #[arg(required = true)]
+    objects: Vec<String>,
+}
+
+fn load(path: &PathBuf) -> anyhow::Result<CrushMap> {
+    let bytes =
+        std::fs::read(path).with_context(|| format!("reading CRUSH map {}", path.display()))?;
+    kura_crush::decode(&bytes).with_context(|| format!("decoding CRUSH map {}", path.display()))
+}
+
+/// Runs a `kura crush` subcommand.
+pub fn run(cmd: CrushCommand) -> anyhow::Result<()> {
+    match cmd {
+        CrushCommand::Test(a) => test(&a),
+        CrushCommand::Map(a) => map(&a),
+    }
+}
+
+fn test(a: &TestArgs) -> anyhow::Result<()> {
+    let map = load(&a.input)?;
+    let mut o = TestOptions {
+        pool_id: a.pool_id,
+        show_mappings: a.show_mappings,
+        show_bad_mappings: a.show_bad_mappings,
+        show_statistics: a.show_statistics,
+        show_utilization: a.show_utilization,
+        show_utilization_all: a.show_utilization_all,
+        ..TestOptions::default()
+    };
+    if let Some(r) = a.rule {
+        o.min_rule = r;
+        o.max_rule = r;
+    }
+    o.min_rule = a.min_rule.unwrap_or(o.min_rule);
+    o.max_rule = a.max_rule.unwrap_or(o.max_rule);
+    o.ruleset = a.ruleset.unwrap_or(-1);
+    if let Some(n) = a.num_rep {
+        o.min_rep = n;
+        o.max_rep = n;
+    }
+    if let Some(x) = a.x {
+        o.min_x = x;
+        o.max_x = x;
+    }
+    o.min_x = a.min_x.unwrap_or(o.min_x);
+    o.max_x = a.max_x.unwrap_or(o.max_x);
+    let mut weights = BTreeMap::new();
+    for pair in a.weight.chunks(2) {
+        let [dev, w] = pair else {
+            bail!("--weight takes a device and a weight");
+        };
+        let dev: i32 = dev
+            .parse()
+            .with_context(|| format!("--weight device {dev}"))?;
+        let w: f32 = w.parse().with_context(|| format!("--weight weight {w}"))?;
+        weights.insert(dev, w);
+    }
+    o.device_weights = weights;
+    if !(o.show_mappings
+        || o.show_bad_mappings
+        || o.show_statistics
+        || o.show_utilization
+        || o.show_utilization_all)
+    {
+        eprintln!("WARNING: no output selected; use --output-csv or --show-X");
+    }
+    let stdout = std::io::stdout();
+    let mut out = BufWriter::with_capacity(1 << 16, stdout.lock());
+    run_test(&map, &o, &mut out, &mut std::io::stderr())?;
+    out.flush()?;
+    Ok(())
+}
+
+fn map(a: &MapArgs) -> anyhow::Result<()> {
+    let map = load(&a.input)?;
+    if a.pg_num == 0 {
+        bail!("--pg-num must be at least 1");
+    }
+    let pgp_num = a.pgp_num.unwrap_or(a.pg_num);
+    // An OSD map maps with the pool's choose_args when it has them, else the default set.
+    let args = map
+        .choose_args
+        .get(&(a.pool as i64))
+        .or_else(|| map.choose_args.get(&-1));
+    let mapper = match args {
+        Some(args) => Mapper::with_choose_args(&map, args)?,
+        None => Mapper::new(&map),
+    };
+    let weights = vec![0x10000u32; map.max_devices.max(0) as usize];
+    let mut ws = Workspace::new();
+    let mut out = Vec::new();
+    for name in &a.objects {
+        let ps = pg::object_pg(name, a.pg_num);
+        let pps = pg::pg_to_pps(a.pool, ps, pgp_num);
+        mapper.do_rule(&mut ws, a.rule, pps as i32, a.size, &weights, &mut out)?;
+        // Replicated pools drop the holes; every device exists and is up.
+        let osds: Vec<String> = out
+            .iter()
+            .filter(|&&d| d != ITEM_NONE)
+            .map(|d| d.to_string())
+            .collect();
+        println!(
+            " object '{name}' -> {}.{ps:x} -> [{}]",
+            a.pool,
+            osds.join(",")
+        );
+    }
+    Ok(())
+}
