@@ -198,7 +198,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         "kura and minimap2 are compared on whole-process wall time (kura: copy the dataset into its workspace, load reference, index, save and load the index, load reads, match, write SAM; minimap2: load, index, map, write SAM); kura's pipeline total is shown beside it, and direct vs redirect compares pipeline totals".into(),
     );
     report.notes.push(
-        "peak RSS by wait4 of each child process; kura's includes copying the dataset into its image before the pipeline starts".into(),
+        "peak RSS: each child process's own VmHWM, sampled every 2 ms (wait4's maxrss would include this process's, inherited at spawn); kura's includes copying the dataset into its image before the pipeline starts".into(),
     );
     print_report(&report);
     args.run.output.emit("genome", PLOT, &report)
@@ -302,24 +302,73 @@ fn simulate(
 }
 
 /// Runs a child to completion; returns (wall, peak RSS in MiB).
-#[allow(unsafe_code)] // wait4(2) for the child's rusage
+///
+/// The peak is the child's own `VmHWM`, sampled every 2 ms from `/proc/PID/status` until it
+/// exits: `wait4`'s `ru_maxrss` cannot be used, since a child started by `posix_spawn` (a vfork)
+/// inherits this process's peak at exec, so every small child would report at least the
+/// benchmark's own RSS. The wall time ends when the child exits (`waitid` with `WNOWAIT`, which
+/// leaves it unreaped so its pid stays its own while the sampler stops).
+#[allow(unsafe_code)] // waitid(2) and wait4(2) on our own child
 fn measured(cmd: &mut Command) -> anyhow::Result<(Duration, f64)> {
+    use std::sync::atomic::{AtomicBool, Ordering};
     let t = Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
     let pid = child.id() as libc::pid_t;
-    let mut status = 0;
-    // SAFETY: rusage is plain data that wait4 fills in; the pid is our own child, not yet reaped.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to locals for the duration of the call.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let sampler = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let mut peak_kb = 0u64;
+            while !stop.load(Ordering::Acquire) {
+                peak_kb = peak_kb.max(vm_hwm_kb(pid).unwrap_or(0));
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            peak_kb
+        })
+    };
+    // SAFETY: siginfo_t is plain data that waitid fills in.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: `pid` is our own child, not yet reaped; `info` is a valid local. WNOWAIT leaves
+    // it a zombie, so the pid cannot be reused while the sampler may still read it.
+    let rc = unsafe {
+        libc::waitid(
+            libc::P_PID,
+            pid as libc::id_t,
+            &mut info,
+            libc::WEXITED | libc::WNOWAIT,
+        )
+    };
     let wall = t.elapsed();
+    let waited = std::io::Error::last_os_error();
+    stop.store(true, Ordering::Release);
+    let peak_kb = sampler.join().unwrap_or(0);
+    if rc != 0 {
+        bail!("waitid on {cmd:?}: {waited}");
+    }
+    let mut status = 0;
+    // SAFETY: rusage is plain data that wait4 fills in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointers to locals for the duration of the call; reaps our own child.
+    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
     if rc != pid {
         bail!("wait4 on {cmd:?}: {}", std::io::Error::last_os_error());
     }
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("{cmd:?} failed (wait status {status:#x})");
     }
-    Ok((wall, usage.ru_maxrss as f64 / 1024.0))
+    Ok((wall, peak_kb as f64 / 1024.0))
+}
+
+/// `VmHWM` of a live process, in KiB.
+fn vm_hwm_kb(pid: libc::pid_t) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn run_kura(
@@ -560,5 +609,20 @@ mod tests {
         assert!(summarise(Vec::new()).is_none());
         let m = summarise(vec![point("minimap2", 4.0, None)]).unwrap();
         assert_eq!(m.pipeline_seconds, None, "minimap2 has no pipeline total");
+    }
+}
+
+#[cfg(test)]
+mod measured_tests {
+    use super::*;
+
+    #[test]
+    fn a_child_is_timed_and_its_failure_is_an_error() {
+        let (wall, rss) = measured(Command::new("sh").args(["-c", "exit 0"])).unwrap();
+        assert!(wall > Duration::ZERO);
+        assert!(rss >= 0.0);
+        let err = measured(Command::new("sh").args(["-c", "exit 3"])).unwrap_err();
+        assert!(err.to_string().contains("failed"), "{err}");
+        assert!(measured(&mut Command::new("/no/such/program")).is_err());
     }
 }

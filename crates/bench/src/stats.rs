@@ -2,7 +2,8 @@
 //! rounds (A B A B …, [`interleave`]), each side summarised as median and min–max ([`Spread`]),
 //! the kura/peer ratio summarised over the rounds' pairs ([`compare`]), and a target judged on
 //! that whole range ([`Goal::judge`]): "met" only when the range is wholly on the right side,
-//! "not met" when wholly on the wrong side, else "within noise".
+//! "not met" when wholly on the wrong side, else "within noise" (as is a single round, which
+//! has no range).
 //!
 //! It also names the file system a benchmark's `--dir` is on ([`fs_name`]), so tables say
 //! "xfs" or "tmpfs" when that is what the peer ran on.
@@ -104,9 +105,10 @@ impl Verdict {
 }
 
 impl Goal {
-    /// Judges `range` (its min and max) against the goal.
+    /// Judges `range` (its min and max) against the goal. A single round has no range to judge
+    /// by, so it is "within noise" whatever its value.
     pub fn judge(&self, range: &Spread) -> Verdict {
-        if range.rounds == 0 {
+        if range.rounds < 2 {
             return Verdict::WithinNoise;
         }
         let (right_lo, right_hi) = match *self {
@@ -345,6 +347,11 @@ mod tests {
             Verdict::WithinNoise
         );
         assert_eq!(at_most.judge(&Spread::of(&[])), Verdict::WithinNoise);
+        assert_eq!(
+            at_most.judge(&Spread::of(&[0.0])),
+            Verdict::WithinNoise,
+            "one round has no range"
+        );
         assert_eq!(Goal::AtLeast(0.5).describe(100.0, " %"), "≥ 50 %");
         assert_eq!(Goal::AtMost(1.2).describe(1.0, ""), "≤ 1.2");
     }
