@@ -1,13 +1,16 @@
 //! How AccelFS scales with threads (issue 14 item 2): N threads each doing fsync'd 4 KiB
 //! appends to its own file, then N threads doing 4 KiB random reads of cached data (each of its
-//! own file, then all of one shared file), on a fresh image file.
+//! own file, then all of one shared file), the same cached reads while one more thread does
+//! fsync'd appends (with the reads' latency percentiles: do commits stall readers?), and 4 KiB
+//! random reads that miss a 1 MiB cache, on a fresh image file.
 //!
 //! ```text
 //! cargo run --release -p kura-accelfs --example threads -- [SPEC] [THREADS,...] [SECONDS]
 //! ```
 //!
 //! SPEC defaults to `file:/tmp/kura-threads.img?size=512M` (the image is formatted: everything
-//! on it is lost), THREADS to `1,2,4,8`, SECONDS (per measurement) to 2. Prints one line per
+//! on it is lost; `mem:512M` measures the file system's CPU cost alone, without the uncached
+//! reads), THREADS to `1,2,4,8`, SECONDS (per measurement) to 2. Prints one line per
 //! workload and thread count, plus the journal commits the appends needed (fewer commits than
 //! fsyncs means fsyncs shared a commit).
 
@@ -74,9 +77,88 @@ fn main() -> Result<(), Error> {
         report("4 KiB random reads, own file", n, ops, span, None);
         let ops = run(n, span, |t, stop| random_reads(&fs, "/shared", t, stop))?;
         report("4 KiB random reads, one file", n, ops, span, None);
+        // Cached reads while one more thread does fsync'd appends: do commits stall readers?
+        let appends = std::sync::atomic::AtomicU64::new(0);
+        let mut latencies: Vec<u32> = Vec::new();
+        let ops = {
+            let lat = std::sync::Mutex::new(&mut latencies);
+            run(n + 1, span, |t, stop| {
+                if t == n {
+                    let mut f = fs.create("/appender")?;
+                    let buf = vec![7u8; BLOCK];
+                    while !stop.load(Ordering::Relaxed) {
+                        std::io::Write::write_all(&mut f, &buf)?;
+                        f.sync_all()?;
+                        appends.fetch_add(1, Ordering::Relaxed);
+                    }
+                    return Ok(0);
+                }
+                let mut mine = Vec::with_capacity(1 << 20);
+                let ops = timed_reads(&fs, &format!("/read-{t}"), t, stop, &mut mine)?;
+                lat.lock().map_err(|_| "poisoned")?.extend(mine);
+                Ok(ops)
+            })?
+        };
+        latencies.sort_unstable();
+        let pct = |p: f64| {
+            latencies
+                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+                .map_or(0.0, |&ns| f64::from(ns) / 1000.0)
+        };
+        println!(
+            "{:32} threads {n:2}: {:10.0} ops/s, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us ({:.0} appends/s beside)",
+            "cached reads beside fsyncs",
+            ops as f64 / span.as_secs_f64(),
+            pct(0.99),
+            pct(0.999),
+            pct(1.0),
+            appends.load(Ordering::Relaxed) as f64 / span.as_secs_f64()
+        );
+        fs.unmount()?;
+        if spec.starts_with("mem:") {
+            // A RAM disk does not outlive its mount: nothing to mount again.
+            continue;
+        }
+        // Reads that miss the cache: a 1 MiB cache under files of 4 MiB.
+        let fs = FileSystem::mount(
+            kura_engine::open(&spec)?,
+            MountOptions {
+                cache_bytes: 1 << 20,
+                ..MountOptions::default()
+            },
+        )?;
+        let ops = run(n, span, |t, stop| {
+            random_reads(&fs, &format!("/read-{t}"), t, stop)
+        })?;
+        report("4 KiB random reads, uncached", n, ops, span, None);
         fs.unmount()?;
     }
     Ok(())
+}
+
+/// [`random_reads`] recording each read's latency (ns) in `lat`.
+fn timed_reads(
+    fs: &FileSystem,
+    path: &str,
+    seed: usize,
+    stop: &AtomicBool,
+    lat: &mut Vec<u32>,
+) -> Result<u64, Error> {
+    let f = fs.open(path)?;
+    let blocks = READ_FILE_BYTES / BLOCK as u64;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ seed as u64;
+    let mut buf = vec![0u8; BLOCK];
+    let mut ops = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let t0 = std::time::Instant::now();
+        f.read_exact_at((x % blocks) * BLOCK as u64, &mut buf)?;
+        lat.push(t0.elapsed().as_nanos().min(u128::from(u32::MAX)) as u32);
+        ops += 1;
+    }
+    Ok(ops)
 }
 
 fn pattern(seed: usize) -> Vec<u8> {

@@ -222,7 +222,8 @@ fn check_stamped(got: &[u8], file: u64, block: u64, at: &str) {
     );
 }
 
-/// Readers fetch blocks that miss a tiny cache (so with the state lock released) while writers
+/// Readers fetch blocks that miss a tiny cache, read large ranges past the cache and stream
+/// (all three with the state lock released while the device works) while writers
 /// overwrite them, truncate and rewrite their files (freeing blocks that other files then
 /// reuse) and commit. Every block a reader gets is its own file's, whole, of some version.
 #[test]
@@ -294,7 +295,20 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
                     let mut buf = vec![0u8; blocks as usize * CHUNK];
                     // The file may be between truncation and rewrite: a short read is fine.
                     let f = fs.open(&format!("/r{file}")).expect("open");
-                    let n = f.read_at(b * CHUNK as u64, &mut buf).expect("read");
+                    let n = if i % 7 == 3 {
+                        // A streaming read, straight from the device with only the disk lock.
+                        let mut got = Vec::new();
+                        let n = f
+                            .read_stream(b * CHUNK as u64, buf.len() as u64, |piece| {
+                                got.extend_from_slice(piece)
+                            })
+                            .expect("stream") as usize;
+                        assert_eq!(n, got.len(), "reader {reader}: stream count");
+                        buf[..n].copy_from_slice(&got);
+                        n
+                    } else {
+                        f.read_at(b * CHUNK as u64, &mut buf).expect("read")
+                    };
                     assert_eq!(n % CHUNK, 0, "reader {reader}: a partial block");
                     for (k, got) in buf[..n].chunks(CHUNK).enumerate() {
                         let at = format!("reader {reader} read {i}");

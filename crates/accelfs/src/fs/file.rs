@@ -105,9 +105,10 @@ impl File {
         mut deliver: impl FnMut(&[u8]),
     ) -> Result<u64, FsError> {
         self.need(false)?;
-        self.fs.with_handle(self.ino, self.generation, |g| {
-            g.read_stream(self.ino, offset, len, &mut deliver)
-        })
+        self.fs
+            .read_stream_file(self.ino, self.generation, offset, len, &mut |buf, range| {
+                deliver(&buf[range])
+            })
     }
 
     /// [`File::read_stream`] that hands over the engine buffers themselves, each with the part
@@ -121,9 +122,8 @@ impl File {
         mut deliver: impl FnMut(kura_engine::IoBuf, std::ops::Range<usize>),
     ) -> Result<u64, FsError> {
         self.need(false)?;
-        self.fs.with_handle(self.ino, self.generation, |g| {
-            g.read_stream_owned(self.ino, offset, len, &mut deliver)
-        })
+        self.fs
+            .read_stream_file(self.ino, self.generation, offset, len, &mut deliver)
     }
 
     /// Reads exactly `out.len()` bytes at `offset`, or fails with `Invalid` at the end.

@@ -402,6 +402,38 @@ impl FileSystem {
         }
     }
 
+    /// A streaming read of file `ino` ([`File::read_stream_owned`]) that holds the state lock
+    /// only to plan each window: the window is read holding the disk lock alone (taken before
+    /// the state lock is released, so no block of it can be freed and rewritten by another
+    /// file meanwhile). Each window reads the file as it was when the window was planned. The
+    /// state lock is free while `deliver` runs, but the disk lock is not: `deliver` may use the
+    /// file system for what the cache serves, not for what needs the device.
+    pub(crate) fn read_stream_file(
+        &self,
+        ino: u64,
+        generation: u32,
+        offset: u64,
+        len: u64,
+        deliver: &mut dyn FnMut(kura_engine::IoBuf, std::ops::Range<usize>),
+    ) -> Result<u64, FsError> {
+        let mut g = self.lock();
+        g.check_handle(ino, generation)?;
+        let Some(mut s) = g.stream_begin(ino, offset, len)? else {
+            return Ok(0);
+        };
+        while let Some(pieces) = g.stream_window(&mut s)? {
+            let disk = g.disk();
+            let mut d = disk.lock();
+            drop(g);
+            let result = s.read(&mut d.dev, &pieces, deliver);
+            drop(d);
+            g = self.lock();
+            result?;
+            g.check_handle(ino, generation)?;
+        }
+        Ok(g.stream_end(&s))
+    }
+
     /// fdatasync of file `ino`: after an overwrite, its dirty blocks are written home and
     /// flushed with only the disk lock held; when its size or block map changed, a group
     /// commit.

@@ -339,106 +339,110 @@ impl Mounted {
             .get_or_insert_with(|| format!("after an I/O failure: {e}"));
     }
 
-    /// Streams `len` bytes from `offset` (clamped to the end of the file) to `deliver` in order,
-    /// straight from the engine buffers, with the device kept busy at `stream_depth` commands.
-    /// The file's dirty cached blocks are written first, so the device holds the newest data.
-    /// Returns the number of bytes delivered.
-    pub(crate) fn read_stream(
+    /// Starts streaming `len` bytes from `offset` (clamped to the end of the file): `None` when
+    /// there is nothing to read. The stream then goes a window at a time
+    /// ([`Mounted::stream_window`]), each read from the device in order, straight into engine
+    /// buffers, with `stream_depth` commands in flight ([`Stream`]).
+    pub(crate) fn stream_begin(
         &mut self,
         ino: u64,
         offset: u64,
         len: u64,
-        deliver: &mut dyn FnMut(&[u8]),
-    ) -> Result<u64, FsError> {
-        self.read_stream_owned(ino, offset, len, &mut |buf, range| deliver(&buf[range]))
-    }
-
-    /// [`Self::read_stream`] handing over each engine buffer with the part of it that belongs
-    /// to the range asked for.
-    pub(crate) fn read_stream_owned(
-        &mut self,
-        ino: u64,
-        offset: u64,
-        len: u64,
-        deliver: &mut dyn FnMut(IoBuf, std::ops::Range<usize>),
-    ) -> Result<u64, FsError> {
+    ) -> Result<Option<Stream>, FsError> {
         self.file_node(ino)?;
         let size = self.node(ino)?.inode.size;
         if offset >= size || len == 0 {
-            return Ok(0);
+            return Ok(None);
         }
         let n = (size - offset).min(len);
+        let bs = self.bs as u64;
+        let first = offset / bs;
+        Ok(Some(Stream {
+            ino,
+            offset,
+            n,
+            start: first,
+            last: (offset + n - 1) / bs,
+            skip: (offset - first * bs) as usize,
+            left: n,
+            depth: self.opts.stream_depth,
+        }))
+    }
+
+    /// The pieces of the stream's next window (`None` when it is done), planned from the file
+    /// as it is now: its dirty cached blocks are written first, so the device holds its newest
+    /// data, and the journal is checkpointed if it holds a newer copy of a block to read. The
+    /// caller reads them holding the disk lock, which it must take before releasing the state
+    /// lock: then no block of the window can be freed, reused and rewritten by another file
+    /// until the window has been read (every device write needs the disk lock).
+    pub(crate) fn stream_window(
+        &mut self,
+        s: &mut Stream,
+    ) -> Result<Option<Vec<StreamPart>>, FsError> {
+        let ino = s.ino;
+        if s.start > s.last || s.left == 0 {
+            return Ok(None);
+        }
+        self.file_node(ino)?;
         if self.read_only.is_none() {
             let ops = self.dirty_data_ops(Some(ino))?;
-            self.disk.lock().dev.batch(ops)?;
+            if !ops.is_empty() {
+                self.disk.lock().dev.batch(ops)?;
+            }
         } else if self.cache.has_dirty(ino) {
             return Err(FsError::ReadOnly(
                 "cannot stream a file whose newest data could not be written".into(),
             ));
         }
-        let bs = self.bs as u64;
-        let first = offset / bs;
-        let last = (offset + n - 1) / bs;
         let max_blocks = (self.opts.max_command_bytes / self.bs).max(1) as u64;
-        // The stream is planned a window at a time, so a long read (a sparse file may be
-        // terabytes of holes) holds a bounded list of pieces, not one per MiB of the file.
+        // A window at a time, so a long read (a sparse file may be terabytes of holes) holds a
+        // bounded list of pieces, not one per MiB of the file.
         let window = max_blocks * STREAM_WINDOW_COMMANDS;
-        let map = self.node(ino)?.map.clone();
-        let mut skip = (offset - first * bs) as usize;
-        let mut left = n;
-        let mut start = first;
-        while start <= last {
-            let end = (start + window - 1).min(last);
-            let mut pieces = Vec::new();
-            let mut b = start;
-            while b <= end {
-                let rest = end - b + 1;
-                // File blocks are u32 (format §5) and b ≤ last < 2^32.
-                match map.lookup(b as u32) {
-                    Some((p, run)) => {
-                        let take = u64::from(run).min(rest).min(max_blocks);
-                        pieces.push(StreamPart::Device {
-                            block: p,
-                            bytes: take as usize * self.bs,
-                        });
-                        b += take;
-                    }
-                    None => {
-                        let next = map.next_mapped_after(b as u32).unwrap_or(u64::MAX);
-                        let take = (next - b).min(rest).min(max_blocks);
-                        pieces.push(StreamPart::Zero {
-                            bytes: take as usize * self.bs,
-                        });
-                        b += take;
-                    }
+        let end = (s.start + window - 1).min(s.last);
+        let bs = self.bs;
+        let map = &self.node(ino)?.map;
+        let mut pieces = Vec::new();
+        let mut b = s.start;
+        while b <= end {
+            let rest = end - b + 1;
+            // File blocks are u32 (format §5) and b ≤ last < 2^32.
+            match map.lookup(b as u32) {
+                Some((p, run)) => {
+                    let take = u64::from(run).min(rest).min(max_blocks);
+                    pieces.push(StreamPart::Device {
+                        block: p,
+                        bytes: take as usize * bs,
+                    });
+                    b += take;
+                }
+                None => {
+                    let next = map.next_mapped_after(b as u32).unwrap_or(u64::MAX);
+                    let take = (next - b).min(rest).min(max_blocks);
+                    pieces.push(StreamPart::Zero {
+                        bytes: take as usize * bs,
+                    });
+                    b += take;
                 }
             }
-            let device: Vec<(u64, u64)> = pieces
-                .iter()
-                .filter_map(|p| match *p {
-                    StreamPart::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
-                    StreamPart::Zero { .. } => None,
-                })
-                .collect();
-            self.before_device_reads(&device)?;
-            self.disk.lock().dev.stream_read_owned(
-                &pieces,
-                self.opts.stream_depth,
-                |buf: IoBuf| {
-                    let skipped = skip.min(buf.len());
-                    skip -= skipped;
-                    let take = ((buf.len() - skipped) as u64).min(left) as usize;
-                    if take > 0 {
-                        left -= take as u64;
-                        deliver(buf, skipped..skipped + take);
-                    }
-                },
-            )?;
-            start = end + 1;
         }
+        let device: Vec<(u64, u64)> = pieces
+            .iter()
+            .filter_map(|p| match *p {
+                StreamPart::Device { block, bytes } => Some((block, (bytes / self.bs) as u64)),
+                StreamPart::Zero { .. } => None,
+            })
+            .collect();
+        self.before_device_reads(&device)?;
+        s.start = end + 1;
+        Ok(Some(pieces))
+    }
+
+    /// The stream is done: counts it and returns the bytes it delivered.
+    pub(crate) fn stream_end(&mut self, s: &Stream) -> u64 {
+        let n = s.n - s.left;
         self.cache.stats.bypass_bytes += n;
-        self.next_sequential.insert(ino, offset + n);
-        Ok(n)
+        self.next_sequential.insert(s.ino, s.offset + n);
+        n
     }
 
     /// Reads file blocks (with their device blocks) at queue depth, merging contiguous runs.
@@ -944,6 +948,44 @@ impl Mounted {
         let ops = self.placed(victims)?;
         self.disk.lock().dev.batch(ops)?;
         Ok(())
+    }
+}
+
+/// A streaming read in progress ([`Mounted::stream_begin`]).
+pub(crate) struct Stream {
+    ino: u64,
+    offset: u64,
+    /// Bytes the stream covers.
+    n: u64,
+    /// The next window's first file block.
+    start: u64,
+    last: u64,
+    /// Bytes of the first block before `offset`, still to skip.
+    skip: usize,
+    /// Bytes still to deliver.
+    left: u64,
+    depth: usize,
+}
+
+impl Stream {
+    /// Reads a window's `pieces` (the caller holds the disk lock) and hands each buffer to
+    /// `deliver` with the part of it inside the stream's range.
+    pub(crate) fn read(
+        &mut self,
+        dev: &mut FsDevice,
+        pieces: &[StreamPart],
+        deliver: &mut dyn FnMut(IoBuf, std::ops::Range<usize>),
+    ) -> Result<(), FsError> {
+        let (skip, left) = (&mut self.skip, &mut self.left);
+        dev.stream_read_owned(pieces, self.depth, |buf: IoBuf| {
+            let skipped = (*skip).min(buf.len());
+            *skip -= skipped;
+            let take = ((buf.len() - skipped) as u64).min(*left) as usize;
+            if take > 0 {
+                *left -= take as u64;
+                deliver(buf, skipped..skipped + take);
+            }
+        })
     }
 }
 

@@ -43,9 +43,12 @@
 //! case the read is done again under the state lock throughout. Reads of one file, and of
 //! different files, therefore wait for the device without blocking each other's cached reads,
 //! writes into the cache or name operations; device commands themselves are still one at a time
-//! (one queue pair behind the disk lock). Still under the state lock: writes that reach the
-//! device (large direct writes, dirty blocks evicted to make room, a checkpoint), streaming
-//! reads (`read_stream`), slow symbolic links and loading metadata not yet in memory.
+//! (one queue pair behind the disk lock). A streaming read (`FileSystem::read_stream_file`)
+//! plans each window under the state lock and reads it under the disk lock alone, taken before
+//! the state lock is released (so none of its blocks can be freed, reused and rewritten by
+//! another file meanwhile). Still under the state lock: writes that reach the device (large
+//! direct writes, dirty blocks evicted to make room, a checkpoint), slow symbolic links and
+//! loading metadata not yet in memory.
 
 mod data;
 mod disk;
