@@ -2,17 +2,17 @@
 //! calls runs on a directory of the host file system (under the system temporary directory; its
 //! name, from statfs, is printed) and on a `kura mount` of a fresh image. Every call's return
 //! value or errno must agree, and after every call the two trees must agree: each path's kind,
-//! permission bits, size, link count, symlink target, contents, `user.*` xattrs (names and
+//! permission bits, owner, size, link count, symlink target, contents, `user.*` xattrs (names and
 //! values), which paths are hard links of one inode, and each directory's sorted names.
 //!
 //! The calls: open with O_CREAT/O_EXCL/O_TRUNC/O_APPEND and a write (pwrite at an offset, or
 //! write under O_APPEND), truncate (open + ftruncate), rename with no flag, RENAME_NOREPLACE and
 //! RENAME_EXCHANGE (renameat2), link, symlink (fast and slow targets, dangling ones, loops),
-//! readlink, unlink, mkdir, rmdir, chmod, utimensat with nanoseconds (following and not following
-//! symlinks), mknod of FIFOs and sockets, lsetxattr with XATTR_CREATE/XATTR_REPLACE, lgetxattr,
-//! llistxattr, lremovexattr, fallocate (plain, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE), readdir, stat
-//! and lstat. Every open is O_NONBLOCK, so opening a FIFO fails (ENXIO) instead of waiting for a
-//! reader. The paths come
+//! readlink, unlink, mkdir, rmdir, chmod (setuid, setgid and sticky bits included), lchown,
+//! utimensat with nanoseconds (following and not following symlinks), mknod of FIFOs and
+//! sockets, lsetxattr with XATTR_CREATE/XATTR_REPLACE, lgetxattr, llistxattr, lremovexattr,
+//! fallocate (plain, KEEP_SIZE, PUNCH_HOLE|KEEP_SIZE), readdir, stat and lstat. Every open is
+//! O_NONBLOCK, so opening a FIFO fails (ENXIO) instead of waiting for a reader. The paths come
 //! from a small name space (4 directories × 6 names, which are also directory names), so most
 //! calls meet existing names, wrong kinds and missing parents as well as the plain case.
 //!
@@ -29,9 +29,6 @@
 //! - st_ino/st_dev: differ by nature; hard-link identity is compared instead.
 //! - xattr values stay far below both size caps (ext4: what fits one 4 KiB block, AccelFS: 8168
 //!   bytes), so ENOSPC on attributes is not exercised here (tests/posix.rs covers AccelFS's cap).
-//! - setuid/setgid bits are not set (chmod uses 0o1777 masks): the host kernel applies BSD group
-//!   inheritance from setgid directories through ext4, while a FUSE file system would have to do
-//!   that itself; `kura mount` is `nosuid` anyway.
 //! - Only `user.*` xattrs: the host may carry `security.*` labels that a fresh image does not.
 //!
 //! `KURA_POSIX_OPS` (calls per seed, default 2500) and `KURA_POSIX_SEED` (a seed or a
@@ -136,6 +133,12 @@ enum Op {
         path: String,
         mode: u32,
     },
+    /// lchown (as root, so any owner may be given).
+    Chown {
+        path: String,
+        uid: Option<u32>,
+        gid: Option<u32>,
+    },
     Utimens {
         path: String,
         atime: Option<(i64, i64)>,
@@ -235,7 +238,7 @@ fn gen(rng: &mut StdRng, tree: &BTreeMap<String, String>) -> Op {
             excl: rng.gen_bool(0.2),
             trunc: rng.gen_bool(0.2),
             append: rng.gen_bool(0.25),
-            mode: rng.gen_range(0..=0o777) | 0o200,
+            mode: rng.gen_range(0..=0o7777) | 0o200,
             offset: offset(rng),
             data: {
                 let max = if rng.gen_bool(0.2) { 20_000 } else { 300 };
@@ -273,7 +276,7 @@ fn gen(rng: &mut StdRng, tree: &BTreeMap<String, String>) -> Op {
         },
         52..=58 => Op::Mkdir {
             path: path(rng),
-            mode: rng.gen_range(0..=0o1777) | 0o700,
+            mode: rng.gen_range(0..=0o7777) | 0o700,
         },
         59..=60 => Op::Mknod {
             path: path(rng),
@@ -283,9 +286,14 @@ fn gen(rng: &mut StdRng, tree: &BTreeMap<String, String>) -> Op {
         61 => Op::Rmdir {
             path: pick(rng, tree, |d| d.starts_with("dir")),
         },
-        62..=64 => Op::Chmod {
+        62..=63 => Op::Chmod {
             path: pick(rng, tree, |_| true),
-            mode: rng.gen_range(0..=0o1777),
+            mode: rng.gen_range(0..=0o7777),
+        },
+        64 => Op::Chown {
+            path: pick(rng, tree, |_| true),
+            uid: [None, Some(0), Some(1000)][rng.gen_range(0..3)],
+            gid: [None, Some(0), Some(1234)][rng.gen_range(0..3)],
         },
         65..=68 => {
             let t = |rng: &mut StdRng| {
@@ -353,11 +361,12 @@ fn kind(mode: u32) -> &'static str {
 fn describe(st: &rustix::fs::Stat) -> String {
     let mode = st.st_mode;
     let k = kind(mode);
+    let owner = format!("owner {}:{}", st.st_uid, st.st_gid);
     if k == "dir" {
-        format!("{k} mode {:o}", mode & 0o7777)
+        format!("{k} mode {:o} {owner}", mode & 0o7777)
     } else {
         format!(
-            "{k} mode {:o} size {} nlink {}",
+            "{k} mode {:o} {owner} size {} nlink {}",
             mode & 0o7777,
             st.st_size,
             st.st_nlink
@@ -456,6 +465,16 @@ fn run(root: &Path, op: &Op) -> Outcome {
                 rustix::fs::FileType::Socket
             };
             rustix::fs::mknodat(CWD, p(path), t, Mode::from_raw_mode(*mode), 0)?;
+            Ok(String::new())
+        }
+        Op::Chown { path, uid, gid } => {
+            rustix::fs::chownat(
+                CWD,
+                p(path),
+                uid.map(|u| rustix::fs::Uid::from_raw(u)),
+                gid.map(|g| rustix::fs::Gid::from_raw(g)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            )?;
             Ok(String::new())
         }
         Op::Chmod { path, mode } => {

@@ -15,6 +15,9 @@ use crate::inode::{Kind, INLINE_TARGET, MAX_TARGET};
 use crate::layout::ROOT_INODE;
 use std::collections::{BTreeSet, HashMap};
 
+/// The setgid permission bit (`S_ISGID`).
+const SETGID: u16 = 0o2000;
+
 /// A directory's blocks and a name index.
 pub(super) struct Dir {
     pub(super) blocks: Vec<DirBlock>,
@@ -296,10 +299,22 @@ impl Mounted {
         if self.alloc.free_block_count() < blocks_needed + 1 {
             return Err(FsError::NoSpace(format!("cannot create {shown}")));
         }
-        let ino = self.new_node(kind, spec.mode, parent)?;
+        // A setgid directory gives what is made in it its group, and a new directory its
+        // setgid bit too (Linux's BSD group semantics, which ext4 applies at creation).
+        let (mut mode, mut owner) = (spec.mode, spec.owner);
+        let p = &self.node(parent)?.inode;
+        if p.mode & SETGID != 0 {
+            if kind == Kind::Directory {
+                mode |= SETGID;
+            }
+            if let (Some((uid, _)), true) = (owner, p.flags & crate::inode::FLAG_OWNER != 0) {
+                owner = Some((uid, p.gid));
+            }
+        }
+        let ino = self.new_node(kind, mode, parent)?;
         {
             let node = self.node(ino)?;
-            if let Some((uid, gid)) = spec.owner {
+            if let Some((uid, gid)) = owner {
                 node.inode.flags |= crate::inode::FLAG_OWNER;
                 node.inode.uid = uid;
                 node.inode.gid = gid;
@@ -675,5 +690,39 @@ mod tests {
         assert_eq!(e.errno(), libc::ENAMETOOLONG, "{e}");
         fs.write(&format!("/{}", "y".repeat(255)), b"ok")
             .expect("a 255-byte name");
+    }
+
+    #[test]
+    fn a_setgid_directory_passes_on_its_group_and_the_bit_to_directories() {
+        use crate::{FileType, NodeSpec};
+        let fs = FileSystem::format(
+            Box::new(MemDevice::new(8 << 20, QueueOptions::default())),
+            MkfsOptions::default(),
+            MountOptions::default(),
+        )
+        .expect("format");
+        let owned = |t: FileType, mode: u16| NodeSpec {
+            owner: Some((1000, 1000)),
+            ..NodeSpec::new(t, mode)
+        };
+        let shared = fs
+            .make_node(1, b"shared", &owned(FileType::Directory, 0o775))
+            .expect("mkdir");
+        fs.set_owner(shared.ino, Some(0), Some(123)).expect("chgrp");
+        fs.set_attr(shared.ino, Some(0o2775), None)
+            .expect("chmod g+s");
+        let f = fs
+            .make_node(shared.ino, b"f", &owned(FileType::File, 0o644))
+            .expect("create");
+        assert_eq!((f.owner, f.mode), (Some((1000, 123)), 0o644));
+        let d = fs
+            .make_node(shared.ino, b"d", &owned(FileType::Directory, 0o755))
+            .expect("mkdir");
+        assert_eq!((d.owner, d.mode), (Some((1000, 123)), 0o2755));
+        // Without the bit the caller's group stays.
+        let plain = fs
+            .make_node(1, b"plain", &owned(FileType::File, 0o644))
+            .expect("create");
+        assert_eq!((plain.owner, plain.mode), (Some((1000, 1000)), 0o644));
     }
 }
