@@ -8,7 +8,7 @@
 //! permutation state and scratch vectors, one per thread, reused across calls.
 
 use crate::error::CrushError;
-use crate::hash::{hash32_2, typed_hash32_3, typed_hash32_4};
+use crate::hash::{hash32_2, hash32_3_lanes, typed_hash32_3, typed_hash32_4, LANES};
 use crate::ln::crush_ln;
 use crate::map::{
     op, Bucket, BucketKind, ChooseArg, CrushMap, ALG_UNIFORM, ITEM_NONE, ITEM_UNDEF, MAX_REP,
@@ -38,11 +38,48 @@ impl Workspace {
     }
 }
 
+/// Exact `a / w` for `a < 2^50` and a 32-bit `w` through one multiplication (Granlund and
+/// Montgomery's invariant-divisor method: `m = ceil(2^(49+l) / w)` with `2^(l-1) < w <= 2^l`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Recip {
+    m: u64,
+    shift: u32,
+}
+
+impl Recip {
+    fn new(w: u32) -> Recip {
+        let l = if w <= 1 {
+            0
+        } else {
+            32 - (w - 1).leading_zeros()
+        };
+        let shift = 49 + l;
+        let m = (1u128 << shift).div_ceil(w.max(1) as u128);
+        Recip { m: m as u64, shift }
+    }
+
+    #[inline(always)]
+    fn div(self, a: u64) -> u64 {
+        ((a as u128 * self.m as u128) >> self.shift) as u64
+    }
+}
+
+/// A straw2 bucket prepared for the fast path: ids padded to whole SIMD lanes and one
+/// reciprocal per weight (`None` for weight 0).
+#[derive(Debug, Clone)]
+struct Straw2Fast {
+    ids: Vec<u32>,
+    recips: Vec<Option<Recip>>,
+}
+
 /// Maps inputs through one map's rules.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct Mapper<'a> {
     map: &'a CrushMap,
     choose_args: Option<&'a [ChooseArg]>,
+    /// Per bucket index: the fast straw2 form, where the bucket is straw2, hashes with
+    /// rjenkins1 and has no choose_args of its own.
+    fast: Vec<Option<Straw2Fast>>,
 }
 
 struct Params<'w> {
@@ -51,21 +88,49 @@ struct Params<'w> {
 }
 
 impl<'a> Mapper<'a> {
-    /// A mapper with no `choose_args` (each straw2 bucket's own weights).
-    pub fn new(map: &'a CrushMap) -> Mapper<'a> {
+    fn build(map: &'a CrushMap, choose_args: Option<&'a [ChooseArg]>) -> Mapper<'a> {
+        let fast = map
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(idx, b)| {
+                let b = b.as_ref()?;
+                let BucketKind::Straw2 { item_weights } = &b.kind else {
+                    return None;
+                };
+                if b.hash != crate::hash::HASH_RJENKINS1 {
+                    return None;
+                }
+                if let Some(arg) = choose_args.and_then(|a| a.get(idx)) {
+                    if !arg.weight_set.is_empty() || !arg.ids.is_empty() {
+                        return None;
+                    }
+                }
+                let mut ids: Vec<u32> = b.items.iter().map(|&i| i as u32).collect();
+                ids.resize(b.items.len().div_ceil(LANES) * LANES, 0);
+                let recips = item_weights
+                    .iter()
+                    .map(|&w| (w != 0).then(|| Recip::new(w)))
+                    .collect();
+                Some(Straw2Fast { ids, recips })
+            })
+            .collect();
         Mapper {
             map,
-            choose_args: None,
+            choose_args,
+            fast,
         }
+    }
+
+    /// A mapper with no `choose_args` (each straw2 bucket's own weights).
+    pub fn new(map: &'a CrushMap) -> Mapper<'a> {
+        Mapper::build(map, None)
     }
 
     /// A mapper with the `choose_args` that `crushtool --test` uses (set 0, else the default
     /// set), if the map has any.
     pub fn for_test(map: &'a CrushMap) -> Mapper<'a> {
-        Mapper {
-            map,
-            choose_args: map.test_choose_args(),
-        }
+        Mapper::build(map, map.test_choose_args())
     }
 
     /// A mapper with a given `choose_args` set (one entry per bucket index).
@@ -80,10 +145,7 @@ impl<'a> Mapper<'a> {
                 map.buckets.len()
             )));
         }
-        Ok(Mapper {
-            map,
-            choose_args: Some(args),
-        })
+        Ok(Mapper::build(map, Some(args)))
     }
 
     /// The map.
@@ -380,6 +442,9 @@ impl<'a> Mapper<'a> {
                 b.items[high]
             }
             BucketKind::Straw2 { item_weights } => {
+                if let Some(Some(f)) = self.fast.get((-1i64 - b.id as i64) as usize) {
+                    return straw2_fast(f, xu, ru, &b.items);
+                }
                 let (weights, ids): (&[u32], &[i32]) = match self.choose_args {
                     Some(args) => {
                         let arg = &args[(-1i64 - b.id as i64) as usize];
@@ -709,6 +774,42 @@ fn straw2_choose(hash: u8, x: u32, r: u32, weights: &[u32], ids: &[i32], items: 
     items[high]
 }
 
+/// straw2 on the prepared form: hashes eight items at a time, divides by reciprocal
+/// multiplication; the same draws, the same winner as [`straw2_choose`].
+#[inline]
+fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
+    let mut high = 0usize;
+    let mut high_draw = 0i64;
+    for (c, chunk) in f.ids.chunks_exact(LANES).enumerate() {
+        let mut lane = [0u32; LANES];
+        lane.copy_from_slice(chunk);
+        let h = hash32_3_lanes(x, &lane, r);
+        let base = c * LANES;
+        for (j, &hj) in h.iter().enumerate() {
+            let i = base + j;
+            let Some(recip) = f.recips.get(i) else {
+                break;
+            };
+            let draw = match recip {
+                Some(recip) => {
+                    let ln = crush_ln(hj & 0xffff) as i64 - 0x1_0000_0000_0000;
+                    if ln < 0 {
+                        -(recip.div(ln.unsigned_abs()) as i64)
+                    } else {
+                        recip.div(ln as u64) as i64
+                    }
+                }
+                None => i64::MIN,
+            };
+            if i == 0 || draw > high_draw {
+                high = i;
+                high_draw = draw;
+            }
+        }
+    }
+    items[high]
+}
+
 /// Whether device `item` is out for input `x`: weight 0 (or none) is out, 0x10000 and above is
 /// in, anything between is in for that fraction of inputs.
 #[inline]
@@ -723,4 +824,35 @@ fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
         return true;
     }
     (hash32_2(x as u32, item as u32) & 0xffff) >= w
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Recip;
+
+    #[test]
+    fn reciprocal_division_is_exact() {
+        let mut seed = 0x1234_5678_9abc_def0u64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut ws: Vec<u32> = vec![1, 2, 3, 7, 0x10000, 0xffff, 0x10001, u32::MAX, 0x8000_0000];
+        ws.extend((0..200).map(|_| next() as u32 | 1));
+        ws.extend(
+            (0..200)
+                .map(|_| (next() as u32) >> (next() % 32))
+                .filter(|&w| w != 0),
+        );
+        for w in ws {
+            let rc = Recip::new(w);
+            let mut as_: Vec<u64> = vec![0, 1, w as u64 - 1, w as u64, 1 << 48, (1 << 49) - 1];
+            as_.extend((0..300).map(|_| next() % (1 << 49)));
+            for a in as_ {
+                assert_eq!(rc.div(a), a / w as u64, "a={a} w={w}");
+            }
+        }
+    }
 }
