@@ -471,8 +471,8 @@ fn run(root: &Path, op: &Op) -> Outcome {
             rustix::fs::chownat(
                 CWD,
                 p(path),
-                uid.map(|u| rustix::fs::Uid::from_raw(u)),
-                gid.map(|g| rustix::fs::Gid::from_raw(g)),
+                uid.map(rustix::fs::Uid::from_raw),
+                gid.map(rustix::fs::Gid::from_raw),
                 AtFlags::SYMLINK_NOFOLLOW,
             )?;
             Ok(String::new())
