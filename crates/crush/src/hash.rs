@@ -107,7 +107,7 @@ pub fn typed_hash32_4(ty: u8, a: u32, b: u32, c: u32, d: u32) -> u32 {
 }
 
 /// Lanes hashed at once by [`hash32_3_lanes`].
-pub const LANES: usize = 4;
+pub const LANES: usize = 8;
 
 type Lanes = [u32; LANES];
 
