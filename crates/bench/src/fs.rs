@@ -55,6 +55,9 @@ pub struct FsBenchArgs {
     /// Skip AccelFS over `redirect`.
     #[arg(long)]
     pub no_redirect: bool,
+    /// `--threads`: the thread-scaling benchmark (fs_threads.rs) instead of the latency sweep.
+    #[command(flatten)]
+    pub threads: crate::fs_threads::ThreadArgs,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -146,6 +149,9 @@ fn progress(len: u64) -> ProgressBar {
 }
 
 pub fn run(args: &FsBenchArgs) -> anyhow::Result<()> {
+    if let Some(list) = &args.threads.threads {
+        return crate::fs_threads::run(&args.dir, &args.threads, &args.run, list);
+    }
     let mut plan = Plan {
         sizes: args
             .sizes

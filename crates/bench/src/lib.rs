@@ -7,6 +7,7 @@ pub mod all;
 pub mod crc;
 pub mod drives;
 pub mod fs;
+pub mod fs_threads;
 pub mod genome;
 pub mod io;
 pub mod kv;
