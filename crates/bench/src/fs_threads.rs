@@ -254,7 +254,6 @@ fn measure(
             }
         }
     }
-    drop(accel);
     fs.unmount()?;
 
     let notes = vec![
