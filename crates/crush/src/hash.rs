@@ -139,8 +139,9 @@ fn mix_lanes(a: &mut Lanes, b: &mut Lanes, c: &mut Lanes) {
 }
 
 /// [`hash32_3`] of `(a, b[i], c)` for eight `b` at once, written statement by statement over
-/// all lanes so the compiler emits SIMD; equal to eight scalar calls.
-#[inline]
+/// all lanes so the compiler emits SIMD; equal to eight scalar calls. Always inlined, so a
+/// caller compiled for a wider instruction set gets it in that set.
+#[inline(always)]
 pub fn hash32_3_lanes(a: u32, b: &Lanes, c: u32) -> Lanes {
     let mut h = [0u32; LANES];
     for i in 0..LANES {

@@ -80,6 +80,50 @@ pub struct Mapper<'a> {
     /// Per bucket index: the fast straw2 form, where the bucket is straw2, hashes with
     /// rjenkins1 and has no choose_args of its own.
     fast: Vec<Option<Straw2Fast>>,
+    /// The CPU has AVX2: the fast straw2 path runs its eight lanes in one register.
+    avx2: bool,
+}
+
+/// The one place this crate uses `unsafe`: calling the straw2 fast path compiled for AVX2,
+/// which is only done after the CPU was seen to support it.
+#[allow(unsafe_code)]
+mod simd {
+    use super::{straw2_fast, Straw2Fast};
+
+    /// Whether the AVX2 build of the fast path may run on this CPU.
+    pub(super) fn avx2_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx2")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn straw2_avx2(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
+        straw2_fast(f, x, r, items)
+    }
+
+    /// [`straw2_fast`] compiled with AVX2 enabled; callers check [`avx2_available`] first.
+    #[inline]
+    pub(super) fn straw2_fast_avx2(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
+        #[cfg(target_arch = "x86_64")]
+        {
+            debug_assert!(avx2_available());
+            // SAFETY: the mapper sets its `avx2` flag (the only way here) from
+            // `is_x86_feature_detected!("avx2")`, so the CPU executes AVX2 instructions; the
+            // function itself is safe Rust with no other precondition.
+            unsafe { straw2_avx2(f, x, r, items) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            straw2_fast(f, x, r, items)
+        }
+    }
 }
 
 struct Params<'w> {
@@ -119,7 +163,14 @@ impl<'a> Mapper<'a> {
             map,
             choose_args,
             fast,
+            avx2: simd::avx2_available(),
         }
+    }
+
+    /// The same mapper without the AVX2 path (for comparing the two; results are equal).
+    pub fn without_avx2(mut self) -> Mapper<'a> {
+        self.avx2 = false;
+        self
     }
 
     /// A mapper with no `choose_args` (each straw2 bucket's own weights).
@@ -421,9 +472,12 @@ impl<'a> Mapper<'a> {
                         n += 1 << (h - 1);
                     }
                 }
-                // A well-formed tree only reaches leaves of real items; a hand-made one
-                // could point past them, which Ceph would read out of bounds.
-                b.items.get(n >> 1).copied().unwrap_or(b.items[0])
+                // A well-formed tree only reaches leaves of real items. Ceph's shadow trees
+                // (device classes over tree buckets) are encoded with uninitialised node
+                // weights and can descend to a leaf past the last item; Ceph then reads past
+                // its zero-filled (calloc) item array and gets 0, device 0. The same value is
+                // returned here; further past the array Ceph's result is undefined.
+                b.items.get(n >> 1).copied().unwrap_or(0)
             }
             BucketKind::Straw {
                 item_weights: _,
@@ -443,7 +497,11 @@ impl<'a> Mapper<'a> {
             }
             BucketKind::Straw2 { item_weights } => {
                 if let Some(Some(f)) = self.fast.get((-1i64 - b.id as i64) as usize) {
-                    return straw2_fast(f, xu, ru, &b.items);
+                    return if self.avx2 {
+                        simd::straw2_fast_avx2(f, xu, ru, &b.items)
+                    } else {
+                        straw2_fast(f, xu, ru, &b.items)
+                    };
                 }
                 let (weights, ids): (&[u32], &[i32]) = match self.choose_args {
                     Some(args) => {
@@ -776,7 +834,7 @@ fn straw2_choose(hash: u8, x: u32, r: u32, weights: &[u32], ids: &[i32], items: 
 
 /// straw2 on the prepared form: hashes eight items at a time, divides by reciprocal
 /// multiplication; the same draws, the same winner as [`straw2_choose`].
-#[inline]
+#[inline(always)]
 fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
     let mut high = 0usize;
     let mut high_draw = 0i64;

@@ -134,6 +134,48 @@ fn hand_built_map_round_trips_and_maps() {
 }
 
 #[test]
+fn simd_and_portable_straw2_agree() {
+    // Straw2 everywhere (the sample's root is straw): the fast path with and without AVX2, and
+    // the plain path through choose_args that only repeat the bucket weights.
+    let mut m = sample();
+    if let Some(b) = m.buckets[2].as_mut() {
+        b.kind = BucketKind::Straw2 {
+            item_weights: vec![0x20000, 0x18000],
+        };
+    }
+    let args: Vec<kura_crush::map::ChooseArg> = m
+        .buckets
+        .iter()
+        .map(|b| kura_crush::map::ChooseArg {
+            weight_set: match b.as_ref().map(|b| &b.kind) {
+                Some(BucketKind::Straw2 { item_weights }) => vec![item_weights.clone()],
+                _ => vec![],
+            },
+            ids: vec![],
+        })
+        .collect();
+    let fast = Mapper::new(&m);
+    let portable = Mapper::new(&m).without_avx2();
+    let plain = Mapper::with_choose_args(&m, &args).expect("one arg per bucket");
+    let w = m.default_weights();
+    let mut ws = Workspace::new();
+    let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+    for x in -500..3000 {
+        for rule in [0, 1] {
+            fast.do_rule(&mut ws, rule, x, 3, &w, &mut a).expect("rule");
+            portable
+                .do_rule(&mut ws, rule, x, 3, &w, &mut b)
+                .expect("rule");
+            plain
+                .do_rule(&mut ws, rule, x, 3, &w, &mut c)
+                .expect("rule");
+            assert_eq!(a, b, "x={x} rule {rule}");
+            assert_eq!(a, c, "x={x} rule {rule}");
+        }
+    }
+}
+
+#[test]
 fn every_truncation_is_an_error_or_a_usable_map() {
     let bytes = encode(&sample());
     let mut errors = 0;
