@@ -223,9 +223,10 @@ fn check_stamped(got: &[u8], file: u64, block: u64, at: &str) {
 }
 
 /// Readers fetch blocks that miss a tiny cache, read large ranges past the cache and stream
-/// (all three with the state lock released while the device works) while writers
-/// overwrite them, truncate and rewrite their files (freeing blocks that other files then
-/// reuse) and commit. Every block a reader gets is its own file's, whole, of some version.
+/// (all three with the state lock released while the device works) while writers overwrite
+/// them (small writes into the cache, large ones straight to the device, also without the
+/// state lock), truncate and rewrite their files (freeing blocks that other files then reuse)
+/// and commit. Every block a reader gets is its own file's, whole, of some version.
 #[test]
 fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change() {
     const FILES: u64 = 3;
@@ -239,6 +240,8 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
         )),
         MountOptions {
             cache_bytes: 64 << 10,
+            // 16-block writes and reads bypass the cache.
+            bypass_bytes: 32 << 10,
             ..MountOptions::default()
         },
     )
@@ -272,9 +275,19 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
                                 kura_accelfs::OpenOptions::new().write(true),
                             )
                             .expect("open");
-                        let b = rng.gen_range(0..BLOCKS);
-                        f.write_at(b * CHUNK as u64, &stamped(file, b, round))
-                            .expect("overwrite");
+                        if round % 3 == 1 {
+                            // A large write: its whole blocks go to the device with only the
+                            // disk lock held.
+                            let b = rng.gen_range(0..=BLOCKS - 16);
+                            let data: Vec<u8> =
+                                (b..b + 16).flat_map(|k| stamped(file, k, round)).collect();
+                            f.write_at(b * CHUNK as u64, &data)
+                                .expect("large overwrite");
+                        } else {
+                            let b = rng.gen_range(0..BLOCKS);
+                            f.write_at(b * CHUNK as u64, &stamped(file, b, round))
+                                .expect("overwrite");
+                        }
                         if round % 5 == 0 {
                             f.sync_all().expect("fsync");
                         }

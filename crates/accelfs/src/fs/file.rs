@@ -141,9 +141,8 @@ impl File {
     /// Writes all of `data` at `offset` (growing the file as needed).
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<usize, FsError> {
         self.need(true)?;
-        self.fs.with_handle(self.ino, self.generation, |g| {
-            g.write_at(self.ino, offset, data)
-        })
+        self.fs
+            .write_file(self.ino, Some(self.generation), offset, data)
     }
 
     /// Appends `data` at the end of the file; returns the offset it was written at.

@@ -838,7 +838,56 @@ impl FileSystem {
     }
 
     pub fn write_ino(&self, ino: u64, offset: u64, data: &[u8]) -> Result<usize, FsError> {
-        self.lock().write_at(ino, offset, data)
+        self.write_file(ino, None, offset, data)
+    }
+
+    /// A positioned write of file `ino` (of the handle's `generation`, when given). Small
+    /// writes land in the cache under the state lock. A large write's whole blocks go to the
+    /// device holding only the disk lock, one step ([`state::WRITE_STEP`]) at a time: each step
+    /// maps its holes under the state lock, takes the disk lock, releases the state lock and
+    /// writes. The size grows when the last step is done, so no reader sees the new range
+    /// before its data is on the device.
+    pub(crate) fn write_file(
+        &self,
+        ino: u64,
+        generation: Option<u32>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        let mut g = self.lock();
+        if let Some(generation) = generation {
+            g.check_handle(ino, generation)?;
+        }
+        if !g.write_is_large(data.len()) {
+            return g.write_at(ino, offset, data);
+        }
+        g.writable()?;
+        g.file_node(ino)?;
+        let end = g.write_end(ino, offset, data.len())?;
+        let mut done = 0;
+        while done < data.len() {
+            let step = (data.len() - done).min(state::WRITE_STEP);
+            g.make_transaction_room()?;
+            let ops =
+                g.write_step_plan(ino, offset + done as u64, &data[done..done + step], true)?;
+            done += step;
+            if ops.is_empty() {
+                continue;
+            }
+            let disk = g.disk();
+            let mut d = disk.lock();
+            drop(g);
+            let result = d.dev.batch(ops);
+            drop(d);
+            g = self.lock();
+            result?;
+            if let Some(generation) = generation {
+                g.check_handle(ino, generation)?;
+            }
+            g.file_node(ino)?;
+        }
+        g.write_done(ino, end)?;
+        Ok(data.len())
     }
 
     pub fn set_len_ino(&self, ino: u64, size: u64) -> Result<(), FsError> {

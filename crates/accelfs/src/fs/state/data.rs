@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, HashSet};
 
 /// A write is applied in steps of this many bytes, each its own metadata update, so that one
 /// huge write cannot outgrow a journal transaction.
-const WRITE_STEP: usize = 8 << 20;
+pub(crate) const WRITE_STEP: usize = 8 << 20;
 
 /// Device commands (of `max_command_bytes`) a streaming read plans at once.
 const STREAM_WINDOW_COMMANDS: u64 = 256;
@@ -507,6 +507,26 @@ impl Mounted {
             self.write_step(ino, offset + done as u64, &data[done..done + step], large)?;
             done += step;
         }
+        self.write_done(ino, end)?;
+        Ok(data.len())
+    }
+
+    /// Where a write of `len` bytes at `offset` of file `ino` ends; fails past the largest
+    /// file.
+    pub(crate) fn write_end(&self, ino: u64, offset: u64, len: usize) -> Result<u64, FsError> {
+        offset
+            .checked_add(len as u64)
+            .filter(|&e| e <= self.max_file_bytes())
+            .ok_or_else(|| FsError::FileTooLarge(format!("inode {ino}")))
+    }
+
+    /// Whether a write of `len` bytes bypasses the cache (its whole blocks go to the device).
+    pub(crate) fn write_is_large(&self, len: usize) -> bool {
+        len >= self.opts.bypass_bytes
+    }
+
+    /// A write that ended at `end` is done: size (if it grew), times.
+    pub(crate) fn write_done(&mut self, ino: u64, end: u64) -> Result<(), FsError> {
         let now = crate::mkfs::now_ns();
         let node = self.node(ino)?;
         let grew = end > node.inode.size;
@@ -519,7 +539,7 @@ impl Mounted {
             self.mark_layout_changed(ino);
         }
         self.touch(ino);
-        Ok(data.len())
+        Ok(())
     }
 
     pub(super) fn write_step(
@@ -529,6 +549,26 @@ impl Mounted {
         data: &[u8],
         large: bool,
     ) -> Result<(), FsError> {
+        let ops = self.write_step_plan(ino, offset, data, large)?;
+        if !ops.is_empty() {
+            self.disk.lock().dev.batch(ops)?;
+        }
+        Ok(())
+    }
+
+    /// One step of a write (at most [`WRITE_STEP`] bytes) as far as it goes under the state
+    /// lock: blocks for the holes, partial and small writes into the cache. Returns the device
+    /// writes of a large write's whole blocks (the journal already checkpointed if it held an
+    /// image of one of them); the caller issues them holding the disk lock, taken before it
+    /// releases the state lock, so that they reach the device before anything planned later
+    /// (a commit whose metadata points at them, a read of them).
+    pub(crate) fn write_step_plan(
+        &mut self,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        large: bool,
+    ) -> Result<Vec<BatchOp>, FsError> {
         self.data_changed(ino);
         let bs = self.bs as u64;
         let first = (offset / bs) as u32;
@@ -600,9 +640,9 @@ impl Mounted {
                 .flat_map(|o| o.block..o.block + (o.buf.len() / self.bs) as u64)
                 .collect();
             self.before_direct_writes(&targets)?;
-            self.disk.lock().dev.batch(ops)?;
+            return Ok(ops);
         }
-        Ok(())
+        Ok(Vec::new())
     }
 
     /// Allocates device blocks for every hole in file blocks `first..=last`; returns the file

@@ -46,7 +46,7 @@ impl Mounted {
 
     /// Commits first when the running transaction is half way to the journal's limit, so that
     /// the next operation's changes fit into it.
-    pub(super) fn make_transaction_room(&mut self) -> Result<(), FsError> {
+    pub(crate) fn make_transaction_room(&mut self) -> Result<(), FsError> {
         if self.transaction_estimate() * 2 >= self.max_transaction {
             self.commit()?;
         }

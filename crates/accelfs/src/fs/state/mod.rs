@@ -46,9 +46,12 @@
 //! (one queue pair behind the disk lock). A streaming read (`FileSystem::read_stream_file`)
 //! plans each window under the state lock and reads it under the disk lock alone, taken before
 //! the state lock is released (so none of its blocks can be freed, reused and rewritten by
-//! another file meanwhile). Still under the state lock: writes that reach the device (large
-//! direct writes, dirty blocks evicted to make room, a checkpoint), slow symbolic links and
-//! loading metadata not yet in memory.
+//! another file meanwhile). A large write (`FileSystem::write_file`) maps each step's holes
+//! under the state lock and writes its whole blocks under the disk lock alone (taken before the
+//! state lock is released); the size grows after the last step. Still under the state lock:
+//! appends (`File::append`, which must read the size and write atomically), dirty blocks
+//! evicted to make room, checkpoints, inline commits when a transaction grows too big, slow
+//! symbolic links and loading metadata not yet in memory.
 
 mod data;
 mod disk;
@@ -65,7 +68,7 @@ use crate::fsdevice::FsDevice;
 use crate::inode::Kind;
 use crate::layout::{Layout, Superblock, ROOT_INODE};
 use crate::wal::{Journal, Recovery};
-pub(crate) use data::ReadStep;
+pub(crate) use data::{ReadStep, WRITE_STEP};
 pub(crate) use disk::{Prepared, SharedDisk, Written};
 use inodes::Node;
 use names::Dir;
