@@ -1,7 +1,8 @@
 //! How AccelFS scales with threads (issue 14 item 2): N threads each doing fsync'd 4 KiB
 //! appends to its own file, then N threads doing 4 KiB random reads of cached data (each of its
 //! own file, then all of one shared file), the same cached reads while one more thread does
-//! fsync'd appends (with the reads' latency percentiles: do commits stall readers?), and 4 KiB
+//! fsync'd appends or 1 MiB writes (with the reads' latency percentiles: do commits or device
+//! writes stall readers?), and 4 KiB
 //! random reads that miss a 1 MiB cache, on a fresh image file.
 //!
 //! ```text
@@ -77,43 +78,11 @@ fn main() -> Result<(), Error> {
         report("4 KiB random reads, own file", n, ops, span, None);
         let ops = run(n, span, |t, stop| random_reads(&fs, "/shared", t, stop))?;
         report("4 KiB random reads, one file", n, ops, span, None);
-        // Cached reads while one more thread does fsync'd appends: do commits stall readers?
-        let appends = std::sync::atomic::AtomicU64::new(0);
-        let mut latencies: Vec<u32> = Vec::new();
-        let ops = {
-            let lat = std::sync::Mutex::new(&mut latencies);
-            run(n + 1, span, |t, stop| {
-                if t == n {
-                    let mut f = fs.create("/appender")?;
-                    let buf = vec![7u8; BLOCK];
-                    while !stop.load(Ordering::Relaxed) {
-                        std::io::Write::write_all(&mut f, &buf)?;
-                        f.sync_all()?;
-                        appends.fetch_add(1, Ordering::Relaxed);
-                    }
-                    return Ok(0);
-                }
-                let mut mine = Vec::with_capacity(1 << 20);
-                let ops = timed_reads(&fs, &format!("/read-{t}"), t, stop, &mut mine)?;
-                lat.lock().map_err(|_| "poisoned")?.extend(mine);
-                Ok(ops)
-            })?
-        };
-        latencies.sort_unstable();
-        let pct = |p: f64| {
-            latencies
-                .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
-                .map_or(0.0, |&ns| f64::from(ns) / 1000.0)
-        };
-        println!(
-            "{:32} threads {n:2}: {:10.0} ops/s, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us ({:.0} appends/s beside)",
-            "cached reads beside fsyncs",
-            ops as f64 / span.as_secs_f64(),
-            pct(0.99),
-            pct(0.999),
-            pct(1.0),
-            appends.load(Ordering::Relaxed) as f64 / span.as_secs_f64()
-        );
+        // Cached reads while one more thread does fsync'd appends (do commits stall readers?)
+        // or 1 MiB writes that bypass the cache (do device writes stall them?).
+        for writer in [Writer::FsyncAppends, Writer::LargeWrites] {
+            beside(&fs, n, span, writer)?;
+        }
         fs.unmount()?;
         if spec.starts_with("mem:") {
             // A RAM disk does not outlive its mount: nothing to mount again.
@@ -133,6 +102,71 @@ fn main() -> Result<(), Error> {
         report("4 KiB random reads, uncached", n, ops, span, None);
         fs.unmount()?;
     }
+    Ok(())
+}
+
+/// What the extra thread does in [`beside`].
+#[derive(Clone, Copy)]
+enum Writer {
+    FsyncAppends,
+    LargeWrites,
+}
+
+/// `n` threads of cached 4 KiB random reads beside one thread of `writer`: the readers'
+/// throughput and latency percentiles, and the writer's rate.
+fn beside(fs: &FileSystem, n: usize, span: Duration, writer: Writer) -> Result<(), Error> {
+    let writes = std::sync::atomic::AtomicU64::new(0);
+    let mut latencies: Vec<u32> = Vec::new();
+    let ops = {
+        let lat = std::sync::Mutex::new(&mut latencies);
+        run(n + 1, span, |t, stop| {
+            if t == n {
+                let mut f = fs.create("/writer")?;
+                match writer {
+                    Writer::FsyncAppends => {
+                        let buf = vec![7u8; BLOCK];
+                        while !stop.load(Ordering::Relaxed) {
+                            std::io::Write::write_all(&mut f, &buf)?;
+                            f.sync_all()?;
+                            writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                    Writer::LargeWrites => {
+                        let buf = vec![9u8; 1 << 20];
+                        let mut at = 0u64;
+                        while !stop.load(Ordering::Relaxed) {
+                            f.write_at(at, &buf)?;
+                            at = (at + buf.len() as u64) % (32 << 20);
+                            writes.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                }
+                return Ok(0);
+            }
+            let mut mine = Vec::with_capacity(1 << 20);
+            let ops = timed_reads(fs, &format!("/read-{t}"), t, stop, &mut mine)?;
+            lat.lock().map_err(|_| "poisoned")?.extend(mine);
+            Ok(ops)
+        })?
+    };
+    latencies.sort_unstable();
+    let pct = |p: f64| {
+        latencies
+            .get(((latencies.len() as f64 * p) as usize).min(latencies.len().saturating_sub(1)))
+            .map_or(0.0, |&ns| f64::from(ns) / 1000.0)
+    };
+    let (what, unit) = match writer {
+        Writer::FsyncAppends => ("cached reads beside fsyncs", "fsync'd appends"),
+        Writer::LargeWrites => ("cached reads beside 1 MiB writes", "1 MiB writes"),
+    };
+    println!(
+        "{what:32} threads {n:2}: {:10.0} ops/s, p99 {:.1} us, p99.9 {:.1} us, max {:.1} us ({:.0} {unit}/s beside)",
+        ops as f64 / span.as_secs_f64(),
+        pct(0.99),
+        pct(0.999),
+        pct(1.0),
+        writes.load(Ordering::Relaxed) as f64 / span.as_secs_f64()
+    );
     Ok(())
 }
 
