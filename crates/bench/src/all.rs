@@ -2,12 +2,15 @@
 //! then one report of them, `DIR/report.md` and `DIR/report.html` (one page, the plots inline).
 //! The report starts with the environment (kernel, CPU, the disk and file system of `--dir`,
 //! each peer's version) and has one section per seed figure it reproduces, each labelled
-//! measured or modeled, with the paper's number or the issue's target beside kura's where the
-//! code knows one; a section whose benchmark failed or does not exist yet says why.
+//! measured or modeled, with the paper's stated numbers beside kura's (crate::paper: a table of
+//! source, paper and kura, kura's labelled measured or modeled, or a note saying why the paper
+//! has none) and the issue's targets; a section whose benchmark failed or does not exist yet
+//! says why.
 //!
 //! `--quick` is a smoke run: every benchmark at its smallest sizes and one round.
 
 use crate::io::Opener;
+use crate::paper::{Runs, Section};
 use anyhow::Context;
 use clap::{Args, FromArgMatches};
 use serde_json::Value;
@@ -324,13 +327,18 @@ pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool)
                 .collect(),
         ),
     ];
-    section_io(&mut d, out, steps);
-    section_fs(&mut d, out, steps);
-    section_kv(&mut d, out, steps);
-    section_sweep(&mut d, out, steps);
-    section_genome(&mut d, out, steps);
-    section_crc(&mut d, out, steps);
-    section_drives(&mut d, out, steps);
+    let runs: Runs = ["io", "fs", "kv", "kv-sweep", "drives", "genome"]
+        .into_iter()
+        .filter(|n| missing(steps, n).is_none())
+        .filter_map(|n| Some((n.to_string(), load(out, n)?)))
+        .collect();
+    section_io(&mut d, out, steps, &runs);
+    section_fs(&mut d, out, steps, &runs);
+    section_kv(&mut d, out, steps, &runs);
+    section_sweep(&mut d, out, steps, &runs);
+    section_genome(&mut d, out, steps, &runs);
+    section_crc(&mut d, out, steps, &runs);
+    section_drives(&mut d, out, steps, &runs);
     d.push(Block::Heading(
         2,
         "SNAcc Fig. 4 — streaming ingest, sequential and random, in-order vs out-of-order".into(),
@@ -338,12 +346,29 @@ pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool)
     d.push(Block::Para(
         "Not reproduced: kura has no network-to-storage ingest path yet (issue 17), so there is nothing to measure.".into(),
     ));
+    paper_table(&mut d, Section::Ingest, &runs);
     d
 }
 
-fn head(d: &mut Vec<Block>, title: &str, label: &str) {
+/// A section's title and label, then the paper's numbers beside kura's.
+fn head(d: &mut Vec<Block>, title: &str, label: &str, section: Section, runs: &Runs) {
     d.push(Block::Heading(2, title.into()));
     d.push(Block::Para(format!("**{label}.**")));
+    paper_table(d, section, runs);
+}
+
+/// The seed's stated numbers for `section` beside kura's (crate::paper), and the paper's notes.
+fn paper_table(d: &mut Vec<Block>, section: Section, runs: &Runs) {
+    let rows = crate::paper::rows(section, runs);
+    if !rows.is_empty() {
+        d.push(Block::Para(
+            "The paper's numbers beside kura's (paper: as the seed states it; kura: measured on this machine, or modeled):".into(),
+        ));
+        d.push(Block::Table(crate::paper::headers(), rows));
+    }
+    for n in crate::paper::notes(section) {
+        d.push(Block::Para(format!("**Paper:** {n}")));
+    }
 }
 
 fn ratio_rows(v: &Value) -> Vec<Vec<String>> {
@@ -385,11 +410,13 @@ fn ratio_rows(v: &Value) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
+fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     head(
         d,
         "Hayagui Fig. 2 — device I/O on the direct path, against fio and redirect",
         "Measured (the redirect rows over the modeled Aurora link are modeled: 42.7 µs and 0.92 GB/s per call added to a real call)",
+        Section::Io,
+        runs,
     );
     if let Some(why) = missing(steps, "io") {
         return d.push(Block::Para(why));
@@ -398,7 +425,7 @@ fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
         return d.push(Block::Para("io.json could not be read".into()));
     };
     d.push(Block::Para(format!(
-        "{} MiB image on {}, {} s per point, {} round(s); {}. The paper's claims: QD1 4 KiB latency at least 50 % below the host-served path, and at least 5 M commands/s through the full interface on the null device.",
+        "{} MiB image on {}, {} s per point, {} round(s); {}. The targets column holds issue 20's goals: QD1 4 KiB latency at least 50 % below the host-served path, and at least 5 M commands/s through the full interface on the null device.",
         v["image_bytes"].as_u64().unwrap_or(0) >> 20,
         text(&v["file_system"]),
         num(&v["seconds_per_point"], 2),
@@ -414,11 +441,13 @@ fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
     d.push(Block::Image("io.png".into()));
 }
 
-fn section_fs(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
+fn section_fs(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     head(
         d,
         "Hayagui Fig. 5 — file-system latency, AccelFS against the host file system",
         "Measured",
+        Section::Fs,
+        runs,
     );
     if let Some(why) = missing(steps, "fs") {
         return d.push(Block::Para(why));
@@ -495,11 +524,13 @@ fn kv_headers() -> Vec<String> {
         .to_vec()
 }
 
-fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
+fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     head(
         d,
         "Hayagui Fig. 6 and 7 — key-value stores: db_bench and YCSB",
         "Measured",
+        Section::Kv,
+        runs,
     );
     if let Some(why) = missing(steps, "kv") {
         return d.push(Block::Para(why));
@@ -547,8 +578,14 @@ fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
     d.push(Block::Image("kv.png".into()));
 }
 
-fn section_sweep(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
-    head(d, "Slides — YCSB by value size", "Measured");
+fn section_sweep(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
+    head(
+        d,
+        "Slides — YCSB by value size",
+        "Measured",
+        Section::Sweep,
+        runs,
+    );
     if let Some(why) = missing(steps, "kv-sweep") {
         return d.push(Block::Para(why));
     }
@@ -559,11 +596,13 @@ fn section_sweep(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
     d.push(Block::Image("kv-sweep.png".into()));
 }
 
-fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
+fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     head(
         d,
         "Hayagui Fig. 8 and Table 2 — genome matching on each I/O path, against minimap2",
         "Measured",
+        Section::Genome,
+        runs,
     );
     if let Some(why) = missing(steps, "genome") {
         return d.push(Block::Para(why));
@@ -627,8 +666,14 @@ fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
     d.push(Block::Image("genome.png".into()));
 }
 
-fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
-    head(d, "Slides — CRC32C by method and size", "Measured");
+fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
+    head(
+        d,
+        "Slides — CRC32C by method and size",
+        "Measured",
+        Section::Crc,
+        runs,
+    );
     if let Some(why) = missing(steps, "crc") {
         return d.push(Block::Para(why));
     }
@@ -655,7 +700,7 @@ fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
     d.push(Block::Image("crc.png".into()));
 }
 
-fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
+fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     let loaded = missing(steps, "drives").map(Err).unwrap_or_else(|| {
         load(out, "drives").ok_or_else(|| "drives.json could not be read".to_string())
     });
@@ -663,6 +708,8 @@ fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
         d,
         "LeapIO Fig. 6 and 11 — per-layer overhead and priority isolation",
         "Measured",
+        Section::Layers,
+        runs,
     );
     match &loaded {
         Err(why) => d.push(Block::Para(why.clone())),
@@ -731,6 +778,8 @@ fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step]) {
         d,
         "DeLiBA — the NBD export against qemu-nbd and nbdkit, cache and coalescing",
         "Measured",
+        Section::Nbd,
+        runs,
     );
     match &loaded {
         Err(why) => d.push(Block::Para(why.clone())),
@@ -986,6 +1035,17 @@ mod tests {
         assert!(md.contains("`kura bench io` failed: fio exploded"), "{md}");
         assert!(md.contains("`kura bench genome` was not run"), "{md}");
         assert!(md.contains("SNAcc Fig. 4"), "{md}");
+        // Every seed section has the paper's numbers (a table with a paper column) or a note
+        // saying why not, even when its benchmark failed.
+        for part in md.split("\n## ").skip(3) {
+            let title = part.lines().next().unwrap_or("");
+            assert!(
+                part.contains("| paper |") || part.contains("**Paper:**"),
+                "{title}: no paper column or reason"
+            );
+        }
+        assert!(md.contains("| Hayagui Fig. 2 caption (000) |"), "{md}");
+        assert!(md.contains("io.json is missing"), "{md}");
         assert!(md.contains("| kernel | 6.1 |"), "{md}");
         let html = to_html(&doc, dir.path());
         assert!(html.contains("<td>kernel</td><td>6.1</td>"));

@@ -12,4 +12,5 @@ pub mod genome;
 pub mod io;
 pub mod kv;
 pub mod output;
+pub mod paper;
 pub mod stats;

@@ -4,7 +4,8 @@
 //! its peers configured as issue 20 asks (fio with and without registered files and buffers,
 //! qemu-nbd with multi-conn and io_uring, RocksDB with LevelDB's memtable and bloom filter,
 //! minimap2 against kura's process wall time), name the file system of `--dir`, and use only
-//! the three verdict words; the report must have every section, each with data or a reason.
+//! the three verdict words; the report must have every section, each with data or a reason, and
+//! each with the paper's numbers beside kura's labelled ones or a note why the paper has none.
 //!
 //! A peer that is not installed is skipped through `kura_testkit::skip` (scripts/setup.sh
 //! installs them all).
@@ -303,7 +304,9 @@ fn bench_all_quick_runs_every_benchmark() {
         assert!(html.contains(bare), "{bare} missing from report.html");
     }
     assert!(!md.contains("failed:"), "a benchmark failed:\n{md}");
-    // Every section but SNAcc's says whether it is measured or modeled, and has a table.
+    // Every section but SNAcc's says whether it is measured or modeled, and has a table; every
+    // section has the paper's numbers in a paper column, or a note saying why the paper has none.
+    let mut labelled = 0;
     for part in md.split("\n## ").skip(3) {
         let title = part.lines().next().unwrap_or("");
         if title.starts_with("SNAcc") {
@@ -312,7 +315,39 @@ fn bench_all_quick_runs_every_benchmark() {
             assert!(part.contains("**Measured"), "{title}: no label");
             assert!(part.contains("|---"), "{title}: no data");
         }
+        let paper_table = part
+            .lines()
+            .find(|l| l.starts_with("| source | what | paper | kura | kura is |"));
+        assert!(
+            paper_table.is_some() || part.contains("**Paper:** no number"),
+            "{title}: no paper column and no reason"
+        );
+        // Each paper row's kura cell is labelled, or says why there is no kura figure.
+        for row in part
+            .lines()
+            .filter(|l| l.starts_with("| ") && l.contains("(00"))
+        {
+            let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+            let label = cells.last().copied().unwrap_or("");
+            assert!(
+                ["measured", "modeled", "—"].contains(&label),
+                "{title}: {row}"
+            );
+            if label == "—" {
+                assert!(cells[3].starts_with("— ("), "{title}: no reason in {row}");
+            } else {
+                labelled += 1;
+            }
+        }
     }
+    assert!(
+        labelled > 10,
+        "kura's figures beside the papers' numbers:\n{md}"
+    );
+    assert!(
+        html.contains("<th>paper</th>"),
+        "the paper column in report.html"
+    );
     assert!(
         md.contains("| fio |") && md.contains("| minimap2 |"),
         "peer versions"

@@ -357,7 +357,14 @@ fn bench_fs_quick_reports_every_system_as_json() {
     ]);
     assert!(out.contains("fsync'd 4 KiB appends/s"), "{out}");
     let report = std::fs::read_to_string(&json).expect("json written");
-    for system in ["raw engine", "AccelFS", "ext4 syscalls", "AccelFS/redirect"] {
+    // The host row is named after the file system --dir is on, found by statfs as the bench does.
+    let fs = kura_bench::stats::fs_name(dir.path());
+    assert!(
+        report.contains(&format!("\"file_system\": \"{fs}\"")),
+        "{fs} not named in the report"
+    );
+    let host = format!("{fs} syscalls");
+    for system in ["raw engine", "AccelFS", host.as_str(), "AccelFS/redirect"] {
         assert!(
             report.contains(&format!("\"system\": \"{system}\"")),
             "{system} missing from the report"
@@ -401,7 +408,11 @@ fn bench_kv_quick_runs_leveldb_on_accelfs_and_ext4() {
     let report: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).expect("json")).expect("parse");
     let points = report["points"].as_array().expect("points");
-    for system in ["LevelDB/AccelFS", "LevelDB/ext4"] {
+    // The host store is named after the file system --dir is on (statfs), as the bench does.
+    let fs = kura_bench::stats::fs_name(dir.path());
+    assert_eq!(report["file_system"], fs.as_str());
+    let host = format!("LevelDB/{fs}");
+    for system in ["LevelDB/AccelFS", host.as_str()] {
         assert_eq!(
             points.iter().filter(|p| p["system"] == system).count(),
             3,
