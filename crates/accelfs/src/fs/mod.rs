@@ -1,12 +1,15 @@
 //! A mounted AccelFS: the `std::fs`-like API ([`FileSystem`], [`File`]) over the mounted state
 //! (`state/`: inode metadata, names, the data path and the journal, each a file), which owns
-//! the buffer cache ([`cache`]) and the allocator (`alloc.rs`). Every call takes the lock and
-//! calls one method of the mounted state; paths are split by `path.rs`.
+//! the buffer cache ([`cache`]) and the allocator (`alloc.rs`). Every call takes the state lock
+//! and calls a method of the mounted state; paths are split by `path.rs`.
 //!
-//! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads; operations
-//! are serialised by one lock around the mounted state (finer locking is future work).
-//! Durability: `File::sync_all` and `FileSystem::sync` write every dirty block and commit the
-//! running transaction with one flush; when they return, the data and metadata survive a crash.
+//! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. Operations
+//! are serialised by the state lock around the mounted state, but nothing waits for the device
+//! holding it on the paths that matter: commits, cache misses, large reads, streams and large
+//! writes do their device I/O under the disk lock alone (lock order and the rules in
+//! `state/mod.rs`). Durability: `File::sync_all` and `FileSystem::sync` write every dirty block
+//! and commit the running transaction with one flush (group commit: fsyncs that overlap share
+//! it); when they return, the data and metadata survive a crash.
 
 mod alloc;
 pub mod cache;

@@ -1,7 +1,8 @@
 //! The mounted state of an AccelFS: one value, [`Mounted`], that owns everything a mount holds
-//! in memory — the device, the superblock, the journal, the allocator, the inodes, the
-//! directories, the buffer cache — behind the one lock of a `FileSystem`. Its fields are private
-//! to this module; its methods are grouped by concern, one file each:
+//! in memory — the superblock, the allocator, the inodes, the directories, the buffer cache,
+//! and a handle on the device and the journal (behind their own lock, [`disk`]) — behind the
+//! state lock of a `FileSystem`. Its fields are private to this module; its methods are grouped
+//! by concern, one file each:
 //!
 //! - [`inodes`]: inode metadata (inodes with their block maps, the inode-table blocks, which
 //!   inodes the running transaction changed, attributes);
