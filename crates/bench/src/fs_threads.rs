@@ -58,6 +58,12 @@ pub struct Point {
     pub rounds_ops_per_s: Vec<f64>,
     /// This N's throughput over the smallest N's, round by round (1.0 at the smallest N).
     pub scaling: Spread,
+    /// CPU time this process used (user + system, every thread) per second of the point: the
+    /// cores the threads actually got, which bounds the scaling on a busy machine.
+    pub cores_used: Spread,
+    /// Operations per CPU-second of this process (work the kernel does in its own threads, such
+    /// as ext4's journal thread or io_uring workers, is not counted).
+    pub ops_per_cpu_s: Spread,
     /// AccelFS appends only: journal commits over all rounds, and the fsyncs they made durable
     /// (fewer commits than fsyncs: group commit shared them).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -209,18 +215,27 @@ fn measure(
     for wl in WORKLOADS {
         // Per system: each N's round samples, in `threads` order.
         let mut per_n: Vec<[Vec<f64>; 2]> = Vec::new();
+        let mut per_n_cpu: Vec<[Vec<Sample>; 2]> = Vec::new();
         let mut commits = Vec::new();
         for &n in threads {
             let before = fs.statfs().commits;
             let mut accel_ops = 0u64;
+            let mut cpu: [Vec<Sample>; 2] = [Vec::new(), Vec::new()];
             let samples = {
+                let [accel_cpu, host_cpu] = &mut cpu;
                 let mut a = |_: usize| {
-                    accel.point(wl, n, span, file_bytes).map(|(ops, rate)| {
-                        accel_ops += ops;
-                        rate
+                    accel.point(wl, n, span, file_bytes).map(|s| {
+                        accel_ops += s.ops;
+                        accel_cpu.push(s);
+                        s.rate
                     })
                 };
-                let mut b = |_: usize| host.point(wl, n, span, file_bytes).map(|(_, rate)| rate);
+                let mut b = |_: usize| {
+                    host.point(wl, n, span, file_bytes).map(|s| {
+                        host_cpu.push(s);
+                        s.rate
+                    })
+                };
                 interleave(rounds, &mut [&mut a, &mut b])?
             };
             let after = fs.statfs().commits;
@@ -234,6 +249,7 @@ fn measure(
                 accelfs_over_host: compare(&accel_rounds, &host_rounds, quotient, None),
             });
             per_n.push([accel_rounds, host_rounds]);
+            per_n_cpu.push(cpu);
         }
         for (i, system) in [ACCELFS, host_label.as_str()].into_iter().enumerate() {
             for (k, &n) in threads.iter().enumerate() {
@@ -241,6 +257,8 @@ fn measure(
                 let scaling = compare(r, &per_n[0][i], quotient, None).ratio;
                 let (c, f) = commits[k];
                 let group = wl == Workload::Append && i == 0;
+                let cpu = &per_n_cpu[k][i];
+                let of = |f: fn(&Sample) -> f64| Spread::of(&cpu.iter().map(f).collect::<Vec<_>>());
                 points.push(Point {
                     workload: wl.name().into(),
                     system: system.into(),
@@ -248,6 +266,8 @@ fn measure(
                     ops_per_s: Spread::of(r),
                     rounds_ops_per_s: r.clone(),
                     scaling,
+                    cores_used: of(|s| s.cores),
+                    ops_per_cpu_s: of(|s| s.per_cpu_s),
                     commits: group.then_some(c),
                     fsyncs: group.then_some(f),
                 });
@@ -363,14 +383,14 @@ impl Sys<'_> {
         Ok(())
     }
 
-    /// One point: `wl` on `n` threads for `span`; the operations done and their rate per second.
+    /// One point: `wl` on `n` threads for `span`.
     fn point(
         &self,
         wl: Workload,
         n: usize,
         span: Duration,
         file_bytes: u64,
-    ) -> anyhow::Result<(u64, f64)> {
+    ) -> anyhow::Result<Sample> {
         match wl {
             Workload::ReadOwn => {
                 for t in 0..n {
@@ -525,13 +545,39 @@ impl Sys<'_> {
     }
 }
 
-/// Runs `work` on `n` threads, released together, for `span`; the operations they did in total
-/// and their rate over the time from release to the last thread's end.
+/// What one point measured.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Operations done by all threads.
+    ops: u64,
+    /// Operations per second, from the threads' release to the last thread's end.
+    rate: f64,
+    /// CPU seconds of this process per second of the point.
+    cores: f64,
+    /// Operations per CPU-second of this process.
+    per_cpu_s: f64,
+}
+
+/// CPU time this process has used, user and system, all threads (getrusage RUSAGE_SELF).
+#[allow(unsafe_code)] // getrusage(2) into a local struct
+fn cpu_seconds() -> anyhow::Result<f64> {
+    // SAFETY: rusage is plain data that the call fills in.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: `ru` is a valid, writable rusage for the duration of the call.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) } != 0 {
+        return Err(std::io::Error::last_os_error()).context("getrusage");
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(secs(ru.ru_utime) + secs(ru.ru_stime))
+}
+
+/// Runs `work` on `n` threads, released together, for `span`: the operations they did in total,
+/// their rate over the time from release to the last thread's end, and the CPU time it took.
 fn on_threads(
     n: usize,
     span: Duration,
     work: impl Fn(usize, &AtomicBool) -> anyhow::Result<u64> + Sync,
-) -> anyhow::Result<(u64, f64)> {
+) -> anyhow::Result<Sample> {
     let stop = AtomicBool::new(false);
     let start = Barrier::new(n + 1);
     let work = &work;
@@ -546,6 +592,7 @@ fn on_threads(
             })
             .collect();
         start.wait();
+        let cpu0 = cpu_seconds()?;
         let t0 = Instant::now();
         std::thread::sleep(span);
         stop.store(true, Ordering::Relaxed);
@@ -559,9 +606,19 @@ fn on_threads(
             }
         }
         let secs = t0.elapsed().as_secs_f64();
+        let cpu = cpu_seconds()? - cpu0;
         match failed {
             Some(e) => Err(e),
-            None => Ok((total, total as f64 / secs)),
+            None => Ok(Sample {
+                ops: total,
+                rate: total as f64 / secs,
+                cores: cpu / secs,
+                per_cpu_s: if cpu > 0.0 {
+                    total as f64 / cpu
+                } else {
+                    f64::NAN
+                },
+            }),
         }
     })
 }
@@ -573,14 +630,15 @@ fn print_report(r: &Report) {
         r.cores, r.secs_per_point, r.rounds, r.base_threads
     );
     println!(
-        "{:<13} {:>3} {:>26} {:>26} {:>20} {:>20} {:>20}",
+        "{:<13} {:>3} {:>26} {:>26} {:>20} {:>20} {:>20} {:>11}",
         "workload",
         "N",
         accel,
         host,
         "AccelFS/host",
         format!("scaling {accel}"),
-        "scaling host"
+        "scaling host",
+        "cores A/H"
     );
     let point = |w: &str, s: &str, n: usize| {
         r.points
@@ -598,14 +656,15 @@ fn print_report(r: &Report) {
                 .find(|v| &v.workload == w && v.threads == n)
                 .map_or("-".into(), |v| v.accelfs_over_host.ratio.show(2));
             println!(
-                "{:<13} {:>3} {:>26} {:>26} {:>20} {:>20} {:>20}",
+                "{:<13} {:>3} {:>26} {:>26} {:>20} {:>20} {:>20} {:>11}",
                 w,
                 n,
                 a.ops_per_s.show(0),
                 h.ops_per_s.show(0),
                 vs,
                 a.scaling.show(2),
-                h.scaling.show(2)
+                h.scaling.show(2),
+                format!("{:.2}/{:.2}", a.cores_used.median, h.cores_used.median)
             );
         }
     }
@@ -618,6 +677,9 @@ fn print_report(r: &Report) {
             );
         }
     }
+    println!(
+        "cores A/H: median CPU-seconds per second this process used during AccelFS's / the host's points (the cores the threads got; ops per CPU-second in the JSON)"
+    );
     for n in &r.notes {
         println!("note: {n}");
     }

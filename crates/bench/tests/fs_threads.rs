@@ -65,6 +65,9 @@ fn threads_quick_reports_a_point_per_system_workload_and_thread_count() {
                 assert!(p["ops_per_s"]["median"].as_f64().unwrap() > 0.0, "{p}");
                 assert_eq!(p["rounds_ops_per_s"].as_array().unwrap().len(), 1);
                 assert_eq!(p["scaling"]["rounds"], 1, "{p}");
+                // CPU time is measured for every point (its value is not asserted: timing).
+                assert_eq!(p["cores_used"]["rounds"], 1, "{p}");
+                assert!(p["ops_per_cpu_s"].is_object(), "{p}");
                 if n == 1 {
                     assert_eq!(p["scaling"]["median"], 1.0, "{p}");
                 }
