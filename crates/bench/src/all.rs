@@ -108,12 +108,19 @@ pub fn plan(quick: bool, rounds: Option<usize>) -> Vec<(&'static str, Vec<String
         Vec::new()
     };
     let fs = if quick { s(&["--quick"]) } else { Vec::new() };
-    let crc = if quick {
+    let mut crc = if quick {
         s(&["--seconds", "0.01"])
     } else {
         Vec::new()
     };
-    for v in [&mut io, &mut drives, &mut kv, &mut sweep, &mut genome] {
+    for v in [
+        &mut io,
+        &mut crc,
+        &mut drives,
+        &mut kv,
+        &mut sweep,
+        &mut genome,
+    ] {
         if let Some(n) = rounds.or(quick.then_some(1)) {
             v.extend(["--rounds".into(), n.to_string()]);
         }
@@ -689,12 +696,23 @@ fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
             vec![
                 text(&p["method"]),
                 p["bytes"].to_string(),
-                num(&p["gib_per_s"], 2),
+                if p["range"].is_null() {
+                    num(&p["gib_per_s"], 2)
+                } else {
+                    spread(&p["range"], 2)
+                },
+                if p["versus_crate"].is_null() {
+                    "—".into()
+                } else {
+                    spread(&p["versus_crate"]["ratio"], 2)
+                },
             ]
         })
         .collect();
     d.push(Block::Table(
-        ["method", "bytes", "GiB/s"].map(String::from).to_vec(),
+        ["method", "bytes", "GiB/s", "against the crc32c crate"]
+            .map(String::from)
+            .to_vec(),
         rows,
     ));
     d.push(Block::Image("crc.png".into()));

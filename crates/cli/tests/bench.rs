@@ -104,6 +104,18 @@ fn check_crc(v: &Value) {
     assert!(points
         .iter()
         .all(|p| p["gib_per_s"].as_f64().expect("as the bench writes it") > 0.0));
+    // Rounds like the other benchmarks: a range per point, and kura's folding against the crate.
+    for p in points {
+        assert!(
+            p["range"]["rounds"]
+                .as_u64()
+                .expect("as the bench writes it")
+                >= 1
+        );
+    }
+    assert!(points
+        .iter()
+        .any(|p| p["method"] == "folding (crc-fast)" && p["versus_crate"]["ratio"].is_object()));
 }
 
 fn check_fs(v: &Value) {
