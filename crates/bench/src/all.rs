@@ -489,8 +489,8 @@ fn section_fs(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
         vec![
             "op".into(),
             "size".into(),
-            "AccelFS mean µs".into(),
-            format!("{host} mean µs"),
+            "AccelFS mean µs (median of rounds)".into(),
+            format!("{host} mean µs (median of rounds)"),
             "AccelFS / host".into(),
         ],
         rows,
