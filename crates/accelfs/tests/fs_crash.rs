@@ -5,6 +5,11 @@
 //!   reordered), and every resulting image must mount, be fsck-clean, and hold exactly what the
 //!   last acknowledged `sync` promised for every path not touched since — file contents,
 //!   symbolic-link targets, extended attributes, and which paths are hard links of one inode.
+//!   A path touched since that sync must hold a state from its history since it (absent, or
+//!   an inode it named with kind, size, target and attributes of one state, and each 4096-byte
+//!   block of a file's data from some state of that inode): never foreign or stale bytes
+//!   (`check_touched` states the exact rule). The run asserts that touched paths were checked
+//!   and that some held a state newer than the sync, so the check is never vacuous.
 //!   The workload writes, truncates, removes, renames (plain, `RENAME_NOREPLACE`,
 //!   `RENAME_EXCHANGE`), hard links, makes symbolic links (fast and slow), sets and removes
 //!   extended attributes, and syncs. `KURA_FS_CRASH_POINTS` sets the number of cuts (default
@@ -191,6 +196,176 @@ fn check_path(fs: &FileSystem, cut: usize, path: &str, want: Option<&Obj>) {
     }
 }
 
+/// AccelFS block size of the harness (`mkfs_opts`), and the granularity at which
+/// `materialize` keeps or loses an unflushed write.
+const BS: usize = 4096;
+
+/// One state a touched path went through: after an operation that began at trace position
+/// `at`, `path` names inode `id` (`None`: absent), which then held `obj`.
+#[derive(Debug, Clone)]
+struct State {
+    at: usize,
+    path: String,
+    id: Option<u64>,
+    obj: Option<Obj>,
+}
+
+/// What a path touched since the last sync may hold after a crash at `cut`: the inodes it named
+/// from that sync up to the cut (`None`: absent), and every state of each of those inodes over
+/// the same span (the promised one included).
+struct History<'a> {
+    bindings: Vec<Option<u64>>,
+    objs: Vec<(u64, &'a Obj)>,
+}
+
+impl<'a> History<'a> {
+    fn new(
+        promised: &'a Model,
+        states: &'a [State],
+        path: &str,
+        sync_at: usize,
+        cut: usize,
+    ) -> Self {
+        let span = || states.iter().filter(|s| s.at >= sync_at && s.at < cut);
+        let mut bindings = vec![promised.names.get(path).copied()];
+        bindings.extend(span().filter(|s| s.path == path).map(|s| s.id));
+        bindings.sort();
+        bindings.dedup();
+        let mut objs = Vec::new();
+        for id in bindings.iter().flatten() {
+            objs.extend(promised.objs.get(id).map(|o| (*id, o)));
+            objs.extend(
+                span()
+                    .filter(|s| s.id == Some(*id))
+                    .filter_map(|s| Some((*id, s.obj.as_ref()?))),
+            );
+        }
+        History { bindings, objs }
+    }
+}
+
+/// Whether bytes `lo..hi` of `got` are those of `state`, read as zeroes past its end.
+fn same_range(state: &[u8], got: &[u8], lo: usize, hi: usize) -> bool {
+    let mid = state.len().clamp(lo, hi);
+    state.get(lo..mid).is_none_or(|s| *s == got[lo..mid]) && got[mid..hi].iter().all(|&b| b == 0)
+}
+
+/// Checks a path touched since the last sync (or since the fdatasync that promised its
+/// contents) against its [`History`]; returns whether it holds something other than
+/// `promised`, the state the last sync promised.
+///
+/// What the format promises (docs/accelfs-format.md §7-§8), and so what is checked:
+/// - **Names and metadata are one committed transaction.** After recovery the directories,
+///   inodes and attribute blocks are those of the last transaction whose commit reached the
+///   device, which committed at or after the last sync and before the cut. Transactions end
+///   between operations, or inside a large write before its size grows (`write_done`), where
+///   the metadata is still that before the write. So: the path is absent only if it was absent
+///   at some point of the history; otherwise it names an inode it named at some point, and that
+///   inode's kind, size (file), target (symbolic link) and whole set of extended attributes
+///   (names and values: one attribute block, journaled whole) are **together** those of one
+///   state of that inode in the history — not attribute by attribute.
+/// - **File data is per block.** Every data block the metadata reaches holds contents some
+///   state of the file put there: a newly allocated block is written before the commit that
+///   makes it reachable (ordered mode) and a freed block is not reused before the freeing
+///   commit is durable, so no foreign bytes; an overwrite in place is written whenever the
+///   cache writes it back (eviction, sync, fdatasync), so blocks written in place may each come
+///   from a different moment, and an unflushed write may be lost or kept per block (the harness
+///   keeps each 4096-byte block of an unflushed write or drops it). So each 4096-byte block of
+///   the contents, up to the size, must equal the same bytes of **some** state of an inode
+///   whose metadata matched, any size, where bytes past a state's end read as zeroes (a hole,
+///   a truncated tail, or an extension by `set_len` or by a write past the end are zeroes on
+///   disk and in the model alike). Zeroes anywhere else, stale bytes from before the last sync
+///   that a later state had replaced only if that state was not durable, and bytes of another
+///   inode all fail.
+/// - Hard-link identity of touched paths is not checked (each name is checked on its own).
+fn check_touched(
+    fs: &FileSystem,
+    cut: usize,
+    path: &str,
+    promised: Option<&Obj>,
+    history: &History,
+) -> bool {
+    let md = match fs.metadata(path) {
+        Err(FsError::NotFound(_)) => {
+            assert!(
+                history.bindings.contains(&None),
+                "cut {cut}: {path}: absent, but present at every point since the sync"
+            );
+            return promised.is_some();
+        }
+        Err(e) => panic!("cut {cut}: {path}: touched path: {e}"),
+        Ok(md) => md,
+    };
+    let body = if md.is_file() {
+        Body::File(
+            fs.read(path)
+                .unwrap_or_else(|e| panic!("cut {cut}: {path}: touched file: {e}")),
+        )
+    } else if md.is_symlink() {
+        Body::Link(
+            fs.read_link(path)
+                .unwrap_or_else(|e| panic!("cut {cut}: {path}: touched symlink: {e}")),
+        )
+    } else {
+        panic!(
+            "cut {cut}: {path}: a {:?}, never one in its history",
+            md.file_type
+        );
+    };
+    let mut xattrs = BTreeMap::new();
+    for name in fs.list_xattr(md.ino).expect("listxattr") {
+        let value = fs.get_xattr(md.ino, &name).expect("getxattr");
+        xattrs.insert(name, value);
+    }
+    let found = Obj { body, xattrs };
+    let same_meta = |o: &Obj| {
+        o.xattrs == found.xattrs
+            && match (&o.body, &found.body) {
+                (Body::File(a), Body::File(b)) => a.len() == b.len(),
+                (Body::Link(a), Body::Link(b)) => a == b,
+                _ => false,
+            }
+    };
+    let ids: Vec<u64> = history
+        .objs
+        .iter()
+        .filter(|(_, o)| same_meta(o))
+        .map(|(id, _)| *id)
+        .collect();
+    assert!(
+        !ids.is_empty(),
+        "cut {cut}: {path}: kind, size, target and attributes ({:?}, {} attributes) are no \
+         state of its inodes since the sync",
+        match &found.body {
+            Body::File(d) => format!("file of {} bytes", d.len()),
+            Body::Link(t) => format!("symlink of {} bytes", t.len()),
+        },
+        found.xattrs.len()
+    );
+    if let Body::File(got) = &found.body {
+        let contents: Vec<&[u8]> = history
+            .objs
+            .iter()
+            .filter(|(id, _)| ids.contains(id))
+            .filter_map(|(_, o)| match &o.body {
+                Body::File(d) => Some(d.as_slice()),
+                Body::Link(_) => None,
+            })
+            .collect();
+        for lo in (0..got.len()).step_by(BS) {
+            let hi = (lo + BS).min(got.len());
+            assert!(
+                contents.iter().any(|d| same_range(d, got, lo, hi)),
+                "cut {cut}: {path}: block {} (bytes {lo}..{hi}) is that of no state of its \
+                 inode since the sync ({} states)",
+                lo / BS,
+                contents.len()
+            );
+        }
+    }
+    promised != Some(&found)
+}
+
 #[test]
 fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     let points: usize = std::env::var("KURA_FS_CRASH_POINTS")
@@ -233,8 +408,12 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
         .map(|i| format!("/f{i}"))
         .chain((0..6).map(|i| format!("/d/g{i}")))
         .collect();
+    // Every state a touched path went through: (trace position when the operation began, the
+    // path, the inode it names afterwards, that inode's contents afterwards).
+    let mut states: Vec<State> = Vec::new();
     for step in 0..300u64 {
         let began = control.trace().len();
+        let touched_before = touched.len();
         let p = paths[rng.gen_range(0..paths.len())].clone();
         let q = paths[rng.gen_range(0..paths.len())].clone();
         // Symbolic links and hard links need a free name: the first after a random one.
@@ -261,6 +440,16 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
                 let data = content(step, len);
                 if !model.names.contains_key(&p) {
                     named.push((began, vec![p.clone()]));
+                    // Opening creates the file empty; a commit may come before the write's
+                    // size does (a large write grows the size after its last step).
+                    model.add(&p, Body::File(Vec::new()));
+                    let id = model.names[&p];
+                    states.push(State {
+                        at: began,
+                        path: p.clone(),
+                        id: Some(id),
+                        obj: model.objs.get(&id).cloned(),
+                    });
                 }
                 let old = model.file(&p).expect("a file");
                 let off = rng.gen_range(0..=old.len() + 5000);
@@ -404,6 +593,17 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
             }
             _ => {}
         }
+        for (at, ps) in &touched[touched_before..] {
+            for path in ps {
+                let id = model.names.get(path).copied();
+                states.push(State {
+                    at: *at,
+                    path: path.clone(),
+                    id,
+                    obj: id.and_then(|i| model.objs.get(&i).cloned()),
+                });
+            }
+        }
     }
     let trace = control.trace();
     drop(fs);
@@ -419,6 +619,9 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     let mut rng = SmallRng::seed_from_u64(7);
     let first = synced[0].0;
     let mut compared = 0usize;
+    // Touched paths checked against their history, and how many of them held a state written
+    // after the last sync (so the check sees more than the promised state).
+    let (mut touched_checked, mut touched_newer) = (0usize, 0usize);
     for p in 0..points {
         let cut = rng.gen_range(first..=trace.len());
         let image = materialize(&base, &trace, cut, 4096, 0.5, p as u64);
@@ -454,6 +657,15 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
                 .iter()
                 .any(|(at, ps)| *at >= since && *at < cut && ps.contains(path));
             if changed {
+                let newer = check_touched(
+                    &fs,
+                    cut,
+                    path,
+                    promised.get(path),
+                    &History::new(promised, &states, path, *sync_at, cut),
+                );
+                touched_checked += 1;
+                touched_newer += usize::from(newer);
                 continue;
             }
             if let Some((_, _, want)) = fdatasync {
@@ -493,6 +705,14 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     assert!(
         compared > points,
         "only {compared} synced files were checked over {points} cuts"
+    );
+    eprintln!(
+        "{points} cuts: {compared} synced paths compared, {touched_checked} touched paths \
+         checked against their history, {touched_newer} of them newer than the sync"
+    );
+    assert!(
+        touched_checked > 0 && touched_newer > 0,
+        "touched paths: {touched_checked} checked, {touched_newer} held a state newer than the sync"
     );
 }
 
