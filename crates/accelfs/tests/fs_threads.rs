@@ -51,8 +51,15 @@ fn chunk(t: usize, i: usize) -> Vec<u8> {
     (0..CHUNK).map(|_| rng.gen()).collect()
 }
 
-/// Checks that `/a{t}` holds whole chunks of thread `t` in order, at least `acked` of them.
-fn check_appends(fs: &FileSystem, t: usize, acked: usize, at: &str) {
+/// Checks that `/a{t}` holds whole chunks of thread `t` in order, at least `acked` of them and
+/// at most `started` (the appends begun before the crash); returns how many it holds (0 when
+/// absent, which only a file with nothing acknowledged may be).
+///
+/// This is the touched-path rule of `fs_crash` for a file that only grows by whole 4 KiB
+/// blocks: its states since the last acknowledged fsync are the prefixes of `acked` to
+/// `started` appends, so its size must be one of theirs and each block that of the state (the
+/// same block of every longer state, since appends never rewrite a block).
+fn check_appends(fs: &FileSystem, t: usize, acked: usize, started: usize, at: &str) -> usize {
     let path = format!("/a{t}");
     let got = match fs.read(&path) {
         Ok(got) => got,
@@ -61,7 +68,7 @@ fn check_appends(fs: &FileSystem, t: usize, acked: usize, at: &str) {
                 matches!(e, kura_accelfs::FsError::NotFound(_)),
                 "{at}: {path}: {e}"
             );
-            return;
+            return 0;
         }
         Err(e) => panic!("{at}: {path} with {acked} acknowledged appends: {e}"),
     };
@@ -71,9 +78,15 @@ fn check_appends(fs: &FileSystem, t: usize, acked: usize, at: &str) {
         "{at}: {path} holds {} appends, {acked} were acknowledged",
         got.len() / CHUNK
     );
+    assert!(
+        got.len() / CHUNK <= started,
+        "{at}: {path} holds {} appends, only {started} had begun",
+        got.len() / CHUNK
+    );
     for (i, c) in got.chunks(CHUNK).enumerate() {
         assert!(c == chunk(t, i), "{at}: {path}: append {i} is not its data");
     }
+    got.len() / CHUNK
 }
 
 #[test]
@@ -108,7 +121,7 @@ fn fsynced_appends_of_many_threads_all_survive_and_share_commits() {
     drop(fs); // no unmount: what the fsyncs made durable must be enough
     let fs = mount(&storage);
     for t in 0..THREADS {
-        check_appends(&fs, t, APPENDS, "after remount");
+        check_appends(&fs, t, APPENDS, APPENDS, "after remount");
         assert_eq!(
             fs.metadata(&format!("/a{t}")).expect("stat").size,
             (APPENDS * CHUNK) as u64
@@ -119,9 +132,18 @@ fn fsynced_appends_of_many_threads_all_survive_and_share_commits() {
     assert!(problems.is_empty(), "fsck: {problems:#?}");
 }
 
+/// One thread's appends: (trace length when its fsync returned, appends acknowledged then), and
+/// the trace length when each append began.
+type Run = (Vec<(usize, usize)>, Vec<usize>);
+
 /// Threads append and fsync while the device records every write and flush; the stream is cut
 /// at many points (unflushed blocks kept at random). After each cut every append whose fsync had
-/// returned before it is there, no file holds anything but its own appends, and fsck is clean.
+/// returned before it is there, no append that had not begun is, no file holds anything but its
+/// own appends in order, and fsck is clean. Files with an append begun but not acknowledged at
+/// the cut (touched since their last fsync) are counted, as are those that held more than was
+/// acknowledged, and both must be seen, so the touched-path check is not vacuous. Where each
+/// append begins is the trace length read before its write: its device writes all come later,
+/// so an append begun at or after the cut cannot be in the image, whatever the interleaving.
 #[test]
 fn every_crash_point_keeps_every_acknowledged_fsync_of_concurrent_threads() {
     const THREADS: usize = 4;
@@ -152,20 +174,20 @@ fn every_crash_point_keeps_every_acknowledged_fsync_of_concurrent_threads() {
     )
     .expect("mount");
     let start = control.trace().len();
-    // Per thread: (trace length when its fsync returned, appends acknowledged then).
-    let acks: Vec<Vec<(usize, usize)>> = std::thread::scope(|s| {
+    let runs: Vec<Run> = std::thread::scope(|s| {
         let workers: Vec<_> = (0..THREADS)
             .map(|t| {
                 let (fs, control) = (fs.clone(), control.clone());
                 s.spawn(move || {
                     let mut f = fs.create(&format!("/a{t}")).expect("create");
-                    let mut acks = Vec::new();
+                    let (mut acks, mut begun) = (Vec::new(), Vec::new());
                     for i in 0..APPENDS {
+                        begun.push(control.trace().len());
                         f.write_all(&chunk(t, i)).expect("append");
                         f.sync_all().expect("fsync");
                         acks.push((control.trace().len(), i + 1));
                     }
-                    acks
+                    (acks, begun)
                 })
             })
             .collect();
@@ -177,23 +199,32 @@ fn every_crash_point_keeps_every_acknowledged_fsync_of_concurrent_threads() {
     let trace = control.trace();
     drop(fs);
     let mut rng = SmallRng::seed_from_u64(14);
+    let (mut touched, mut newer) = (0usize, 0usize);
     for p in 0..points {
         let cut = rng.gen_range(start..=trace.len());
         let image = materialize(&base, &trace, cut, 4096, 0.5, p as u64);
         let crashed: MemStorage = Arc::new(Mutex::new(image));
         let fs = mount(&crashed);
-        for (t, acks) in acks.iter().enumerate() {
+        for (t, (acks, begun)) in runs.iter().enumerate() {
             let acked = acks
                 .iter()
                 .rev()
                 .find(|(at, _)| *at <= cut)
                 .map_or(0, |&(_, n)| n);
-            check_appends(&fs, t, acked, &format!("cut {cut}"));
+            let started = begun.iter().filter(|&&b| b < cut).count();
+            let held = check_appends(&fs, t, acked, started, &format!("cut {cut}"));
+            touched += usize::from(started > acked);
+            newer += usize::from(held > acked);
         }
         drop(fs);
         let problems = fsck_problems(&crashed);
         assert!(problems.is_empty(), "cut {cut}: fsck: {problems:#?}");
     }
+    println!("{points} cuts: {touched} files touched since their last fsync, {newer} held more");
+    assert!(
+        touched > 0 && newer > 0,
+        "touched files: {touched} checked, {newer} held more than was acknowledged"
+    );
 }
 
 /// A stamped 4 KiB block: which file, which block, which version, then a body derived from
