@@ -413,7 +413,7 @@ fn run_kura(
         .find(|(k, _)| k == "load reads")
         .map_or(0.0, |(_, s)| *s);
     Ok(SystemPoint {
-        system: format!("kura ({})", describe_path(path, dir)),
+        system: format!("kura ({})", describe_path(path, r["spec"].as_str())),
         label: format!("kura {}", path.name()),
         seconds: wall.as_secs_f64(),
         seconds_range: Spread::of(&[wall.as_secs_f64()]),
@@ -428,19 +428,14 @@ fn run_kura(
     })
 }
 
-/// The path as it really runs here: where io_uring is refused, the direct path's image is
-/// mounted through the engine's `file:` backend (`kura_genome::paths`), so io_uring is tried on a
-/// scratch image in `dir` and a refusal names the fallback.
-fn describe_path(path: IoPath, dir: &Path) -> String {
-    if path != IoPath::Direct {
-        return path.describe().to_string();
-    }
-    let probe = dir.join("uring-probe.img");
-    let opened = kura_engine::open(&format!("uring:{}?size=1M", probe.display()));
-    std::fs::remove_file(&probe).ok();
-    match opened {
-        Ok(_) => path.describe().to_string(),
-        Err(e) => format!("AccelFS on the direct engine's file backend; io_uring refused: {e}"),
+/// The path as it really ran: `spec` is the device spec `kura genome run` mounted (its JSON's
+/// `spec`), `file:` where io_uring was refused for the direct path.
+fn describe_path(path: IoPath, spec: Option<&str>) -> String {
+    match spec {
+        Some(s) if path == IoPath::Direct && s.starts_with("file:") => {
+            "AccelFS on the direct engine's file backend; io_uring refused".into()
+        }
+        _ => path.describe().to_string(),
     }
 }
 

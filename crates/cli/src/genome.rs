@@ -494,31 +494,19 @@ pub fn run_paths(args: &RunArgs) -> anyhow::Result<Vec<PathRun>> {
     Ok(runs)
 }
 
-/// What a path really stood on: where io_uring is refused, `kura_genome::paths` mounts the
-/// direct path's image through the engine's `file:` backend instead of `spec`, so the `uring:`
-/// spec is opened again (read-only, the run has closed it) and a refusal is printed as the
-/// `file:` fallback it caused.
-fn opened_as(path: IoPath, spec: Option<&str>) -> (String, Option<String>) {
-    let Some(spec) = spec else {
-        return (path.describe().to_string(), None);
-    };
-    match spec.strip_prefix("uring:") {
-        Some(img) if path == IoPath::Direct && !img.contains('?') => {
-            match kura_engine::open(&format!("{spec}?ro=1")) {
-                Ok(_) => (path.describe().to_string(), Some(spec.to_string())),
-                Err(e) => (
-                    "AccelFS on the direct engine's synchronous file backend (io_uring refused)"
-                        .to_string(),
-                    Some(format!("file:{img}; uring refused: {e}")),
-                ),
-            }
+/// What a path really stood on: `spec` is the device spec the run mounted
+/// (`kura_genome::run::PathRun::spec`), `file:` where io_uring was refused for the direct path.
+fn opened_as(path: IoPath, spec: Option<&str>) -> String {
+    match spec {
+        Some(s) if path == IoPath::Direct && s.starts_with("file:") => {
+            "AccelFS on the direct engine's synchronous file backend (io_uring refused)".into()
         }
-        _ => (path.describe().to_string(), Some(spec.to_string())),
+        _ => path.describe().to_string(),
     }
 }
 
 fn print_table2(path: IoPath, spec: Option<&str>, r: &RunReport, threads: usize) {
-    let (describe, spec) = opened_as(path, spec);
+    let describe = opened_as(path, spec);
     println!();
     println!(
         "path {}: {describe}{}",

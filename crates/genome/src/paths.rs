@@ -86,6 +86,9 @@ pub struct Workspace {
 /// keeps the file system mounted while it lives.
 pub struct Opened {
     pub store: Store,
+    /// The device spec actually mounted (`file:` where io_uring was refused for the direct
+    /// path; `None` for host files).
+    pub spec: Option<String>,
     /// The file system to unmount on [`Opened::close`]: `None` for host files and for a
     /// read-only mount, which has nothing to commit.
     fs: Option<FileSystem>,
@@ -96,6 +99,7 @@ impl Opened {
     pub fn host(root: impl Into<PathBuf>) -> Opened {
         Opened {
             store: Store::host(root),
+            spec: None,
             fs: None,
         }
     }
@@ -113,6 +117,7 @@ impl Opened {
         })?;
         Ok(Opened {
             store: Store::AccelFs(fs.clone()),
+            spec: Some(spec.to_string()),
             fs: Some(fs),
         })
     }
@@ -131,6 +136,7 @@ impl Opened {
         })?;
         Ok(Opened {
             store: Store::AccelFs(fs),
+            spec: Some(spec.to_string()),
             fs: None,
         })
     }
@@ -248,7 +254,8 @@ impl Workspace {
         &self.image
     }
 
-    /// The device spec the image is mounted with on `path` (`None` for host files).
+    /// The device spec the image is first tried with on `path` (`None` for host files); the
+    /// direct path may fall back to `file:` ([`Opened::spec`] says which was mounted).
     pub fn spec(&self, path: IoPath) -> Option<String> {
         let img = self.image.display();
         match path {
@@ -267,18 +274,20 @@ impl Workspace {
         let Some(spec) = self.spec(path) else {
             return Ok(Opened::host(&self.dir));
         };
-        let dev = match open_device(&spec) {
+        let (dev, spec) = match open_device(&spec) {
             // Where io_uring is refused (old kernels, seccomp), the direct path is the engine's
             // synchronous file backend: still no host process in the data path.
             Err(_) if path == IoPath::Direct => {
-                open_device(&format!("file:{}", self.image.display()))?
+                let file = format!("file:{}", self.image.display());
+                (open_device(&file)?, file)
             }
-            other => other?,
+            other => (other?, spec),
         };
         let fs = FileSystem::mount(dev, MountOptions::default())
             .map_err(|e| fs_err(&self.image.display().to_string(), e))?;
         Ok(Opened {
             store: Store::AccelFs(fs.clone()),
+            spec: Some(spec),
             fs: Some(fs),
         })
     }
@@ -286,7 +295,43 @@ impl Workspace {
 
 #[cfg(test)]
 mod tests {
-    use super::IoPath;
+    use super::{IoPath, Workspace};
+
+    #[test]
+    fn an_opened_path_names_the_spec_it_mounted() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("reads.fq");
+        std::fs::write(&input, b"@r\nACGT\n+\nIIII\n").expect("write");
+        let work = Workspace::prepare(
+            &dir.path().join("work"),
+            &[("reads", &input)],
+            &mut |_, _| {},
+        )
+        .expect("workspace");
+        let img = work.image().display().to_string();
+        let host = work.open(IoPath::Host).expect("host files");
+        assert_eq!(host.spec, None);
+        host.close().expect("close");
+        let direct = work.open(IoPath::Direct).expect("direct path");
+        let spec = direct.spec.clone().expect("a device spec");
+        // io_uring where the kernel allows it, else the file backend: whichever was mounted.
+        assert!(
+            spec == format!("uring:{img}") || spec == format!("file:{img}"),
+            "{spec}"
+        );
+        direct.close().expect("close");
+        if spec.starts_with("uring:") {
+            assert!(
+                kura_engine::open(&spec).is_ok(),
+                "uring opened before, so it opens now"
+            );
+        } else {
+            assert!(
+                kura_engine::open(&format!("uring:{img}")).is_err(),
+                "file: only after a refusal"
+            );
+        }
+    }
 
     #[test]
     fn path_lists_parse_and_bad_words_are_named() {

@@ -170,7 +170,8 @@ impl Observer for () {}
 #[derive(Debug, Clone)]
 pub struct PathRun {
     pub path: IoPath,
-    /// The device spec the image was mounted with (`None` for host files).
+    /// The device spec the image was actually mounted with (`file:` where the direct path fell
+    /// back from io_uring; `None` for host files).
     pub spec: Option<String>,
     pub report: RunReport,
 }
@@ -252,12 +253,9 @@ pub fn run_paths(
                 path: path.name(),
                 source: Box::new(e),
             })?;
+        let spec = opened.spec.clone();
         opened.close()?;
-        let run = PathRun {
-            path,
-            spec: work.spec(path),
-            report,
-        };
+        let run = PathRun { path, spec, report };
         observer.path_done(&run);
         runs.push(run);
     }
