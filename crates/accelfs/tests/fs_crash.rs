@@ -13,7 +13,7 @@
 //!   The workload writes, truncates, removes, renames (plain, `RENAME_NOREPLACE`,
 //!   `RENAME_EXCHANGE`), hard links, makes symbolic links (fast and slow), sets and removes
 //!   extended attributes, and syncs. `KURA_FS_CRASH_POINTS` sets the number of cuts (default
-//!   500; 10000+ for a soak).
+//!   500; 10000+ for a soak), `KURA_FS_CRASH_SEED` the workload's seed (default 2026).
 //! - Fault injection: EIO on reads, writes and flushes is an error, never damage, and a failed
 //!   commit makes the file system refuse further writes.
 
@@ -391,7 +391,12 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     )
     .expect("mount");
     fs.mkdir("/d").expect("mkdir");
-    let mut rng = SmallRng::seed_from_u64(2026);
+    // The workload's seed: `KURA_FS_CRASH_SEED` (default 2026) runs another workload.
+    let seed: u64 = std::env::var("KURA_FS_CRASH_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2026);
+    let mut rng = SmallRng::seed_from_u64(seed);
     let mut model: Model = Model::default();
     // (trace position when the sync was acknowledged, the model then)
     let mut synced: Vec<(usize, Model)> = vec![(control.trace().len(), Model::default())];
