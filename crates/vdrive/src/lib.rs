@@ -12,6 +12,7 @@
 //! | `priority(CHILD)?weights=8:1&bgdepth=4&bgchunk=SIZE` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
 //! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
+//! | `placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M` | [`placed`] | chunks placed on the legs (leg i = OSD id i) by a CRUSH map and rule, `replicas` copies each; survives `replicas`-1 failed legs |
 //! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
 //!
 //! Children are any spec, of this crate or of the engine, so
@@ -33,6 +34,7 @@ mod fanout;
 pub mod mapped;
 pub mod mirror;
 pub mod partition;
+pub mod placed;
 pub mod priority;
 pub mod snapshot;
 pub mod spill;
@@ -45,6 +47,7 @@ pub use concat::Concat;
 pub use mapped::{ChildCommand, Layout, MappedDrive};
 pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
 pub use partition::Partition;
+pub use placed::{Placed, PlacedOptions};
 pub use priority::{ClassHandle, ClassStats, Priority, PriorityOptions};
 pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
@@ -94,6 +97,15 @@ pub fn register(registry: &mut Registry) {
                    marked degraded and the drive keeps serving",
             read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(mirror::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "placed",
+            group: DRIVES,
+            usage: "placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M",
+            help: "chunks placed on the legs by a CRUSH map and rule (leg i is\n\
+                   OSD id i; no map: a flat straw2 map), each on `replicas` legs",
+            read_only: ReadOnly::ThroughChildren,
+            open: |spec, r| boxed(placed::open(spec, &children_of(r))),
         },
         Kind {
             name: "cache",

@@ -1,0 +1,786 @@
+//! `placed(LEG0,LEG1,...)?map=PATH&rule=0&replicas=2&chunk=4M&size=SIZE` — fixed-size chunks
+//! placed on legs by a CRUSH map and rule, each kept as `replicas` copies on distinct legs.
+//!
+//! It owns the placement table and the legs' health.
+//!
+//! **Placement.** Leg `i` is OSD id `i` of the map. Chunk `c` (the drive's bytes
+//! `c*chunk..(c+1)*chunk`) is mapped with CRUSH input `x = c`, the given rule and `replicas`
+//! results, every device weighted 1.0 and the map's test `choose_args` (exactly what
+//! `crushtool --test --rule R --num-rep N --x c --show-mappings` prints for it). Its copy on leg
+//! `l` sits in *slot* `s` of that leg, at byte `s*chunk`, where `s` is the number of chunks
+//! before `c` that CRUSH also placed on `l` (legs are filled densely, in chunk order). Without
+//! `map=` the map is [`flat_map`]: one straw2 bucket holding every leg with equal weight and
+//! rule 0 choosing distinct legs. The layout lives in the spec alone (nothing is written on the
+//! legs): reopening with another map, rule, replica count, chunk or leg order reads other data.
+//!
+//! **Capacity.** `size=` (a multiple of `chunk`) when given, and it is an error if some leg has no
+//! room for the chunks CRUSH puts on it. Otherwise the nominal `smallest leg × legs / replicas`
+//! (rounded down to whole chunks), cut down to the longest run of chunks `0..n` whose copies all
+//! fit their legs, since CRUSH fills legs unevenly.
+//!
+//! **Checks at open.** The map decodes, the rule exists, every OSD id the rule can emit (every
+//! device under the buckets its `take` steps name) has a leg, and every chunk gets `replicas`
+//! distinct legs (a map with too few failure domains is refused, never silently under-replicated).
+//!
+//! **I/O.** Requests are cut at chunk boundaries. A read goes to the chunk's first replica in
+//! CRUSH order whose leg is in service; on an error it is retried on the next one, and the leg
+//! that failed is taken out of service. Writes, write-zeroes and discards go to every in-service
+//! replica of each chunk and complete when all of them have; a flush goes to every in-service leg.
+//!
+//! **Failure rule.** A chunk's write is acknowledged when at least one in-service replica took
+//! it; the replicas that failed it are taken out of service, so they never serve the stale copy.
+//! A leg is only taken out while every chunk keeps at least one replica in service: when taking
+//! it out would leave some chunk with none, the command that failed on it fails instead and the
+//! leg stays (the last copy is never thrown away). So with `replicas = N`, any N-1 legs may fail,
+//! at any point of the stream, and every acknowledged write stays readable. A leg out of service
+//! gets no more I/O while the drive is open ([`Placed::status`] and `describe()` say why);
+//! bringing it back (rebalance, resync) is not done here. A failed flush poisons the drive.
+
+use crate::child_request;
+use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
+use crate::mirror::{LegHealth, LegStatus};
+use kura_crush::map::{op, Bucket, BucketKind, Rule, Step, Tunables};
+use kura_crush::{CrushMap, Mapper, ITEM_NONE};
+use kura_engine::open::ChildOpener;
+use kura_engine::{
+    BlockDevice, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError, Spec,
+};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// Chunk size when the spec names none.
+pub const DEFAULT_CHUNK: u64 = 4 << 20;
+/// Most legs a placed drive may have.
+pub const MAX_LEGS: usize = 1024;
+/// Most copies of a chunk.
+pub const MAX_REPLICAS: usize = 16;
+/// Most `(chunk, replica)` entries in the placement table (8 bytes each): with 4 MiB chunks and
+/// 2 replicas, 16 TiB of drive.
+pub const MAX_TABLE_ENTRIES: u64 = 1 << 22;
+/// Device weight given to every leg (1.0 in CRUSH's 16.16 fixed point).
+const IN: u32 = 0x10000;
+
+/// How a placed drive lays chunks out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlacedOptions {
+    /// The CRUSH rule id.
+    pub rule: u32,
+    /// Copies of each chunk, on distinct legs.
+    pub replicas: usize,
+    /// Chunk size in bytes, a multiple of the legs' block size.
+    pub chunk: u64,
+    /// Capacity in bytes, a multiple of `chunk`; `None` for the default (see the module docs).
+    pub size: Option<u64>,
+}
+
+impl Default for PlacedOptions {
+    fn default() -> Self {
+        PlacedOptions {
+            rule: 0,
+            replicas: 2,
+            chunk: DEFAULT_CHUNK,
+            size: None,
+        }
+    }
+}
+
+/// One copy of a chunk: its leg and slot there.
+#[derive(Debug, Clone, Copy)]
+struct Replica {
+    leg: u16,
+    slot: u32,
+}
+
+/// What a finished piece means to its parent.
+enum Piece {
+    /// A read of blocks `at..at+blocks` of the request from replica `idx` of `chunk` (at block
+    /// `off` of the chunk); `whole` when it carries the caller's buffer, else a scratch buffer to
+    /// copy into the caller's at `at`.
+    Read {
+        chunk: u64,
+        off: u64,
+        at: u64,
+        blocks: u64,
+        idx: usize,
+        whole: bool,
+    },
+    /// One replica's share of a chunk's mutation (group `group`); `whole` when it carries the
+    /// caller's buffer.
+    Mutation { group: u64, whole: bool },
+    /// A flush of one leg.
+    Flush,
+}
+
+/// The replicas of one chunk's mutation still in flight and what the finished ones did.
+struct Group {
+    left: usize,
+    ok: Vec<usize>,
+    failed: Vec<(usize, DeviceError)>,
+}
+
+/// Chunks placed on legs by CRUSH, replicated.
+pub struct Placed {
+    fan: Fanout<Piece>,
+    geo: Geometry,
+    /// `replicas` entries per chunk, in CRUSH order.
+    table: Vec<Replica>,
+    replicas: usize,
+    chunk_blocks: u64,
+    rule: u32,
+    /// Where the map came from, for `describe()`.
+    source: String,
+    health: Vec<LegHealth>,
+    read_errors: Vec<u64>,
+    groups: HashMap<u64, Group>,
+    next_group: u64,
+}
+
+/// The map used when a spec names none: one straw2 bucket (id -1, type 1 `root`) holding
+/// devices `0..legs` with weight 1.0 each, and rule 0 (`replicated`) taking it and choosing
+/// distinct devices (`choose firstn 0 type osd`), with the jewel (optimal) tunables.
+pub fn flat_map(legs: usize) -> CrushMap {
+    let items: Vec<i32> = (0..legs as i32).collect();
+    let names = |v: Vec<(i32, String)>| -> BTreeMap<i32, String> { v.into_iter().collect() };
+    let step = |op: u32, arg1: i32, arg2: i32| Step { op, arg1, arg2 };
+    CrushMap {
+        buckets: vec![Some(Bucket {
+            id: -1,
+            bucket_type: 1,
+            hash: 0,
+            weight: IN.saturating_mul(legs as u32),
+            kind: BucketKind::Straw2 {
+                item_weights: vec![IN; legs],
+            },
+            items: items.clone(),
+        })],
+        rules: vec![Some(Rule {
+            ruleset: 0,
+            rule_type: 1,
+            min_size: 1,
+            max_size: 10,
+            steps: vec![
+                step(op::TAKE, -1, 0),
+                step(op::CHOOSE_FIRSTN, 0, 0),
+                step(op::EMIT, 0, 0),
+            ],
+        })],
+        max_devices: legs as i32,
+        tunables: Tunables::jewel(),
+        type_names: names(vec![(0, "osd".into()), (1, "root".into())]),
+        item_names: names(
+            items
+                .iter()
+                .map(|&i| (i, format!("osd.{i}")))
+                .chain([(-1, "root".to_string())])
+                .collect(),
+        ),
+        rule_names: names(vec![(0, "replicated".into())]),
+        class_map: BTreeMap::new(),
+        class_names: BTreeMap::new(),
+        class_buckets: BTreeMap::new(),
+        choose_args: BTreeMap::new(),
+    }
+}
+
+/// Every device under the items the rule's `take` steps name.
+fn reachable_devices(map: &CrushMap, rule: &Rule) -> BTreeSet<i32> {
+    let mut devices = BTreeSet::new();
+    let mut seen = BTreeSet::new();
+    for step in rule.steps.iter().filter(|s| s.op == op::TAKE) {
+        let mut stack = vec![step.arg1];
+        while let Some(item) = stack.pop() {
+            if item >= 0 {
+                devices.insert(item);
+            } else if let Some(b) = map.bucket(item) {
+                if seen.insert(item) {
+                    stack.extend(&b.items);
+                }
+            }
+        }
+    }
+    devices
+}
+
+fn invalid(m: String) -> OpenError {
+    OpenError::Invalid(format!("placed: {m}"))
+}
+
+impl Placed {
+    /// A placed drive over `legs` (leg `i` is OSD id `i` of `map`); see the module docs for the
+    /// checks and the layout. `source` names the map in `describe()`.
+    pub fn new(
+        legs: Vec<Box<dyn BlockDevice>>,
+        map: &CrushMap,
+        source: &str,
+        opts: &PlacedOptions,
+    ) -> Result<Self, OpenError> {
+        let n = legs.len();
+        if !(1..=MAX_LEGS).contains(&n) {
+            return Err(invalid(format!("needs 1 to {MAX_LEGS} legs, got {n}")));
+        }
+        crate::mapped::check_block_sizes("placed", &legs)?;
+        let geos: Vec<Geometry> = legs.iter().map(|l| l.geometry()).collect();
+        let bs = u64::from(geos[0].block_size);
+        let r = opts.replicas;
+        if r == 0 || r > MAX_REPLICAS || r > n {
+            return Err(invalid(format!(
+                "replicas={r} must be 1 to {} (at most one copy per leg, {n} legs given)",
+                MAX_REPLICAS.min(n)
+            )));
+        }
+        if opts.chunk == 0 || !opts.chunk.is_multiple_of(bs) {
+            return Err(invalid(format!(
+                "chunk {} is not a non-zero multiple of the block size {bs}",
+                opts.chunk
+            )));
+        }
+        let chunk_blocks = opts.chunk / bs;
+        let Some(rule) = map.rule(opts.rule) else {
+            let have: Vec<String> = (0..map.rules.len() as u32)
+                .filter(|&i| map.rule(i).is_some())
+                .map(|i| format!("{i} ({})", map.rule_name(i)))
+                .collect();
+            return Err(invalid(format!(
+                "the CRUSH map has no rule {} (it has: {})",
+                opts.rule,
+                if have.is_empty() {
+                    "none".to_string()
+                } else {
+                    have.join(", ")
+                }
+            )));
+        };
+        let missing: Vec<String> = reachable_devices(map, rule)
+            .into_iter()
+            .filter(|&d| d as usize >= n)
+            .map(|d| match map.item_names.get(&d) {
+                Some(name) => format!("{d} ({name})"),
+                None => d.to_string(),
+            })
+            .collect();
+        if !missing.is_empty() {
+            return Err(invalid(format!(
+                "rule {} can place chunks on OSD id {}, but only {n} legs are given (leg i is OSD id i)",
+                opts.rule,
+                missing.join(", ")
+            )));
+        }
+        // Slots per leg, and the chunks the table covers.
+        let slots: Vec<u64> = geos.iter().map(|g| g.num_blocks / chunk_blocks).collect();
+        let smallest = slots.iter().copied().min().unwrap_or(0);
+        let chunks = match opts.size {
+            Some(size) => {
+                if size == 0 || !size.is_multiple_of(opts.chunk) {
+                    return Err(invalid(format!(
+                        "size {size} is not a non-zero multiple of chunk {}",
+                        opts.chunk
+                    )));
+                }
+                size / opts.chunk
+            }
+            None => smallest.saturating_mul(n as u64) / r as u64,
+        };
+        if chunks == 0 {
+            return Err(invalid(format!(
+                "the smallest leg holds {} blocks, less than one chunk of {}",
+                geos.iter().map(|g| g.num_blocks).min().unwrap_or(0),
+                opts.chunk
+            )));
+        }
+        if chunks.saturating_mul(r as u64) > MAX_TABLE_ENTRIES || chunks > i32::MAX as u64 {
+            return Err(invalid(format!(
+                "{chunks} chunks of {} with {r} replicas is more than the {MAX_TABLE_ENTRIES} placements kept in memory; use a larger chunk",
+                opts.chunk
+            )));
+        }
+        let mapper = Mapper::for_test(map);
+        let weights = vec![IN; n];
+        let mapped =
+            kura_crush::map_range(&mapper, opts.rule, 0..=(chunks - 1) as i32, r, &weights, 0)
+                .map_err(|e| invalid(format!("mapping with rule {}: {e}", opts.rule)))?;
+        let mut table = Vec::with_capacity(chunks as usize * r);
+        let mut used = vec![0u64; n];
+        let mut fits = chunks;
+        'chunks: for c in 0..chunks as usize {
+            let got = &mapped.items[c * r..c * r + mapped.lens[c] as usize];
+            let distinct: BTreeSet<i32> = got.iter().copied().collect();
+            let bad = got
+                .iter()
+                .any(|&d| d == ITEM_NONE || d < 0 || d as usize >= n);
+            if got.len() != r || distinct.len() != r || bad {
+                return Err(invalid(format!(
+                    "rule {} gives chunk {c} (x={c}) the OSDs {got:?}, not {r} distinct legs; the map has too few failure domains for replicas={r}",
+                    opts.rule
+                )));
+            }
+            for &d in got {
+                if used[d as usize] >= slots[d as usize] {
+                    if opts.size.is_some() {
+                        return Err(invalid(format!(
+                            "size {} does not fit: CRUSH puts more than {} chunks on leg {d} ({}), which holds {}; use a smaller size",
+                            opts.size.unwrap_or(0),
+                            used[d as usize],
+                            legs[d as usize].describe(),
+                            slots[d as usize]
+                        )));
+                    }
+                    fits = c as u64;
+                    break 'chunks;
+                }
+            }
+            for &d in got {
+                table.push(Replica {
+                    leg: d as u16,
+                    slot: used[d as usize] as u32,
+                });
+                used[d as usize] += 1;
+            }
+        }
+        if fits == 0 {
+            return Err(invalid(format!(
+                "no chunk of {} fits: leg {} is full before chunk 0",
+                opts.chunk,
+                slots.iter().position(|&s| s == 0).unwrap_or(0)
+            )));
+        }
+        table.truncate(fits as usize * r);
+        Ok(Placed {
+            fan: Fanout::new(legs),
+            geo: combined_geometry(&geos, fits * chunk_blocks),
+            table,
+            replicas: r,
+            chunk_blocks,
+            rule: opts.rule,
+            source: source.to_string(),
+            health: vec![LegHealth::Healthy; n],
+            read_errors: vec![0; n],
+            groups: HashMap::new(),
+            next_group: 0,
+        })
+    }
+
+    /// Number of chunks.
+    pub fn chunks(&self) -> u64 {
+        (self.table.len() / self.replicas) as u64
+    }
+
+    /// Chunk size in blocks.
+    pub fn chunk_blocks(&self) -> u64 {
+        self.chunk_blocks
+    }
+
+    /// Where chunk `chunk`'s copies live: `(leg, first block on the leg)` in CRUSH order.
+    pub fn placement(&self, chunk: u64) -> Option<Vec<(usize, u64)>> {
+        let r = self.replicas;
+        let c = usize::try_from(chunk).ok()?;
+        let row = self.table.get(c * r..c * r + r)?;
+        Some(
+            row.iter()
+                .map(|p| (p.leg as usize, u64::from(p.slot) * self.chunk_blocks))
+                .collect(),
+        )
+    }
+
+    /// Every leg's device, health and read errors.
+    pub fn status(&self) -> Vec<LegStatus> {
+        self.fan
+            .legs
+            .iter()
+            .enumerate()
+            .map(|(index, l)| LegStatus {
+                index,
+                device: l.dev.describe(),
+                health: self.health[index].clone(),
+                read_errors: self.read_errors[index],
+            })
+            .collect()
+    }
+
+    /// Direct access to one leg's device, for inspection; only while the drive is idle.
+    pub fn leg_mut(&mut self, leg: usize) -> Option<&mut (dyn BlockDevice + 'static)> {
+        if self.fan.in_flight() > 0 {
+            return None;
+        }
+        self.fan.legs.get_mut(leg).map(|l| &mut *l.dev)
+    }
+
+    fn dispatch(&mut self, id: usize) {
+        let Some(parent) = self.fan.parent_mut(id) else {
+            return;
+        };
+        let (op, lba, blocks) = (parent.req.op, parent.req.lba, parent.req.blocks);
+        if op == Opcode::Flush {
+            let legs: Vec<usize> = (0..self.health.len())
+                .filter(|&l| self.health[l] == LegHealth::Healthy)
+                .collect();
+            if legs.is_empty() {
+                let e = offline("every leg is out of service".into());
+                self.fan.complete_parent(id, Err(e));
+            }
+            for leg in legs {
+                self.fan
+                    .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
+            }
+            return;
+        }
+        // Runs of the request within one chunk: (chunk, block in chunk, block in request, blocks).
+        let cb = self.chunk_blocks;
+        let mut runs = Vec::new();
+        let mut at = 0;
+        while at < blocks {
+            let b = lba + at;
+            let (chunk, off) = (b / cb, b % cb);
+            let n = (cb - off).min(blocks - at);
+            runs.push((chunk, off, at, n));
+            at += n;
+        }
+        // Health changes only when pieces finish, so checking every run first means a request
+        // is either refused whole or sent whole.
+        if let Some(&(chunk, ..)) = runs
+            .iter()
+            .find(|&&(chunk, ..)| self.next_replica(chunk, 0).is_none())
+        {
+            let e = offline(format!(
+                "every replica of chunk {chunk} is out of service: {}",
+                self.describe_health()
+            ));
+            self.fan.complete_parent(id, Err(e));
+            return;
+        }
+        let single = runs.len() == 1;
+        let bs = self.geo.block_size as usize;
+        for (chunk, off, at, n) in runs {
+            if op == Opcode::Read {
+                let idx = self.next_replica(chunk, 0).unwrap_or(0);
+                let buf = if single {
+                    self.fan.parent_mut(id).and_then(|p| p.req.buf.take())
+                } else {
+                    Some(scratch(n as usize * bs))
+                };
+                let (leg, leg_lba) = self.locate(chunk, idx, off);
+                let req = child_request(op, leg_lba, n, buf);
+                let meta = Piece::Read {
+                    chunk,
+                    off,
+                    at,
+                    blocks: n,
+                    idx,
+                    whole: single,
+                };
+                self.fan.send(id, leg, req, meta);
+                continue;
+            }
+            let targets: Vec<usize> = (0..self.replicas)
+                .filter(|&i| self.in_service(self.replica(chunk, i).leg as usize))
+                .collect();
+            let group = self.next_group;
+            self.next_group = self.next_group.wrapping_add(1);
+            self.groups.insert(
+                group,
+                Group {
+                    left: targets.len(),
+                    ok: Vec::new(),
+                    failed: Vec::new(),
+                },
+            );
+            // Copies first; the first target then takes the caller's own buffer when the
+            // request is one run.
+            for (k, &i) in targets.iter().enumerate() {
+                let whole = single && k == 0 && op == Opcode::Write;
+                if whole {
+                    continue;
+                }
+                let buf = (op == Opcode::Write).then(|| {
+                    let mut b = scratch(n as usize * bs);
+                    if let Some(src) = self.fan.parent_mut(id).and_then(|p| p.req.buf.as_ref()) {
+                        let from = at as usize * bs;
+                        b.copy_from_slice(&src[from..from + n as usize * bs]);
+                    }
+                    b
+                });
+                let (leg, leg_lba) = self.locate(chunk, i, off);
+                let req = child_request(op, leg_lba, n, buf);
+                self.fan.send(
+                    id,
+                    leg,
+                    req,
+                    Piece::Mutation {
+                        group,
+                        whole: false,
+                    },
+                );
+            }
+            if single && op == Opcode::Write {
+                if let Some(&i) = targets.first() {
+                    let (leg, leg_lba) = self.locate(chunk, i, off);
+                    self.fan.send_whole(
+                        id,
+                        leg,
+                        leg_lba,
+                        Piece::Mutation { group, whole: true },
+                        Piece::Mutation {
+                            group,
+                            whole: false,
+                        },
+                    );
+                }
+            }
+        }
+    }
+
+    fn replica(&self, chunk: u64, idx: usize) -> Replica {
+        self.table[chunk as usize * self.replicas + idx]
+    }
+
+    /// Leg and LBA there of block `off` of replica `idx` of `chunk`.
+    fn locate(&self, chunk: u64, idx: usize, off: u64) -> (usize, u64) {
+        let p = self.replica(chunk, idx);
+        (p.leg as usize, u64::from(p.slot) * self.chunk_blocks + off)
+    }
+
+    fn in_service(&self, leg: usize) -> bool {
+        self.health[leg] == LegHealth::Healthy
+    }
+
+    /// The first replica of `chunk` from index `from` on whose leg is in service.
+    fn next_replica(&self, chunk: u64, from: usize) -> Option<usize> {
+        (from..self.replicas).find(|&i| self.in_service(self.replica(chunk, i).leg as usize))
+    }
+
+    fn describe_health(&self) -> String {
+        describe_health(&self.health)
+    }
+
+    fn on_done(&mut self, done: Done<Piece>) {
+        let Done {
+            parent,
+            leg,
+            meta,
+            completion,
+        } = done;
+        let bs = self.geo.block_size as usize;
+        let status = match meta {
+            Piece::Read {
+                chunk,
+                off,
+                at,
+                blocks,
+                idx,
+                whole,
+            } => {
+                let mut status = completion.status;
+                if let Err(e) = &status {
+                    self.read_errors[leg] += 1;
+                    let retry = self.next_replica(chunk, idx + 1);
+                    if retry.is_some() {
+                        self.take_out(leg, &format!("read failed: {e}"));
+                    }
+                    if let (Some(next), true) = (retry, self.fan.parent_mut(parent).is_some()) {
+                        let (to, to_lba) = self.locate(chunk, next, off);
+                        let req = child_request(Opcode::Read, to_lba, blocks, completion.buf);
+                        let meta = Piece::Read {
+                            chunk,
+                            off,
+                            at,
+                            blocks,
+                            idx: next,
+                            whole,
+                        };
+                        self.fan.send(parent, to, req, meta);
+                        // This attempt is over; the retry now carries the piece.
+                        status = Ok(());
+                        self.finish_piece(parent, leg, status);
+                        return;
+                    }
+                }
+                if let Some(p) = self.fan.parent_mut(parent) {
+                    if whole {
+                        p.req.buf = completion.buf;
+                    } else if let (Ok(()), Some(src), Some(dst)) =
+                        (&status, completion.buf.as_ref(), p.req.buf.as_mut())
+                    {
+                        let (to, len) = (at as usize * bs, blocks as usize * bs);
+                        dst[to..to + len].copy_from_slice(&src[..len]);
+                    }
+                }
+                status
+            }
+            Piece::Mutation { group, whole } => {
+                if whole {
+                    if let Some(p) = self.fan.parent_mut(parent) {
+                        p.req.buf = completion.buf;
+                    }
+                }
+                let Some(g) = self.groups.get_mut(&group) else {
+                    // Every piece belongs to a group that lives until its last replica is in.
+                    self.finish_piece(parent, leg, completion.status);
+                    return;
+                };
+                match completion.status {
+                    Ok(()) => g.ok.push(leg),
+                    Err(e) => g.failed.push((leg, e)),
+                }
+                g.left = g.left.saturating_sub(1);
+                if g.left > 0 {
+                    Ok(())
+                } else {
+                    match self.groups.remove(&group) {
+                        Some(g) => self.verdict(g),
+                        None => Ok(()),
+                    }
+                }
+            }
+            Piece::Flush => match completion.status {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    if self.take_out(leg, &format!("flush failed: {e}")) {
+                        Ok(())
+                    } else {
+                        Err(e)
+                    }
+                }
+            },
+        };
+        self.finish_piece(parent, leg, status);
+    }
+
+    /// A chunk's mutation is acknowledged when a replica still in service took it and every
+    /// replica that failed it could be taken out of service.
+    fn verdict(&mut self, g: Group) -> DeviceResult<()> {
+        let mut failed = g.failed.into_iter();
+        if !g.ok.iter().any(|&l| self.in_service(l)) {
+            return match failed.next() {
+                Some((_, e)) => Err(e),
+                None => Err(offline(format!(
+                    "no replica in service took the write: {}",
+                    self.describe_health()
+                ))),
+            };
+        }
+        let mut status = Ok(());
+        for (leg, e) in failed {
+            if !self.take_out(leg, &format!("write failed: {e}")) && status.is_ok() {
+                status = Err(e);
+            }
+        }
+        status
+    }
+
+    /// Takes `leg` out of service unless that would leave some chunk with no replica in
+    /// service; true when the leg is out (now or already).
+    fn take_out(&mut self, leg: usize, reason: &str) -> bool {
+        if !self.in_service(leg) {
+            return true;
+        }
+        let orphans = self.table.chunks(self.replicas).any(|row| {
+            row.iter()
+                .all(|p| p.leg as usize == leg || !self.in_service(p.leg as usize))
+        });
+        if orphans {
+            return false;
+        }
+        self.health[leg] = LegHealth::Degraded {
+            reason: reason.to_string(),
+        };
+        true
+    }
+
+    fn finish_piece(&mut self, parent: usize, leg: usize, status: DeviceResult<()>) {
+        if !self.fan.piece_done(parent, leg, status) {
+            return;
+        }
+        if let Some(mut p) = self.fan.take_parent(parent) {
+            let status = p.first_status();
+            self.fan.complete(p.req, status);
+        }
+    }
+}
+
+fn describe_health(health: &[LegHealth]) -> String {
+    let out: Vec<String> = health
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| match h {
+            LegHealth::Healthy => None,
+            LegHealth::Degraded { reason } => Some(format!("leg {i} out of service: {reason}")),
+        })
+        .collect();
+    out.join("; ")
+}
+
+fn offline(reason: String) -> DeviceError {
+    DeviceError::Offline {
+        reason: format!("placed: {reason}"),
+    }
+}
+
+impl BlockDevice for Placed {
+    fn geometry(&self) -> Geometry {
+        self.geo
+    }
+
+    fn describe(&self) -> String {
+        let legs: Vec<String> = self.fan.legs.iter().map(|l| l.dev.describe()).collect();
+        let chunk = self.chunk_blocks * u64::from(self.geo.block_size);
+        let mut s = format!(
+            "placed({})?map={}&rule={}&replicas={}&chunk={chunk}",
+            legs.join(","),
+            self.source,
+            self.rule,
+            self.replicas
+        );
+        let health = self.describe_health();
+        if !health.is_empty() {
+            s.push_str(&format!(" [{health}]"));
+        }
+        s
+    }
+
+    fanout_methods!();
+
+    fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        // The handler needs the whole drive (health, table, groups) beside the fanout, so the
+        // fanout is moved out for the call and put back after.
+        let mut fan = std::mem::replace(&mut self.fan, Fanout::new(Vec::new()));
+        let result = fan.poll_with(out, min_complete, |fan, done| {
+            std::mem::swap(&mut self.fan, fan);
+            self.on_done(done);
+            std::mem::swap(&mut self.fan, fan);
+        });
+        self.fan = fan;
+        result
+    }
+}
+
+/// Opens `placed(LEG0,LEG1,...)?map=PATH&rule=R&replicas=N&chunk=SIZE&size=SIZE`.
+pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError> {
+    spec.check_options(&["map", "rule", "replicas", "chunk", "size"])?;
+    let legs = crate::open_children(spec, children, 1, Some(MAX_LEGS))?;
+    let (map, source) = match spec.option("map") {
+        Some(path) => {
+            let bytes = std::fs::read(path)
+                .map_err(|e| invalid(format!("cannot read the CRUSH map {path}: {e}")))?;
+            let map = kura_crush::decode(&bytes)
+                .map_err(|e| invalid(format!("{path} is not a compiled CRUSH map: {e}")))?;
+            (map, path.to_string())
+        }
+        None => (flat_map(legs.len()), "flat".to_string()),
+    };
+    let rule = match spec.option("rule") {
+        None => 0,
+        Some(v) => match v.parse::<u32>() {
+            Ok(id) => id,
+            Err(_) => map.rule_by_name(v).ok_or_else(|| {
+                invalid(format!(
+                    "rule `{v}` is neither a rule id nor a rule name of the map"
+                ))
+            })?,
+        },
+    };
+    let opts = PlacedOptions {
+        rule,
+        replicas: spec.num_option("replicas")?.unwrap_or(2),
+        chunk: spec.size_option("chunk")?.unwrap_or(DEFAULT_CHUNK),
+        size: spec.size_option("size")?,
+    };
+    Placed::new(legs, &map, &source, &opts).map_err(|e| crate::in_spec(spec, e))
+}
