@@ -88,6 +88,15 @@ fn persistent_specs(dir: &Path, server: &Server, registry: &Registry) -> Vec<(St
             format!("mirror({},{})", img("m1.img", "64M"), img("m2.img", "64M")),
         ),
         (
+            "placed",
+            format!(
+                "placed({},{},{})?replicas=2&chunk=1M",
+                img("p0.img", "64M"),
+                img("p1.img", "64M"),
+                img("p2.img", "64M")
+            ),
+        ),
+        (
             "cache",
             format!("cache({})?mode=wb", img("cache.img", "64M")),
         ),
