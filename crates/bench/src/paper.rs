@@ -760,7 +760,7 @@ pub fn kura_value(k: Kura, runs: &Runs) -> Result<(String, Label), String> {
                 let a = f(alone, "p99_us");
                 Ok((
                     format!(
-                        "p99 {:.2}× alone with priority, {:.2}× without ({:.0}, {:.0} and {:.0} µs)",
+                        "foreground p99 {:.2}× its p99 alone with priority, {:.2}× without ({:.0} and {:.0} against {:.0} µs)",
                         f(prio, "p99_us") / a,
                         f(noprio, "p99_us") / a,
                         f(prio, "p99_us"),
@@ -1047,7 +1047,7 @@ mod tests {
         assert!(v.starts_with("split 100.0 % ("), "{v}");
         let (v, _) = kura_value(Kura::PriorityP99, &r).unwrap();
         assert!(
-            v.starts_with("p99 1.10× alone with priority, 10.00× without"),
+            v.starts_with("foreground p99 1.10× its p99 alone with priority, 10.00× without"),
             "{v}"
         );
         let (v, _) = kura_value(Kura::BackgroundShare, &r).unwrap();
