@@ -126,7 +126,7 @@ pub struct Placed {
     replicas: usize,
     chunk_blocks: u64,
     rule: u32,
-    /// Where the map came from, for `describe()`.
+    /// Where the map came from, for `describe()`; empty for the flat map.
     source: String,
     health: Vec<LegHealth>,
     read_errors: Vec<u64>,
@@ -206,7 +206,8 @@ fn invalid(m: String) -> OpenError {
 
 impl Placed {
     /// A placed drive over `legs` (leg `i` is OSD id `i` of `map`); see the module docs for the
-    /// checks and the layout. `source` names the map in `describe()`.
+    /// checks and the layout. `source` names the map in `describe()` (its path; empty for
+    /// [`flat_map`], which a spec gets by naming no map).
     pub fn new(
         legs: Vec<Box<dyn BlockDevice>>,
         map: &CrushMap,
@@ -721,10 +722,14 @@ impl BlockDevice for Placed {
     fn describe(&self) -> String {
         let legs: Vec<String> = self.fan.legs.iter().map(|l| l.dev.describe()).collect();
         let chunk = self.chunk_blocks * u64::from(self.geo.block_size);
+        let map = if self.source.is_empty() {
+            String::new()
+        } else {
+            format!("map={}&", self.source)
+        };
         let mut s = format!(
-            "placed({})?map={}&rule={}&replicas={}&chunk={chunk}",
+            "placed({})?{map}rule={}&replicas={}&chunk={chunk}",
             legs.join(","),
-            self.source,
             self.rule,
             self.replicas
         );
@@ -763,7 +768,7 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError>
                 .map_err(|e| invalid(format!("{path} is not a compiled CRUSH map: {e}")))?;
             (map, path.to_string())
         }
-        None => (flat_map(legs.len()), "flat".to_string()),
+        None => (flat_map(legs.len()), String::new()),
     };
     let rule = match spec.option("rule") {
         None => 0,

@@ -496,3 +496,23 @@ fn maps_that_do_not_fit_the_legs_are_refused_clearly() {
         assert!(err.contains(want), "{spec}: `{err}` does not say `{want}`");
     }
 }
+
+#[test]
+fn describe_gives_a_spec_that_opens_the_same_drive() {
+    let dir = tempfile::tempdir().unwrap();
+    let map = write_map(dir.path(), "m.bin", &host_map(2, 2, |_| 0x10000));
+    for spec in [
+        "placed(mem:1M,mem:1M,mem:1M)?replicas=2&chunk=64K".to_string(),
+        format!(
+            "placed(mem:1M,mem:1M,mem:1M,mem:1M)?map={}&rule=by-osd&replicas=3&chunk=32K",
+            map.display()
+        ),
+    ] {
+        let dev = kura_vdrive::open(&spec).unwrap();
+        let described = dev.describe();
+        assert!(described.starts_with("placed(mem:1048576,"), "{described}");
+        let again = kura_vdrive::open(&described).unwrap();
+        assert_eq!(again.describe(), described);
+        assert_eq!(again.geometry(), dev.geometry(), "{described}");
+    }
+}
