@@ -1,4 +1,4 @@
-//! `placed(LEG0,LEG1,...)?map=PATH&rule=0&replicas=2&chunk=4M&size=SIZE` — fixed-size chunks
+//! `placed(LEG0,LEG1,...)?map=PATH&rule=0&replicas=2&chunk=4M&size=SIZE&read=primary|balanced` — fixed-size chunks
 //! placed on legs by a CRUSH map and rule, each kept as `replicas` copies on distinct legs.
 //!
 //! It owns the placement table and the legs' health.
@@ -23,8 +23,9 @@
 //! distinct legs (a map with too few failure domains is refused, never silently under-replicated).
 //!
 //! **I/O.** Requests are cut at chunk boundaries. A read goes to the chunk's first replica in
-//! CRUSH order whose leg is in service; on an error it is retried on the next one, and the leg
-//! that failed is taken out of service. Writes, write-zeroes and discards go to every in-service
+//! CRUSH order whose leg is in service (Ceph's primary), or with `read=balanced` to the
+//! in-service replica whose leg has the fewest commands in flight; on an error it is retried on
+//! the next untried one in CRUSH order, and the leg that failed is taken out of service. Writes, write-zeroes and discards go to every in-service
 //! replica of each chunk and complete when all of them have; a flush goes to every in-service leg.
 //!
 //! **Failure rule.** A chunk's write is acknowledged when at least one in-service replica took
@@ -70,6 +71,8 @@ pub struct PlacedOptions {
     pub chunk: u64,
     /// Capacity in bytes, a multiple of `chunk`; `None` for the default (see the module docs).
     pub size: Option<u64>,
+    /// Reads go to the in-service replica with the least load instead of the first one.
+    pub balanced_reads: bool,
 }
 
 impl Default for PlacedOptions {
@@ -79,6 +82,7 @@ impl Default for PlacedOptions {
             replicas: 2,
             chunk: DEFAULT_CHUNK,
             size: None,
+            balanced_reads: false,
         }
     }
 }
@@ -92,7 +96,7 @@ struct Replica {
 
 /// What a finished piece means to its parent.
 enum Piece {
-    /// A read of blocks `at..at+blocks` of the request from replica `idx` of `chunk` (at block
+    /// A read of blocks `at..at+blocks` of the request from one replica of `chunk` (at block
     /// `off` of the chunk); `whole` when it carries the caller's buffer, else a scratch buffer to
     /// copy into the caller's at `at`.
     Read {
@@ -100,7 +104,8 @@ enum Piece {
         off: u64,
         at: u64,
         blocks: u64,
-        idx: usize,
+        /// Replicas tried so far, a bit per index.
+        tried: u32,
         whole: bool,
     },
     /// One replica's share of a chunk's mutation (group `group`); `whole` when it carries the
@@ -128,6 +133,7 @@ pub struct Placed {
     rule: u32,
     /// Where the map came from, for `describe()`; empty for the flat map.
     source: String,
+    balanced: bool,
     health: Vec<LegHealth>,
     read_errors: Vec<u64>,
     groups: HashMap<u64, Group>,
@@ -352,6 +358,7 @@ impl Placed {
             chunk_blocks,
             rule: opts.rule,
             source: source.to_string(),
+            balanced: opts.balanced_reads,
             health: vec![LegHealth::Healthy; n],
             read_errors: vec![0; n],
             groups: HashMap::new(),
@@ -451,7 +458,7 @@ impl Placed {
         let bs = self.geo.block_size as usize;
         for (chunk, off, at, n) in runs {
             if op == Opcode::Read {
-                let idx = self.next_replica(chunk, 0).unwrap_or(0);
+                let idx = self.read_replica(chunk).unwrap_or(0);
                 let buf = if single {
                     self.fan.parent_mut(id).and_then(|p| p.req.buf.take())
                 } else {
@@ -464,7 +471,7 @@ impl Placed {
                     off,
                     at,
                     blocks: n,
-                    idx,
+                    tried: 1 << idx,
                     whole: single,
                 };
                 self.fan.send(id, leg, req, meta);
@@ -542,9 +549,28 @@ impl Placed {
         self.health[leg] == LegHealth::Healthy
     }
 
-    /// The first replica of `chunk` from index `from` on whose leg is in service.
+    /// The first replica of `chunk` whose leg is in service.
     fn next_replica(&self, chunk: u64, from: usize) -> Option<usize> {
         (from..self.replicas).find(|&i| self.in_service(self.replica(chunk, i).leg as usize))
+    }
+
+    /// The replica of `chunk` a read goes to first: the first in service in CRUSH order, or
+    /// with `read=balanced` the in-service one whose leg has the fewest commands in flight (the
+    /// first of equals in CRUSH order).
+    fn read_replica(&self, chunk: u64) -> Option<usize> {
+        if !self.balanced {
+            return self.next_replica(chunk, 0);
+        }
+        (0..self.replicas)
+            .filter(|&i| self.in_service(self.replica(chunk, i).leg as usize))
+            .min_by_key(|&i| self.fan.legs[self.replica(chunk, i).leg as usize].load())
+    }
+
+    /// The first in-service replica of `chunk`, in CRUSH order, not in `tried`.
+    fn untried_replica(&self, chunk: u64, tried: u32) -> Option<usize> {
+        (0..self.replicas).find(|&i| {
+            tried & (1 << i) == 0 && self.in_service(self.replica(chunk, i).leg as usize)
+        })
     }
 
     fn describe_health(&self) -> String {
@@ -565,13 +591,13 @@ impl Placed {
                 off,
                 at,
                 blocks,
-                idx,
+                tried,
                 whole,
             } => {
                 let mut status = completion.status;
                 if let Err(e) = &status {
                     self.read_errors[leg] += 1;
-                    let retry = self.next_replica(chunk, idx + 1);
+                    let retry = self.untried_replica(chunk, tried);
                     if retry.is_some() {
                         self.take_out(leg, &format!("read failed: {e}"));
                     }
@@ -583,7 +609,7 @@ impl Placed {
                             off,
                             at,
                             blocks,
-                            idx: next,
+                            tried: tried | 1 << next,
                             whole,
                         };
                         self.fan.send(parent, to, req, meta);
@@ -728,10 +754,11 @@ impl BlockDevice for Placed {
             format!("map={}&", self.source)
         };
         let mut s = format!(
-            "placed({})?{map}rule={}&replicas={}&chunk={chunk}",
+            "placed({})?{map}rule={}&replicas={}&chunk={chunk}{}",
             legs.join(","),
             self.rule,
-            self.replicas
+            self.replicas,
+            if self.balanced { "&read=balanced" } else { "" }
         );
         let health = self.describe_health();
         if !health.is_empty() {
@@ -756,9 +783,18 @@ impl BlockDevice for Placed {
     }
 }
 
-/// Opens `placed(LEG0,LEG1,...)?map=PATH&rule=R&replicas=N&chunk=SIZE&size=SIZE`.
+/// Opens `placed(LEG0,LEG1,...)?map=PATH&rule=R&replicas=N&chunk=SIZE&size=SIZE&read=POLICY`.
 pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError> {
-    spec.check_options(&["map", "rule", "replicas", "chunk", "size"])?;
+    spec.check_options(&["map", "rule", "replicas", "chunk", "size", "read"])?;
+    let balanced_reads = match spec.option("read") {
+        None | Some("primary") => false,
+        Some("balanced") => true,
+        Some(other) => {
+            return Err(invalid(format!(
+                "read `{other}` is not a read policy (primary or balanced)"
+            )))
+        }
+    };
     let legs = crate::open_children(spec, children, 1, Some(MAX_LEGS))?;
     let (map, source) = match spec.option("map") {
         Some(path) => {
@@ -786,6 +822,7 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError>
         replicas: spec.num_option("replicas")?.unwrap_or(2),
         chunk: spec.size_option("chunk")?.unwrap_or(DEFAULT_CHUNK),
         size: spec.size_option("size")?,
+        balanced_reads,
     };
     Placed::new(legs, &map, &source, &opts).map_err(|e| crate::in_spec(spec, e))
 }

@@ -139,6 +139,11 @@ fn placed_drives_pass_the_device_contract_and_the_model() {
         ),
         format!("placed({})?replicas=2&chunk=4K", legs(3, "qd=2&")),
         format!(
+            "placed({})?map={}&replicas=3&chunk=16K&read=balanced",
+            legs(6, "qd=4&"),
+            map.display()
+        ),
+        format!(
             "placed({})?map={}&replicas=1&chunk=64K&size=1M",
             legs(6, ""),
             map.display()
@@ -175,6 +180,7 @@ fn every_chunk_lands_on_exactly_the_legs_crush_names() {
         replicas,
         chunk: (chunk_blocks * bs) as u64,
         size: None,
+        balanced_reads: false,
     };
     let mut dev = Placed::new(devs, &map, "test", &opts).unwrap();
     let blocks = dev.geometry().num_blocks as usize;
@@ -283,7 +289,11 @@ fn crushtool_names_the_same_legs() {
 }
 
 /// Six legs on three hosts, two replicas on distinct hosts; leg `bad` wrapped in a fault device.
-fn drive_with_fault(plan: FaultPlan, bad: usize) -> (Placed, kura_engine::fault::FaultControl) {
+fn drive_with_fault(
+    plan: FaultPlan,
+    bad: usize,
+    balanced_reads: bool,
+) -> (Placed, kura_engine::fault::FaultControl) {
     let map = host_map(3, 2, |_| 0x10000);
     let mut control = None;
     let legs = (0..6)
@@ -300,6 +310,7 @@ fn drive_with_fault(plan: FaultPlan, bad: usize) -> (Placed, kura_engine::fault:
         .collect();
     let opts = PlacedOptions {
         chunk: 16 << 10,
+        balanced_reads,
         ..PlacedOptions::default()
     };
     let dev = Placed::new(legs, &map, "test", &opts).expect("open the drive");
@@ -308,13 +319,19 @@ fn drive_with_fault(plan: FaultPlan, bad: usize) -> (Placed, kura_engine::fault:
 
 #[test]
 fn a_leg_dying_mid_stream_loses_nothing_acknowledged() {
+    for balanced in [false, true] {
+        dying_leg(balanced);
+    }
+}
+
+fn dying_leg(balanced: bool) {
     // The leg loses power at its 40th write, inside a batch with commands in flight on every
     // leg: everything unflushed on it is gone, and it answers nothing from then on.
     let plan = FaultPlan {
         cut_after_writes: Some(40),
         ..FaultPlan::default()
     };
-    let (mut dev, control) = drive_with_fault(plan, 2);
+    let (mut dev, control) = drive_with_fault(plan, 2, balanced);
     let mut model = Model::of(&dev, 5);
     model.run(&mut dev, 30);
     assert!(control.is_offline(), "the leg's power was cut");
@@ -344,7 +361,8 @@ fn a_leg_dying_mid_stream_loses_nothing_acknowledged() {
     let cb = dev.chunk_blocks() as usize;
     for c in on_dead {
         let mut out = vec![0u8; cb * 4096];
-        dev.read_blocks(c * cb as u64, &mut out).unwrap();
+        dev.read_blocks(c * cb as u64, &mut out)
+            .expect("read a chunk that had a copy on the dead leg");
         let at = c as usize * cb * 4096;
         assert!(out == model.data[at..at + out.len()], "chunk {c}");
     }
@@ -356,7 +374,7 @@ fn a_leg_failing_a_write_goes_out_of_service_and_the_write_succeeds() {
         write_eio: Some(6),
         ..FaultPlan::default()
     };
-    let (mut dev, _control) = drive_with_fault(plan, 4);
+    let (mut dev, _control) = drive_with_fault(plan, 4, false);
     let mut model = Model::of(&dev, 9);
     model.run(&mut dev, 30);
     model.check_image(&mut dev);
@@ -373,7 +391,7 @@ fn a_read_error_is_served_by_the_next_replica_and_takes_the_leg_out() {
         read_eio: Some(1),
         ..FaultPlan::default()
     };
-    let (mut dev, _control) = drive_with_fault(plan, 0);
+    let (mut dev, _control) = drive_with_fault(plan, 0, true);
     let data: Vec<u8> = (0..dev.geometry().capacity_bytes() as usize)
         .map(|i| (i / 4096 % 251) as u8)
         .collect();
@@ -503,6 +521,7 @@ fn describe_gives_a_spec_that_opens_the_same_drive() {
     let map = write_map(dir.path(), "m.bin", &host_map(2, 2, |_| 0x10000));
     for spec in [
         "placed(mem:1M,mem:1M,mem:1M)?replicas=2&chunk=64K".to_string(),
+        "placed(mem:1M,mem:1M,mem:1M)?replicas=3&chunk=64K&read=balanced".to_string(),
         format!(
             "placed(mem:1M,mem:1M,mem:1M,mem:1M)?map={}&rule=by-osd&replicas=3&chunk=32K",
             map.display()
