@@ -355,7 +355,12 @@ fn dying_leg(balanced: bool) {
     );
     // Every chunk with a copy on the dead leg is read from its other replica.
     let on_dead: Vec<u64> = (0..dev.chunks())
-        .filter(|&c| dev.placement(c).unwrap().iter().any(|&(l, _)| l == 2))
+        .filter(|&c| {
+            dev.placement(c)
+                .expect("a chunk of the drive")
+                .iter()
+                .any(|&(l, _)| l == 2)
+        })
         .collect();
     assert!(!on_dead.is_empty());
     let cb = dev.chunk_blocks() as usize;
