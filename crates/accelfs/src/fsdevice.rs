@@ -32,6 +32,10 @@ pub struct FsDevice {
     /// Blocks whose newest contents are not on the device (journal images a read-only mount
     /// replayed in memory): every read returns these in their place.
     overlay: BTreeMap<u64, Vec<u8>>,
+    /// Whether a write or zero was issued since the last completed flush (so it may not be
+    /// durable yet): a journal commit flushes first when set, so that ordered data is durable
+    /// before a commit block that makes it reachable can be.
+    unflushed: bool,
 }
 
 impl FsDevice {
@@ -50,6 +54,7 @@ impl FsDevice {
             per_block,
             read_only: None,
             overlay: BTreeMap::new(),
+            unflushed: false,
         })
     }
 
@@ -105,6 +110,7 @@ impl FsDevice {
             )));
         }
         self.check(block, (data.len() / self.block_size) as u64)?;
+        self.unflushed = true;
         self.dev.write_blocks(block * self.per_block, data)?;
         Ok(())
     }
@@ -113,6 +119,7 @@ impl FsDevice {
     pub fn zero(&mut self, block: u64, count: u64) -> Result<(), FsError> {
         self.writable()?;
         self.check(block, count)?;
+        self.unflushed = true;
         self.dev
             .zero_blocks(block * self.per_block, count * self.per_block)?;
         Ok(())
@@ -121,7 +128,13 @@ impl FsDevice {
     pub fn flush(&mut self) -> Result<(), FsError> {
         self.writable()?;
         self.dev.flush_all()?;
+        self.unflushed = false;
         Ok(())
+    }
+
+    /// Whether a write or zero was issued since the last completed flush.
+    pub fn has_unflushed_writes(&self) -> bool {
+        self.unflushed
     }
 
     /// Runs every operation at queue depth (submitting until the queue is full, reaping as
@@ -143,6 +156,7 @@ impl FsDevice {
         for op in &ops {
             if op.write {
                 self.writable()?;
+                self.unflushed = true;
             }
             if op.buf.is_empty() || !op.buf.len().is_multiple_of(self.block_size) {
                 return Err(FsError::Invalid(format!(

@@ -1,7 +1,8 @@
 //! The journal at run time (format §7): commit, checkpoint, and recovery at mount.
 //!
-//! `commit` writes a transaction into the circular log and flushes once; it is durable when
-//! `commit` returns. Home blocks are updated later by `checkpoint` (when the log fills, or at
+//! `commit` writes a transaction into the circular log and flushes once (twice when data
+//! writes are not yet flushed: they are made durable first, so that no commit can reach the
+//! media before the ordered data it makes reachable); it is durable when `commit` returns. Home blocks are updated later by `checkpoint` (when the log fills, or at
 //! unmount), which flushes the home writes before advancing the journal superblock, so log space
 //! is reused only once what it protected is on disk. Until then, [`Journal::image`] serves the
 //! committed contents of a block whose home copy is stale.
@@ -140,9 +141,12 @@ impl Journal {
         self.commit_with_data(io, images, Vec::new())
     }
 
-    /// Like [`Journal::commit`], and also writes `data` (ordered data blocks) in the same batch
-    /// as the log, so that one flush makes both durable and the data is on the device before
-    /// any metadata that points at it can be replayed.
+    /// Like [`Journal::commit`], and also writes `data` (ordered data blocks) first. When any
+    /// write is not yet flushed — `data`, or data written home earlier (a large write's direct
+    /// blocks, cache evictions) — a flush makes it durable before the log is written: the device
+    /// does not order writes in flight, so a commit block issued beside a data block could reach
+    /// the media without it, and replay would then make a newly allocated block reachable with
+    /// whatever a previous owner left in it.
     pub fn commit_with_data(
         &mut self,
         io: &mut FsDevice,
@@ -173,7 +177,13 @@ impl Journal {
             seq: self.next_seq,
             images: images.to_vec(),
         };
-        let mut ops = data;
+        if !data.is_empty() {
+            io.batch(data)?;
+        }
+        if io.has_unflushed_writes() {
+            io.flush()?;
+        }
+        let mut ops = Vec::new();
         // The log blocks of a transaction are contiguous except where the log wraps: each run
         // goes out as one command.
         let mut runs: Vec<(u64, Vec<u8>)> = Vec::new();
