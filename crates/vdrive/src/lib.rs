@@ -12,7 +12,7 @@
 //! | `priority(CHILD)?weights=8:1&bgdepth=4&bgchunk=SIZE` | [`priority`] | weighted classes sharing one child; the spec opens class 0, [`Priority::classes`] gives every class a handle |
 //! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
-//! | `placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M` | [`placed`] | chunks placed on the legs (leg i = OSD id i) by a CRUSH map and rule, `replicas` copies each; survives `replicas`-1 failed legs |
+//! | `placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M&read=primary\|balanced` | [`placed`] | chunks placed on the legs (leg i = OSD id i) by a CRUSH map and rule, `replicas` copies each; survives `replicas`-1 failed legs |
 //! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
 //!
 //! Children are any spec, of this crate or of the engine, so
@@ -103,7 +103,8 @@ pub fn register(registry: &mut Registry) {
             group: DRIVES,
             usage: "placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M",
             help: "chunks placed on the legs by a CRUSH map and rule (leg i is\n\
-                   OSD id i; no map: a flat straw2 map), each on `replicas` legs",
+                   OSD id i; no map: a flat straw2 map), each on `replicas` legs;\n\
+                   reads from the primary, or the least busy copy (read=balanced)",
             read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(placed::open(spec, &children_of(r))),
         },
