@@ -55,7 +55,7 @@ pub const MAX_LEGS: usize = 1024;
 /// Most copies of a chunk.
 pub const MAX_REPLICAS: usize = 16;
 /// Most `(chunk, replica)` entries in the placement table (8 bytes each): with 4 MiB chunks and
-/// 2 replicas, 16 TiB of drive.
+/// 2 replicas, 8 TiB of drive (a 32 MiB table).
 pub const MAX_TABLE_ENTRIES: u64 = 1 << 22;
 /// Device weight given to every leg (1.0 in CRUSH's 16.16 fixed point).
 const IN: u32 = 0x10000;
