@@ -357,6 +357,38 @@ pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool)
     d
 }
 
+/// A benchmark's JSON from `out`, or why there is none: the step was not run, failed, or left
+/// no readable `<name>.json`.
+fn outcome(out: &Path, steps: &[Step], name: &str) -> Result<Value, String> {
+    if let Some(why) = missing(steps, name) {
+        return Err(why);
+    }
+    load(out, name).ok_or_else(|| format!("{name}.json could not be read"))
+}
+
+/// Opens a section ([`head`]) and hands back its benchmark's JSON; when there is none, the
+/// section says why in a paragraph and this returns `None`.
+fn open(
+    d: &mut Vec<Block>,
+    title: &str,
+    label: &str,
+    section: Section,
+    runs: &Runs,
+    loaded: Result<Value, String>,
+) -> Option<Value> {
+    head(d, title, label, section, runs);
+    loaded.map_err(|why| d.push(Block::Para(why))).ok()
+}
+
+/// A `{median, min, max}` range scaled by 100, for showing a fraction as a percentage.
+fn percent(v: &Value) -> Value {
+    serde_json::json!({
+        "median": v["median"].as_f64().map(|x| x * 100.0),
+        "min": v["min"].as_f64().map(|x| x * 100.0),
+        "max": v["max"].as_f64().map(|x| x * 100.0),
+    })
+}
+
 /// A section's title and label, then the paper's numbers beside kura's.
 fn head(d: &mut Vec<Block>, title: &str, label: &str, section: Section, runs: &Runs) {
     d.push(Block::Heading(2, title.into()));
@@ -385,13 +417,7 @@ fn ratio_rows(v: &Value) -> Vec<Vec<String>> {
         .map(|r| {
             let pct = r["percent"].as_bool().unwrap_or(false);
             let ratio = if pct {
-                let s = &r["ratio"];
-                let scaled = serde_json::json!({
-                    "median": s["median"].as_f64().map(|x| x * 100.0),
-                    "min": s["min"].as_f64().map(|x| x * 100.0),
-                    "max": s["max"].as_f64().map(|x| x * 100.0),
-                });
-                format!("{} %", spread(&scaled, 1))
+                format!("{} %", spread(&percent(&r["ratio"]), 1))
             } else {
                 spread(&r["ratio"], 2)
             };
@@ -418,18 +444,16 @@ fn ratio_rows(v: &Value) -> Vec<Vec<String>> {
 }
 
 fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "io");
+    let Some(v) = open(
         d,
         "Hayagui Fig. 2 — device I/O on the direct path, against fio and redirect",
         "Measured (the redirect rows over the modeled Aurora link are modeled: 42.7 µs and 0.92 GB/s per call added to a real call)",
         Section::Io,
         runs,
-    );
-    if let Some(why) = missing(steps, "io") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "io") else {
-        return d.push(Block::Para("io.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     d.push(Block::Para(format!(
         "{} MiB image on {}, {} s per point, {} round(s); {}. The targets column holds issue 20's goals: QD1 4 KiB latency at least 50 % below the host-served path, and at least 5 M commands/s through the full interface on the null device.",
@@ -449,18 +473,16 @@ fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
 }
 
 fn section_fs(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "fs");
+    let Some(v) = open(
         d,
         "Hayagui Fig. 5 — file-system latency, AccelFS against the host file system",
         "Measured",
         Section::Fs,
         runs,
-    );
-    if let Some(why) = missing(steps, "fs") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "fs") else {
-        return d.push(Block::Para("fs.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     let host = format!("{} syscalls", text(&v["file_system"]));
     let lat = v["latency"].as_array().cloned().unwrap_or_default();
@@ -532,18 +554,16 @@ fn kv_headers() -> Vec<String> {
 }
 
 fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "kv");
+    let Some(v) = open(
         d,
         "Hayagui Fig. 6 and 7 — key-value stores: db_bench and YCSB",
         "Measured",
         Section::Kv,
         runs,
-    );
-    if let Some(why) = missing(steps, "kv") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "kv") else {
-        return d.push(Block::Para("kv.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     let settings: Vec<Vec<String>> = v["settings"]
         .as_array()
@@ -586,36 +606,32 @@ fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
 }
 
 fn section_sweep(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "kv-sweep");
+    let Some(v) = open(
         d,
         "Slides — YCSB by value size",
         "Measured",
         Section::Sweep,
         runs,
-    );
-    if let Some(why) = missing(steps, "kv-sweep") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "kv-sweep") else {
-        return d.push(Block::Para("kv-sweep.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     d.push(Block::Table(kv_headers(), kv_rows(&v)));
     d.push(Block::Image("kv-sweep.png".into()));
 }
 
 fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "genome");
+    let Some(v) = open(
         d,
         "Hayagui Fig. 8 and Table 2 — genome matching on each I/O path, against minimap2",
         "Measured",
         Section::Genome,
         runs,
-    );
-    if let Some(why) = missing(steps, "genome") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "genome") else {
-        return d.push(Block::Para("genome.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     let rows = v["systems"]
         .as_array()
@@ -653,14 +669,9 @@ fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     }
     let dvr = &v["direct_vs_redirect"]["ratio"];
     if !dvr.is_null() {
-        let pct = serde_json::json!({
-            "median": dvr["median"].as_f64().map(|x| x * 100.0),
-            "min": dvr["min"].as_f64().map(|x| x * 100.0),
-            "max": dvr["max"].as_f64().map(|x| x * 100.0),
-        });
         lines.push(format!(
             "Direct path against redirect, pipeline total: {} % lower (paper: 33–46 %).",
-            spread(&pct, 1)
+            spread(&percent(dvr), 1)
         ));
     }
     lines.push(format!(
@@ -674,18 +685,16 @@ fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
 }
 
 fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    head(
+    let loaded = outcome(out, steps, "crc");
+    let Some(v) = open(
         d,
         "Slides — CRC32C by method and size",
         "Measured",
         Section::Crc,
         runs,
-    );
-    if let Some(why) = missing(steps, "crc") {
-        return d.push(Block::Para(why));
-    }
-    let Some(v) = load(out, "crc") else {
-        return d.push(Block::Para("crc.json could not be read".into()));
+        loaded,
+    ) else {
+        return;
     };
     let rows = v
         .as_array()
@@ -719,9 +728,7 @@ fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
 }
 
 fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = missing(steps, "drives").map(Err).unwrap_or_else(|| {
-        load(out, "drives").ok_or_else(|| "drives.json could not be read".to_string())
-    });
+    let loaded = outcome(out, steps, "drives");
     head(
         d,
         "LeapIO Fig. 6 and 11 — per-layer overhead and priority isolation",
@@ -737,19 +744,12 @@ fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
                 .into_iter()
                 .flatten()
                 .map(|p| {
-                    let pct = |s: &Value| {
-                        serde_json::json!({
-                            "median": s["median"].as_f64().map(|x| x * 100.0),
-                            "min": s["min"].as_f64().map(|x| x * 100.0),
-                            "max": s["max"].as_f64().map(|x| x * 100.0),
-                        })
-                    };
                     vec![
                         text(&p["layer"]),
                         text(&p["test"]),
                         spread(&p["value_range"], 0),
                         spread(&p["passthrough_range"], 0),
-                        spread(&pct(&p["overhead_range"]), 1),
+                        spread(&percent(&p["overhead_range"]), 1),
                         verdict(p),
                     ]
                 })
