@@ -60,6 +60,19 @@ pub(super) fn fio_ratio(h: &HeadToHead) -> Vec<Ratio> {
         (&h.fio, "fio (plain; better than registered here)")
     };
     let vals = |v: &[Sample], g: fn(&Sample) -> f64| v.iter().map(g).collect::<Vec<f64>>();
+    // kura over the peer on one metric, round by round.
+    let versus = |what: String, get: fn(&Sample) -> f64, goal: Option<(Goal, String)>| {
+        line(
+            what,
+            &vals(&h.kura, get),
+            &vals(peer, get),
+            peer_name,
+            quotient,
+            false,
+            goal,
+            false,
+        )
+    };
     let (get, _, _) = metric(h);
     let mut out = Vec::new();
     let k = h.bytes >> 10;
@@ -69,15 +82,10 @@ pub(super) fn fio_ratio(h: &HeadToHead) -> Vec<Ratio> {
         } else {
             "read"
         };
-        out.push(line(
+        out.push(versus(
             format!("QD1 {k}K {op} latency µs, uring/fio (lower is better)"),
-            &vals(&h.kura, get),
-            &vals(peer, get),
-            peer_name,
-            quotient,
-            false,
+            get,
             None,
-            false,
         ));
         if h.bytes != 4096 {
             return out;
@@ -88,28 +96,17 @@ pub(super) fn fio_ratio(h: &HeadToHead) -> Vec<Ratio> {
         } else {
             "seqwrite"
         };
-        out.push(line(
+        out.push(versus(
             format!("1M {pattern} QD{} MiB/s, uring/fio", h.depth),
-            &vals(&h.kura, get),
-            &vals(peer, get),
-            peer_name,
-            quotient,
-            false,
+            get,
             None,
-            false,
         ));
         return out;
     }
-    let iops = |s: &Sample| s.iops;
-    out.push(line(
+    out.push(versus(
         format!("4K {} QD{} IOPS, uring/fio", h.rw, h.depth),
-        &vals(&h.kura, iops),
-        &vals(peer, iops),
-        peer_name,
-        quotient,
-        false,
+        |s| s.iops,
         target_of(h),
-        false,
     ));
     out
 }
@@ -338,26 +335,11 @@ mod tests {
 
     fn empty_report() -> Report {
         Report {
-            date_unix: 0,
-            kernel: String::new(),
-            cpu: String::new(),
             file_system: "ext4".into(),
             rounds: 3,
-            label: None,
             image: "x".into(),
-            image_bytes: 0,
             seconds_per_point: 1.0,
-            devices: Vec::new(),
-            latency: Vec::new(),
-            throughput: Vec::new(),
-            null_cmds_per_sec: None,
-            null_rounds: Vec::new(),
-            fio_status: String::new(),
-            fio: Vec::new(),
-            fio_runs: Vec::new(),
-            head_to_head: Vec::new(),
-            latency_rounds: Vec::new(),
-            ratios: Vec::new(),
+            ..Report::default()
         }
     }
 

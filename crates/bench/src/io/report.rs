@@ -74,8 +74,9 @@ pub struct HeadToHead {
     pub fio_registered_command: String,
 }
 
-/// Everything one run measured.
-#[derive(Debug, Clone, Serialize)]
+/// Everything one run measured. `Default` is a report with nothing measured and no facts about
+/// the run, for filling in field by field.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Report {
     pub date_unix: u64,
     pub kernel: String,
@@ -128,17 +129,7 @@ pub(super) fn new_report(
         image,
         image_bytes: size,
         seconds_per_point: plan.point.as_secs_f64(),
-        devices: Vec::new(),
-        latency: Vec::new(),
-        throughput: Vec::new(),
-        null_cmds_per_sec: None,
-        null_rounds: Vec::new(),
-        fio_status: String::new(),
-        fio: Vec::new(),
-        fio_runs: Vec::new(),
-        head_to_head: Vec::new(),
-        latency_rounds: Vec::new(),
-        ratios: Vec::new(),
+        ..Report::default()
     }
 }
 
