@@ -382,8 +382,9 @@ fn choose_peer(choice: &str) -> Result<RocksPeer, String> {
     }
 }
 
-/// The C++ peer's arguments: LevelDB's block cache, memtable size and bloom filter.
-pub fn cpp_peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
+/// The arguments both RocksDB peers take: the trace, the database directory, and LevelDB's block
+/// cache and memtable size.
+fn peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
     vec![
         "--trace".into(),
         trace.display().to_string(),
@@ -393,9 +394,14 @@ pub fn cpp_peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
         opts.block_cache_bytes.to_string(),
         "--write-buffer-bytes".into(),
         opts.write_buffer_bytes.to_string(),
-        "--bloom-bits".into(),
-        opts.bloom_bits.to_string(),
     ]
+}
+
+/// The C++ peer's arguments: LevelDB's block cache, memtable size and bloom filter.
+pub fn cpp_peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
+    let mut args = peer_args(trace, db, opts);
+    args.extend(["--bloom-bits".into(), opts.bloom_bits.to_string()]);
+    args
 }
 
 /// The RocksDB peer: the same workload as a trace file, replayed with LevelDB's settings by the
@@ -504,17 +510,9 @@ fn run_rocksdb(
 
 /// The peer script's arguments: LevelDB's block cache and memtable size.
 pub fn rocksdb_args(script: &Path, trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
-    vec![
-        script.display().to_string(),
-        "--trace".into(),
-        trace.display().to_string(),
-        "--db".into(),
-        db.display().to_string(),
-        "--cache-bytes".into(),
-        opts.block_cache_bytes.to_string(),
-        "--write-buffer-bytes".into(),
-        opts.write_buffer_bytes.to_string(),
-    ]
+    let mut args = vec![script.display().to_string()];
+    args.extend(peer_args(trace, db, opts));
+    args
 }
 
 fn rocksdb_missing() -> Option<String> {
