@@ -8,6 +8,7 @@
 //! never refuses a caller because a child is busy; the caller sees back-pressure only at the
 //! drive's own queue depth. A failed flush poisons the drive as the engine contract requires.
 
+use crate::mirror::{LegHealth, LegStatus};
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
@@ -99,6 +100,29 @@ impl<M> Fanout<M> {
     /// Caller requests accepted and not yet returned by `poll`.
     pub fn in_flight(&self) -> usize {
         self.parents.len() + self.ready.len()
+    }
+
+    /// One leg's device, for inspection; `None` while any request is in flight or when there
+    /// is no leg `leg`.
+    pub fn idle_leg_mut(&mut self, leg: usize) -> Option<&mut (dyn BlockDevice + 'static)> {
+        if self.in_flight() > 0 {
+            return None;
+        }
+        self.legs.get_mut(leg).map(|l| &mut *l.dev)
+    }
+
+    /// Every leg's device beside its health and read errors, both indexed by leg.
+    pub fn leg_status(&self, health: &[LegHealth], read_errors: &[u64]) -> Vec<LegStatus> {
+        self.legs
+            .iter()
+            .enumerate()
+            .map(|(index, l)| LegStatus {
+                index,
+                device: l.dev.describe(),
+                health: health[index].clone(),
+                read_errors: read_errors[index],
+            })
+            .collect()
     }
 
     /// Admits a caller's request against `geo` and the drive's queue depth. Returns the parent's

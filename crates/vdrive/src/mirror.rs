@@ -114,17 +114,7 @@ impl Mirror {
 
     /// Every leg's device, health and read errors.
     pub fn status(&self) -> Vec<LegStatus> {
-        self.fan
-            .legs
-            .iter()
-            .enumerate()
-            .map(|(index, l)| LegStatus {
-                index,
-                device: l.dev.describe(),
-                health: self.health[index].clone(),
-                read_errors: self.read_errors[index],
-            })
-            .collect()
+        self.fan.leg_status(&self.health, &self.read_errors)
     }
 
     /// True when every leg is healthy.
@@ -143,10 +133,7 @@ impl Mirror {
 
     /// Direct access to one leg's device, for inspection; only while the mirror is idle.
     pub fn leg_mut(&mut self, leg: usize) -> Option<&mut (dyn BlockDevice + 'static)> {
-        if self.fan.in_flight() > 0 {
-            return None;
-        }
-        self.fan.legs.get_mut(leg).map(|l| &mut *l.dev)
+        self.fan.idle_leg_mut(leg)
     }
 
     fn check_leg(&self, leg: usize) -> Result<(), MirrorError> {
