@@ -5,6 +5,9 @@
 //! ("every flip is repaired") apply to a fresh image, one flip at a time; [`format_ram_disk`]
 //! and [`reopen`] make the image and open it again for each check; [`ghost_entry_transaction`]
 //! is the journal both the fsck and the repair test leave committed but not yet applied.
+//! [`formatted_storage`], [`mount_storage`], [`fsck_problems`] and [`fault_device`] are the
+//! image, mount, check and fault-injection steps the whole-file-system tests (`fs_threads`,
+//! `fs_crash`, `read_only`, `posix`) all take.
 
 use crate::dir::{self, DirEntry};
 use crate::fsdevice::FsDevice;
@@ -12,8 +15,10 @@ use crate::inode::Kind;
 use crate::journal::{self, JournalArea, Transaction};
 use crate::layout::{Layout, Superblock};
 use crate::mkfs::{mkfs, MkfsOptions};
+use crate::{FileSystem, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_engine::fault::{FaultControl, FaultDevice, FaultPlan};
 use kura_engine::BlockDevice;
 
 /// A RAM disk of `bytes` with `device_block_size`-byte blocks, formatted by `mkfs` with
@@ -50,6 +55,57 @@ pub fn reopen(storage: &MemStorage) -> Box<dyn BlockDevice> {
         storage.clone(),
         QueueOptions::default(),
     ))
+}
+
+/// A RAM disk of `bytes` (default queue options) formatted by [`FileSystem::format`] with
+/// 4 KiB blocks and unmounted again: its storage. Panics if either step fails: it is for tests.
+pub fn formatted_storage(bytes: u64) -> MemStorage {
+    let dev = MemDevice::new(bytes, QueueOptions::default());
+    let storage = dev.storage();
+    FileSystem::format(
+        Box::new(dev),
+        MkfsOptions {
+            block_size: 4096,
+            inodes: None,
+        },
+        MountOptions::default(),
+    )
+    .expect("format")
+    .unmount()
+    .expect("unmount");
+    storage
+}
+
+/// The image in `storage` mounted with default options. Panics if the mount fails.
+pub fn mount_storage(storage: &MemStorage) -> FileSystem {
+    FileSystem::mount(reopen(storage), MountOptions::default()).expect("mount")
+}
+
+/// The problems fsck finds in the image in `storage`; one problem saying so when fsck cannot
+/// read the image at all.
+pub fn fsck_problems(storage: &MemStorage) -> Vec<String> {
+    match crate::fsck(reopen(storage)) {
+        Ok(r) => r.problems,
+        Err(e) => vec![format!("fsck could not read the image: {e}")],
+    }
+}
+
+/// A RAM disk over `storage` behind a fault device following `plan`, and the device's control.
+pub fn fault_device(storage: &MemStorage, plan: FaultPlan) -> (FaultDevice, FaultControl) {
+    let dev = FaultDevice::new(reopen(storage), plan);
+    let control = dev.control();
+    (dev, control)
+}
+
+/// [`fault_device`] with a plan that only records every write and flush (no faults).
+pub fn recording_device(storage: &MemStorage) -> (FaultDevice, FaultControl) {
+    fault_device(
+        storage,
+        FaultPlan {
+            record: true,
+            ..FaultPlan::default()
+        },
+    )
 }
 
 /// The blocks of a freshly made image that hold checked metadata: the superblock and its backup,

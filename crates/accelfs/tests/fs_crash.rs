@@ -17,53 +17,19 @@
 //! - Fault injection: EIO on reads, writes and flushes is an error, never damage, and a failed
 //!   commit makes the file system refuse further writes.
 
-use kura_accelfs::{fsck, FileSystem, FsError, MkfsOptions, MountOptions, RenameMode, XattrMode};
+use kura_accelfs::testing::{
+    fault_device, formatted_storage, fsck_problems, mount_storage, recording_device,
+};
+use kura_accelfs::{fsck, FileSystem, FsError, MountOptions, RenameMode, XattrMode};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
-use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
+use kura_engine::fault::{materialize, FaultPlan};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 const DEVICE_BYTES: u64 = 8 << 20;
-
-fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        block_size: 4096,
-        inodes: None,
-    }
-}
-
-fn formatted() -> MemStorage {
-    let dev = MemDevice::new(DEVICE_BYTES, QueueOptions::default());
-    let storage = dev.storage();
-    FileSystem::format(Box::new(dev), mkfs_opts(), MountOptions::default())
-        .expect("format")
-        .unmount()
-        .expect("unmount");
-    storage
-}
-
-fn on(storage: &MemStorage, plan: FaultPlan) -> (FaultDevice, kura_engine::fault::FaultControl) {
-    let dev = FaultDevice::new(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        plan,
-    );
-    let control = dev.control();
-    (dev, control)
-}
-
-fn fsck_problems(storage: &MemStorage) -> Vec<String> {
-    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
-    match fsck(Box::new(dev)) {
-        Ok(r) => r.problems,
-        Err(e) => vec![format!("fsck could not read the image: {e}")],
-    }
-}
 
 fn content(seed: u64, len: usize) -> Vec<u8> {
     let mut rng = SmallRng::seed_from_u64(seed);
@@ -196,7 +162,7 @@ fn check_path(fs: &FileSystem, cut: usize, path: &str, want: Option<&Obj>) {
     }
 }
 
-/// AccelFS block size of the harness (`mkfs_opts`), and the granularity at which
+/// AccelFS block size of the harness (`formatted_storage`), and the granularity at which
 /// `materialize` keeps or loses an unflushed write.
 const BS: usize = 4096;
 
@@ -378,15 +344,9 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(500);
-    let storage = formatted();
+    let storage = formatted_storage(DEVICE_BYTES);
     let base = storage.lock().expect("storage").clone();
-    let (dev, control) = on(
-        &storage,
-        FaultPlan {
-            record: true,
-            ..FaultPlan::default()
-        },
-    );
+    let (dev, control) = recording_device(&storage);
     let fs = FileSystem::mount(
         Box::new(dev),
         MountOptions {
@@ -745,15 +705,8 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
 /// exactly what was written — never the removed file's bytes.
 #[test]
 fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
-    let storage = formatted();
-    let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        MountOptions::default(),
-    )
-    .expect("mount");
+    let storage = formatted_storage(DEVICE_BYTES);
+    let fs = mount_storage(&storage);
     // Most of the device, so the new files can only get its blocks back.
     fs.write("/old", &content(1, 6 << 20)).expect("write");
     fs.sync().expect("sync");
@@ -761,13 +714,7 @@ fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
     fs.sync().expect("sync");
     fs.unmount().expect("unmount");
     let base = storage.lock().expect("storage").clone();
-    let (dev, control) = on(
-        &storage,
-        FaultPlan {
-            record: true,
-            ..FaultPlan::default()
-        },
-    );
+    let (dev, control) = recording_device(&storage);
     let fs = FileSystem::mount(
         Box::new(dev),
         MountOptions {
@@ -826,15 +773,8 @@ fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
 }
 
 fn populated() -> MemStorage {
-    let storage = formatted();
-    let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        MountOptions::default(),
-    )
-    .expect("mount");
+    let storage = formatted_storage(DEVICE_BYTES);
+    let fs = mount_storage(&storage);
     fs.create_dir_all("/x/y").expect("mkdir");
     for i in 0..20 {
         fs.write(&format!("/x/y/f{i}"), &content(i, 3000 * i as usize + 1))
@@ -867,7 +807,7 @@ fn read_errors_are_reported_and_never_wrong_data() {
     let storage = populated();
     let mut failures = 0;
     for nth in 1..80 {
-        let (dev, _) = on(
+        let (dev, _) = fault_device(
             &storage,
             FaultPlan {
                 read_eio: Some(nth),
@@ -905,7 +845,7 @@ fn a_failed_write_or_flush_makes_the_file_system_read_only_and_loses_nothing_syn
         },
     ] {
         let storage = populated();
-        let (dev, _) = on(&storage, plan.clone());
+        let (dev, _) = fault_device(&storage, plan.clone());
         let fs = FileSystem::mount(Box::new(dev), MountOptions::default()).expect("mount");
         // However many writes each sync issues, the injected failure comes within a few.
         let outcome = (|| -> Result<(), FsError> {

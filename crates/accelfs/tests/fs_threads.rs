@@ -4,46 +4,17 @@
 //! threads write, truncate and evict). Nothing here depends on timing: the assertions hold for
 //! every interleaving; how many commits the fsyncs shared is printed, not asserted.
 
-use kura_accelfs::{fsck, FileSystem, MkfsOptions, MountOptions};
+use kura_accelfs::testing::{formatted_storage, fsck_problems, mount_storage, recording_device};
+use kura_accelfs::{FileSystem, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
-use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
+use kura_engine::fault::materialize;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 const CHUNK: usize = 4096;
-
-fn mkfs_opts() -> MkfsOptions {
-    MkfsOptions {
-        block_size: 4096,
-        inodes: None,
-    }
-}
-
-fn formatted(bytes: u64) -> MemStorage {
-    let dev = MemDevice::new(bytes, QueueOptions::default());
-    let storage = dev.storage();
-    FileSystem::format(Box::new(dev), mkfs_opts(), MountOptions::default())
-        .expect("format")
-        .unmount()
-        .expect("unmount");
-    storage
-}
-
-fn mount(storage: &MemStorage) -> FileSystem {
-    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
-    FileSystem::mount(Box::new(dev), MountOptions::default()).expect("mount")
-}
-
-fn fsck_problems(storage: &MemStorage) -> Vec<String> {
-    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
-    match fsck(Box::new(dev)) {
-        Ok(r) => r.problems,
-        Err(e) => vec![format!("fsck could not read the image: {e}")],
-    }
-}
 
 /// The `i`th 4 KiB chunk thread `t` appends: distinct for every (t, i).
 fn chunk(t: usize, i: usize) -> Vec<u8> {
@@ -93,8 +64,8 @@ fn check_appends(fs: &FileSystem, t: usize, acked: usize, started: usize, at: &s
 fn fsynced_appends_of_many_threads_all_survive_and_share_commits() {
     const THREADS: usize = 8;
     const APPENDS: usize = 40;
-    let storage = formatted(64 << 20);
-    let fs = mount(&storage);
+    let storage = formatted_storage(64 << 20);
+    let fs = mount_storage(&storage);
     let before = fs.statfs().commits;
     std::thread::scope(|s| {
         for t in 0..THREADS {
@@ -119,7 +90,7 @@ fn fsynced_appends_of_many_threads_all_survive_and_share_commits() {
         THREADS * APPENDS
     );
     drop(fs); // no unmount: what the fsyncs made durable must be enough
-    let fs = mount(&storage);
+    let fs = mount_storage(&storage);
     for t in 0..THREADS {
         check_appends(&fs, t, APPENDS, APPENDS, "after remount");
         assert_eq!(
@@ -152,19 +123,9 @@ fn every_crash_point_keeps_every_acknowledged_fsync_of_concurrent_threads() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(300);
-    let storage = formatted(8 << 20);
+    let storage = formatted_storage(8 << 20);
     let base = storage.lock().expect("storage").clone();
-    let dev = FaultDevice::new(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        FaultPlan {
-            record: true,
-            ..FaultPlan::default()
-        },
-    );
-    let control = dev.control();
+    let (dev, control) = recording_device(&storage);
     let fs = FileSystem::mount(
         Box::new(dev),
         MountOptions {
@@ -204,7 +165,7 @@ fn every_crash_point_keeps_every_acknowledged_fsync_of_concurrent_threads() {
         let cut = rng.gen_range(start..=trace.len());
         let image = materialize(&base, &trace, cut, 4096, 0.5, p as u64);
         let crashed: MemStorage = Arc::new(Mutex::new(image));
-        let fs = mount(&crashed);
+        let fs = mount_storage(&crashed);
         for (t, (acks, begun)) in runs.iter().enumerate() {
             let acked = acks
                 .iter()
@@ -263,7 +224,7 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
     const FILES: u64 = 3;
     const BLOCKS: u64 = 48;
     const ROUNDS: u64 = 150;
-    let storage = formatted(32 << 20);
+    let storage = formatted_storage(32 << 20);
     let fs = FileSystem::mount(
         Box::new(MemDevice::with_storage(
             storage.clone(),

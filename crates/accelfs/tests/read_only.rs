@@ -4,10 +4,11 @@
 //! saw no write and no flush and its bytes are unchanged. Every change is refused with
 //! `FsError::ReadOnly`. fsck without repair leaves the image unchanged as well.
 
+use kura_accelfs::testing::{mount_storage, recording_device};
 use kura_accelfs::{fsck, FileSystem, FileType, FsError, MkfsOptions, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
-use kura_engine::fault::{FaultDevice, FaultPlan};
+use kura_engine::fault::FaultDevice;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -41,14 +42,7 @@ fn image_needing_replay() -> (Vec<u8>, BTreeMap<String, Vec<u8>>) {
     fs.write("/old/home", &files["/old/home"]).expect("write");
     fs.unmount().expect("unmount");
 
-    let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        MountOptions::default(),
-    )
-    .expect("mount");
+    let fs = mount_storage(&storage);
     fs.create_dir_all("/new/deeper").expect("mkdir");
     // Small synced data is journaled whole: its newest copy lives only in the log.
     files.insert("/new/small".to_string(), content(2, 5000));
@@ -71,17 +65,7 @@ fn image_needing_replay() -> (Vec<u8>, BTreeMap<String, Vec<u8>>) {
 
 fn recording(image: &[u8]) -> (FaultDevice, kura_engine::fault::FaultControl, MemStorage) {
     let storage: MemStorage = Arc::new(Mutex::new(image.to_vec()));
-    let dev = FaultDevice::new(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        FaultPlan {
-            record: true,
-            ..FaultPlan::default()
-        },
-    );
-    let control = dev.control();
+    let (dev, control) = recording_device(&storage);
     (dev, control, storage)
 }
 
@@ -148,14 +132,7 @@ fn a_read_only_mount_replays_in_memory_and_writes_nothing() {
 
     // A read-write mount of the same bytes replays on the device and sees the same files.
     let storage: MemStorage = Arc::new(Mutex::new(image.clone()));
-    let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        MountOptions::default(),
-    )
-    .expect("mount");
+    let fs = mount_storage(&storage);
     let mut after = BTreeMap::new();
     all_files(&fs, "/", &mut after);
     assert_eq!(after, files);
