@@ -292,6 +292,63 @@ fn missing(steps: &[Step], name: &str) -> Option<String> {
     }
 }
 
+/// A section that shows one benchmark's JSON: the step that writes it, the section's heading
+/// ([`head`]), and the blocks it draws from the JSON once loaded.
+struct Measured {
+    step: &'static str,
+    title: &'static str,
+    label: &'static str,
+    section: Section,
+    body: fn(&mut Vec<Block>, &Value),
+}
+
+/// The one-benchmark sections, in report order (the drives section, two headings over one
+/// benchmark, follows them).
+const MEASURED: [Measured; 6] = [
+    Measured {
+        step: "io",
+        title: "Hayagui Fig. 2 — device I/O on the direct path, against fio and redirect",
+        label: "Measured (the redirect rows over the modeled Aurora link are modeled: 42.7 µs and 0.92 GB/s per call added to a real call)",
+        section: Section::Io,
+        body: io_body,
+    },
+    Measured {
+        step: "fs",
+        title: "Hayagui Fig. 5 — file-system latency, AccelFS against the host file system",
+        label: "Measured",
+        section: Section::Fs,
+        body: fs_body,
+    },
+    Measured {
+        step: "kv",
+        title: "Hayagui Fig. 6 and 7 — key-value stores: db_bench and YCSB",
+        label: "Measured",
+        section: Section::Kv,
+        body: kv_body,
+    },
+    Measured {
+        step: "kv-sweep",
+        title: "Slides — YCSB by value size",
+        label: "Measured",
+        section: Section::Sweep,
+        body: sweep_body,
+    },
+    Measured {
+        step: "genome",
+        title: "Hayagui Fig. 8 and Table 2 — genome matching on each I/O path, against minimap2",
+        label: "Measured",
+        section: Section::Genome,
+        body: genome_body,
+    },
+    Measured {
+        step: "crc",
+        title: "Slides — CRC32C by method and size",
+        label: "Measured",
+        section: Section::Crc,
+        body: crc_body,
+    },
+];
+
 /// The report's blocks from the benchmarks' JSON in `out`.
 pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool) -> Vec<Block> {
     let mut d = vec![
@@ -339,12 +396,12 @@ pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool)
         .filter(|n| missing(steps, n).is_none())
         .filter_map(|n| Some((n.to_string(), load(out, n)?)))
         .collect();
-    section_io(&mut d, out, steps, &runs);
-    section_fs(&mut d, out, steps, &runs);
-    section_kv(&mut d, out, steps, &runs);
-    section_sweep(&mut d, out, steps, &runs);
-    section_genome(&mut d, out, steps, &runs);
-    section_crc(&mut d, out, steps, &runs);
+    for m in &MEASURED {
+        let loaded = outcome(out, steps, m.step);
+        if let Some(v) = open(&mut d, m.title, m.label, m.section, &runs, loaded) {
+            (m.body)(&mut d, &v);
+        }
+    }
     section_drives(&mut d, out, steps, &runs);
     d.push(Block::Heading(
         2,
@@ -443,18 +500,8 @@ fn ratio_rows(v: &Value) -> Vec<Vec<String>> {
         .collect()
 }
 
-fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "io");
-    let Some(v) = open(
-        d,
-        "Hayagui Fig. 2 — device I/O on the direct path, against fio and redirect",
-        "Measured (the redirect rows over the modeled Aurora link are modeled: 42.7 µs and 0.92 GB/s per call added to a real call)",
-        Section::Io,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
+/// The io section's body, from `io.json`.
+fn io_body(d: &mut Vec<Block>, v: &Value) {
     d.push(Block::Para(format!(
         "{} MiB image on {}, {} s per point, {} round(s); {}. The targets column holds issue 20's goals: QD1 4 KiB latency at least 50 % below the host-served path, and at least 5 M commands/s through the full interface on the null device.",
         v["image_bytes"].as_u64().unwrap_or(0) >> 20,
@@ -472,18 +519,8 @@ fn section_io(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     d.push(Block::Image("io.png".into()));
 }
 
-fn section_fs(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "fs");
-    let Some(v) = open(
-        d,
-        "Hayagui Fig. 5 — file-system latency, AccelFS against the host file system",
-        "Measured",
-        Section::Fs,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
+/// The fs section's body, from `fs.json`.
+fn fs_body(d: &mut Vec<Block>, v: &Value) {
     let host = format!("{} syscalls", text(&v["file_system"]));
     let lat = v["latency"].as_array().cloned().unwrap_or_default();
     let find = |sys: &str, op: &str, b: u64| {
@@ -553,18 +590,8 @@ fn kv_headers() -> Vec<String> {
         .to_vec()
 }
 
-fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "kv");
-    let Some(v) = open(
-        d,
-        "Hayagui Fig. 6 and 7 — key-value stores: db_bench and YCSB",
-        "Measured",
-        Section::Kv,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
+/// The kv section's body, from `kv.json`.
+fn kv_body(d: &mut Vec<Block>, v: &Value) {
     let settings: Vec<Vec<String>> = v["settings"]
         .as_array()
         .into_iter()
@@ -601,38 +628,18 @@ fn section_kv(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
         .to_vec(),
         settings,
     ));
-    d.push(Block::Table(kv_headers(), kv_rows(&v)));
+    d.push(Block::Table(kv_headers(), kv_rows(v)));
     d.push(Block::Image("kv.png".into()));
 }
 
-fn section_sweep(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "kv-sweep");
-    let Some(v) = open(
-        d,
-        "Slides — YCSB by value size",
-        "Measured",
-        Section::Sweep,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
-    d.push(Block::Table(kv_headers(), kv_rows(&v)));
+/// The kv-sweep section's body, from `kv-sweep.json`.
+fn sweep_body(d: &mut Vec<Block>, v: &Value) {
+    d.push(Block::Table(kv_headers(), kv_rows(v)));
     d.push(Block::Image("kv-sweep.png".into()));
 }
 
-fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "genome");
-    let Some(v) = open(
-        d,
-        "Hayagui Fig. 8 and Table 2 — genome matching on each I/O path, against minimap2",
-        "Measured",
-        Section::Genome,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
+/// The genome section's body, from `genome.json`.
+fn genome_body(d: &mut Vec<Block>, v: &Value) {
     let rows = v["systems"]
         .as_array()
         .into_iter()
@@ -684,18 +691,8 @@ fn section_genome(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
     d.push(Block::Image("genome.png".into()));
 }
 
-fn section_crc(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "crc");
-    let Some(v) = open(
-        d,
-        "Slides — CRC32C by method and size",
-        "Measured",
-        Section::Crc,
-        runs,
-        loaded,
-    ) else {
-        return;
-    };
+/// The crc section's body, from `crc.json`.
+fn crc_body(d: &mut Vec<Block>, v: &Value) {
     let rows = v
         .as_array()
         .into_iter()
