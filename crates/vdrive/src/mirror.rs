@@ -35,6 +35,19 @@ pub enum LegHealth {
     },
 }
 
+/// `leg I STATE: REASON` for each leg that is not healthy, in leg order; `state` is how the
+/// drive names a degraded leg in its description.
+pub(crate) fn unhealthy_legs(health: &[LegHealth], state: &str) -> Vec<String> {
+    health
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| match h {
+            LegHealth::Healthy => None,
+            LegHealth::Degraded { reason } => Some(format!("leg {i} {state}: {reason}")),
+        })
+        .collect()
+}
+
 /// One leg as [`Mirror::status`] reports it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LegStatus {
@@ -392,15 +405,7 @@ impl BlockDevice for Mirror {
 
     fn describe(&self) -> String {
         let legs: Vec<String> = self.fan.legs.iter().map(|l| l.dev.describe()).collect();
-        let degraded: Vec<String> = self
-            .health
-            .iter()
-            .enumerate()
-            .filter_map(|(i, h)| match h {
-                LegHealth::Healthy => None,
-                LegHealth::Degraded { reason } => Some(format!("leg {i} degraded: {reason}")),
-            })
-            .collect();
+        let degraded = unhealthy_legs(&self.health, "degraded");
         if degraded.is_empty() {
             format!("mirror({})", legs.join(","))
         } else {

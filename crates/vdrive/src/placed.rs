@@ -39,7 +39,7 @@
 
 use crate::child_request;
 use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
-use crate::mirror::{LegHealth, LegStatus};
+use crate::mirror::{unhealthy_legs, LegHealth, LegStatus};
 use kura_crush::map::{op, Bucket, BucketKind, Rule, Step, Tunables};
 use kura_crush::{CrushMap, Mapper, ITEM_NONE};
 use kura_engine::open::ChildOpener;
@@ -710,15 +710,7 @@ impl Placed {
 }
 
 fn describe_health(health: &[LegHealth]) -> String {
-    let out: Vec<String> = health
-        .iter()
-        .enumerate()
-        .filter_map(|(i, h)| match h {
-            LegHealth::Healthy => None,
-            LegHealth::Degraded { reason } => Some(format!("leg {i} out of service: {reason}")),
-        })
-        .collect();
-    out.join("; ")
+    unhealthy_legs(health, "out of service").join("; ")
 }
 
 fn offline(reason: String) -> DeviceError {
