@@ -302,9 +302,8 @@ struct Measured {
     body: fn(&mut Vec<Block>, &Value),
 }
 
-/// The one-benchmark sections, in report order (the drives section, two headings over one
-/// benchmark, follows them).
-const MEASURED: [Measured; 6] = [
+/// The measured sections, in report order (two of them show `drives.json`).
+const MEASURED: [Measured; 8] = [
     Measured {
         step: "io",
         title: "Hayagui Fig. 2 — device I/O on the direct path, against fio and redirect",
@@ -346,6 +345,20 @@ const MEASURED: [Measured; 6] = [
         label: "Measured",
         section: Section::Crc,
         body: crc_body,
+    },
+    Measured {
+        step: "drives",
+        title: "LeapIO Fig. 6 and 11 — per-layer overhead and priority isolation",
+        label: "Measured",
+        section: Section::Layers,
+        body: layers_body,
+    },
+    Measured {
+        step: "drives",
+        title: "DeLiBA — the NBD export against qemu-nbd and nbdkit, cache and coalescing",
+        label: "Measured",
+        section: Section::Nbd,
+        body: nbd_body,
     },
 ];
 
@@ -402,7 +415,6 @@ pub fn report(out: &Path, steps: &[Step], env: &[(String, String)], quick: bool)
             (m.body)(&mut d, &v);
         }
     }
-    section_drives(&mut d, out, steps, &runs);
     d.push(Block::Heading(
         2,
         "SNAcc Fig. 4 — streaming ingest, sequential and random, in-order vs out-of-order".into(),
@@ -724,122 +736,102 @@ fn crc_body(d: &mut Vec<Block>, v: &Value) {
     d.push(Block::Image("crc.png".into()));
 }
 
-fn section_drives(d: &mut Vec<Block>, out: &Path, steps: &[Step], runs: &Runs) {
-    let loaded = outcome(out, steps, "drives");
-    head(
-        d,
-        "LeapIO Fig. 6 and 11 — per-layer overhead and priority isolation",
-        "Measured",
-        Section::Layers,
-        runs,
-    );
-    match &loaded {
-        Err(why) => d.push(Block::Para(why.clone())),
-        Ok(v) => {
-            let rows = v["layers"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    vec![
-                        text(&p["layer"]),
-                        text(&p["test"]),
-                        spread(&p["value_range"], 0),
-                        spread(&p["passthrough_range"], 0),
-                        spread(&percent(&p["overhead_range"]), 1),
-                        verdict(p),
-                    ]
-                })
-                .collect();
-            d.push(Block::Table(
-                [
-                    "layer",
-                    "test",
-                    "value",
-                    "pass-through",
-                    "overhead %",
-                    "target",
-                ]
+/// The drives section's layer table and isolation figures, from `drives.json`.
+fn layers_body(d: &mut Vec<Block>, v: &Value) {
+    let rows = v["layers"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            vec![
+                text(&p["layer"]),
+                text(&p["test"]),
+                spread(&p["value_range"], 0),
+                spread(&p["passthrough_range"], 0),
+                spread(&percent(&p["overhead_range"]), 1),
+                verdict(p),
+            ]
+        })
+        .collect();
+    d.push(Block::Table(
+        [
+            "layer",
+            "test",
+            "value",
+            "pass-through",
+            "overhead %",
+            "target",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows,
+    ));
+    let iso = v["isolation"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            vec![
+                text(&p["case"]),
+                num(&p["p50_us"], 1),
+                num(&p["p99_us"], 1),
+                num(&p["background_mib_per_s"], 0),
+            ]
+        })
+        .collect();
+    d.push(Block::Table(
+        ["isolation case (fg 4K QD1)", "p50 µs", "p99 µs", "bg MiB/s"]
+            .map(String::from)
+            .to_vec(),
+        iso,
+    ));
+    d.push(Block::Para(
+        "Target: foreground p99 with priority at most 1.2× its p99 alone.".into(),
+    ));
+    d.push(Block::Image("drives.png".into()));
+}
+
+/// The NBD section's servers and ratios, from `drives.json`.
+fn nbd_body(d: &mut Vec<Block>, v: &Value) {
+    let rows = v["nbd"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|p| {
+            vec![
+                text(&p["server"]),
+                spread(&p["range"], 0),
+                text(&p["command"]),
+            ]
+        })
+        .collect::<Vec<_>>();
+    if rows.is_empty() {
+        let why = v["notes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(Value::as_str)
+            .find(|n| n.starts_with("NBD"))
+            .unwrap_or("no NBD figures in drives.json")
+            .to_string();
+        d.push(Block::Para(why));
+    } else {
+        d.push(Block::Table(
+            ["server", "MiB/s (nbdcopy)", "command"]
                 .map(String::from)
                 .to_vec(),
-                rows,
-            ));
-            let iso = v["isolation"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    vec![
-                        text(&p["case"]),
-                        num(&p["p50_us"], 1),
-                        num(&p["p99_us"], 1),
-                        num(&p["background_mib_per_s"], 0),
-                    ]
-                })
-                .collect();
-            d.push(Block::Table(
-                ["isolation case (fg 4K QD1)", "p50 µs", "p99 µs", "bg MiB/s"]
-                    .map(String::from)
-                    .to_vec(),
-                iso,
-            ));
-            d.push(Block::Para(
-                "Target: foreground p99 with priority at most 1.2× its p99 alone.".into(),
-            ));
-            d.push(Block::Image("drives.png".into()));
-        }
-    }
-    head(
-        d,
-        "DeLiBA — the NBD export against qemu-nbd and nbdkit, cache and coalescing",
-        "Measured",
-        Section::Nbd,
-        runs,
-    );
-    match &loaded {
-        Err(why) => d.push(Block::Para(why.clone())),
-        Ok(v) => {
-            let rows = v["nbd"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|p| {
-                    vec![
-                        text(&p["server"]),
-                        spread(&p["range"], 0),
-                        text(&p["command"]),
-                    ]
-                })
-                .collect::<Vec<_>>();
-            if rows.is_empty() {
-                let why = v["notes"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .find(|n| n.starts_with("NBD"))
-                    .unwrap_or("no NBD figures in drives.json")
-                    .to_string();
-                d.push(Block::Para(why));
-            } else {
-                d.push(Block::Table(
-                    ["server", "MiB/s (nbdcopy)", "command"]
-                        .map(String::from)
-                        .to_vec(),
-                    rows,
-                ));
-                let ratios: Vec<String> = v["nbd_ratios"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .map(|r| format!("{} = {}x", text(&r[0]), spread(&r[1]["ratio"], 2)))
-                    .collect();
-                d.push(Block::Para(format!(
+            rows,
+        ));
+        let ratios: Vec<String> = v["nbd_ratios"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|r| format!("{} = {}x", text(&r[0]), spread(&r[1]["ratio"], 2)))
+            .collect();
+        d.push(Block::Para(format!(
                     "{} (per round pair). Cache and coalescing: the `cache (wt)` and `coalesce` rows of the layer table above.",
                     ratios.join("; ")
                 )));
-            }
-        }
     }
 }
 
