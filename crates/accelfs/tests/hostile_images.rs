@@ -69,6 +69,16 @@ fn device(storage: &MemStorage) -> Box<MemDevice> {
     ))
 }
 
+/// Checks that fsck of the image in `storage` reports a problem mentioning `what`.
+fn assert_fsck_finds(storage: &MemStorage, what: &str) {
+    let report = fsck(device(storage)).expect("fsck");
+    assert!(
+        report.problems.iter().any(|p| p.contains(what)),
+        "{:?}",
+        report.problems
+    );
+}
+
 fn layout(storage: &MemStorage) -> Layout {
     let image = storage.lock().expect("storage");
     Superblock::decode(&image[..BS], 0)
@@ -510,15 +520,7 @@ fn crafted_posix_structures_are_errors_not_trust() {
     let e = fs.metadata("/f").unwrap_err();
     assert!(is_corrupt(&e, "outside the data region"), "{e}");
     drop(fs);
-    let report = fsck(device(&storage)).expect("fsck");
-    assert!(
-        report
-            .problems
-            .iter()
-            .any(|p| p.contains("extended-attribute block")),
-        "{:?}",
-        report.problems
-    );
+    assert_fsck_finds(&storage, "extended-attribute block");
     // An attribute block that is another file's data: reading it fails its header check.
     reset(&storage);
     let data = {
@@ -535,15 +537,7 @@ fn crafted_posix_structures_are_errors_not_trust() {
     let e = fs.list_xattr(ino).unwrap_err();
     assert_eq!(e.errno(), libc::EIO, "{e}");
     drop(fs);
-    let report = fsck(device(&storage)).expect("fsck");
-    assert!(
-        report
-            .problems
-            .iter()
-            .any(|p| p.contains("also claimed by")),
-        "{:?}",
-        report.problems
-    );
+    assert_fsck_finds(&storage, "also claimed by");
     // A symbolic link whose size says its target is in a block it does not have, one that is
     // too long, and a FIFO with data: each inode is refused by name.
     for (what, patch) in [

@@ -39,6 +39,13 @@ fn fsck_problems(storage: &MemStorage) -> Vec<String> {
     fsck(Box::new(dev)).expect("fsck runs").problems
 }
 
+/// Repairs the image in `storage` and checks that repair reports a fix mentioning `fix`.
+fn repair_fixing(storage: &MemStorage, fix: &str) {
+    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+    let report = repair::repair(Box::new(dev)).expect("repair");
+    assert!(report.fixed.iter().any(|f| f.contains(fix)), "{report:#?}");
+}
+
 fn assert_clean(storage: &MemStorage) {
     let p = fsck_problems(storage);
     assert!(p.is_empty(), "fsck problems: {p:#?}");
@@ -486,15 +493,7 @@ fn fsck_finds_a_damaged_attribute_block_and_repair_drops_it() {
     let fs = remount(&storage).expect("mount");
     assert_eq!(fs.get_xattr(ino, b"user.k").unwrap_err().errno(), libc::EIO);
     drop(fs);
-    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
-    let report = repair::repair(Box::new(dev)).expect("repair");
-    assert!(
-        report
-            .fixed
-            .iter()
-            .any(|f| f.contains("dropped its attributes")),
-        "{report:#?}"
-    );
+    repair_fixing(&storage, "dropped its attributes");
     assert_clean(&storage);
     let fs = remount(&storage).expect("mount");
     assert!(fs.list_xattr(ino).expect("list").is_empty());
@@ -568,15 +567,7 @@ fn fsck_reports_posix_structures_on_an_image_without_the_feature() {
     assert!(e.to_string().contains("posix feature"), "{e}");
     drop(fs);
     // Repair sets the flag (both superblocks), keeping the symlink and the links.
-    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
-    let report = repair::repair(Box::new(dev)).expect("repair");
-    assert!(
-        report
-            .fixed
-            .iter()
-            .any(|f| f.contains("set its flag in both superblocks")),
-        "{report:#?}"
-    );
+    repair_fixing(&storage, "set its flag in both superblocks");
     assert_clean(&storage);
     let fs = remount(&storage).expect("mount");
     assert_eq!(fs.read_link("/l").expect("readlink"), b"target");
