@@ -4,7 +4,8 @@
 
 mod common;
 
-use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
+use kura_accelfs::testing::{formatted_storage, mount_storage};
+use kura_accelfs::{FileSystem, MountOptions};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
@@ -23,34 +24,6 @@ fn small_opts() -> DbOptions {
         block_cache_bytes: 1 << 20,
         ..DbOptions::default()
     }
-}
-
-fn formatted(bytes: u64) -> MemStorage {
-    let dev = MemDevice::new(bytes, QueueOptions::default());
-    let storage = dev.storage();
-    FileSystem::format(
-        Box::new(dev),
-        MkfsOptions {
-            block_size: 4096,
-            inodes: None,
-        },
-        MountOptions::default(),
-    )
-    .expect("format")
-    .unmount()
-    .expect("unmount");
-    storage
-}
-
-fn mount(storage: &MemStorage) -> FileSystem {
-    FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        MountOptions::default(),
-    )
-    .expect("mount")
 }
 
 fn open_on(fs: &FileSystem) -> Db {
@@ -155,12 +128,12 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 12, ..ProptestConfig::default() })]
 
     fn accelfs_model(ops in prop::collection::vec(op(), 1..120)) {
-        let storage = formatted(64 << 20);
-        let fs = std::cell::RefCell::new(mount(&storage));
+        let storage = formatted_storage(64 << 20);
+        let fs = std::cell::RefCell::new(mount_storage(&storage));
         run_model(ops, |again| {
             if again {
                 fs.borrow().clone().unmount().expect("unmount");
-                *fs.borrow_mut() = mount(&storage);
+                *fs.borrow_mut() = mount_storage(&storage);
             }
             open_on(&fs.borrow())
         })?;
@@ -230,7 +203,7 @@ fn every_synced_write_survives_a_crash_and_nothing_is_invented() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(60);
-    let storage = formatted(32 << 20);
+    let storage = formatted_storage(32 << 20);
     let base = storage.lock().expect("storage").clone();
     let dev = FaultDevice::new(
         Box::new(MemDevice::with_storage(
@@ -271,7 +244,7 @@ fn every_synced_write_survives_a_crash_and_nothing_is_invented() {
         let cut = rng.gen_range(first..=trace.len());
         let image = materialize(&base, &trace, cut, 4096, 0.5, p as u64);
         let crashed: MemStorage = Arc::new(Mutex::new(image));
-        let fs = mount(&crashed);
+        let fs = mount_storage(&crashed);
         let db = Db::open(
             Location::AccelFs {
                 fs: fs.clone(),
@@ -339,8 +312,8 @@ fn bad_input_is_a_clear_error() {
     );
 
     // A corrupted table: paranoid checks report it instead of returning wrong data.
-    let storage = formatted(64 << 20);
-    let fs = mount(&storage);
+    let storage = formatted_storage(64 << 20);
+    let fs = mount_storage(&storage);
     let db = open_on(&fs);
     for i in 0..3000u16 {
         db.put(&key(i), &value(i, 7)).expect("put");
@@ -385,8 +358,8 @@ fn bad_input_is_a_clear_error() {
     assert!(errors > 0, "the damage was reported");
 
     // A full device: writes fail with an error, and what was synced before is still there.
-    let storage = formatted(6 << 20);
-    let fs = mount(&storage);
+    let storage = formatted_storage(6 << 20);
+    let fs = mount_storage(&storage);
     let db = open_on(&fs);
     db.put_sync(b"first", b"kept").expect("put");
     let big = vec![7u8; 64 << 10];
@@ -403,7 +376,7 @@ fn bad_input_is_a_clear_error() {
     drop(fs);
     // Reopening needs room for recovery's new files: it either works and finds the synced
     // write, or says the device is full. Either way the file system stays consistent.
-    let fs = mount(&storage);
+    let fs = mount_storage(&storage);
     match Db::open(
         Location::AccelFs {
             fs: fs.clone(),
@@ -437,8 +410,8 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
     };
     let mut second_pass_reads = Vec::new();
     for resident in [64usize << 20, 0] {
-        let storage = formatted(64 << 20);
-        let fs = mount(&storage);
+        let storage = formatted_storage(64 << 20);
+        let fs = mount_storage(&storage);
         // Uncompressed values well beyond the block cache, so gets keep reading tables.
         let opts = DbOptions {
             resident_table_bytes: resident,
@@ -498,8 +471,8 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
 fn a_store_says_clearly_whether_this_build_has_leveldb() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("db");
-    let storage = formatted(16 << 20);
-    let fs = mount(&storage);
+    let storage = formatted_storage(16 << 20);
+    let fs = mount_storage(&storage);
     let locations = [
         Location::Dir(path.clone()),
         Location::AccelFs {
