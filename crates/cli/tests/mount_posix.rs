@@ -8,10 +8,9 @@
 
 mod common;
 
-use common::{ok, start_mount, wait_exit, MountGuard};
+use common::{ok, start_mount, MountGuard};
 use std::path::Path;
 use std::process::Command;
-use std::time::Duration;
 
 /// Runs `script` with `sh -e` in `dir`; it must succeed; its stdout.
 fn sh(dir: &Path, script: &str) -> String {
@@ -32,13 +31,7 @@ fn sh(dir: &Path, script: &str) -> String {
 }
 
 fn unmount(server: &mut std::process::Child, mnt: &Path) {
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(mnt)
-        .status()
-        .expect("fusermount3");
-    assert!(st.success(), "fusermount3 -u");
-    let status = wait_exit(server, Duration::from_secs(120));
+    let status = common::unmount(server, mnt);
     assert!(status.success(), "kura mount exit {status}");
 }
 

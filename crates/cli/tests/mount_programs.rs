@@ -15,10 +15,9 @@
 
 mod common;
 
-use common::{ok, start_mount, wait_exit, MountGuard};
+use common::{ok, start_mount, MountGuard};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::Duration;
 
 const TEST: &str = "git_sqlite_and_dbench_work_on_a_mount";
 
@@ -252,13 +251,7 @@ fn dbench_checks(mnt: &Path) {
 }
 
 fn unmount(server: &mut std::process::Child, mnt: &Path) {
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(mnt)
-        .status()
-        .expect("fusermount3");
-    assert!(st.success(), "fusermount3 -u");
-    let status = wait_exit(server, Duration::from_secs(120));
+    let status = common::unmount(server, mnt);
     assert!(status.success(), "kura mount exit {status}");
 }
 

@@ -37,7 +37,7 @@
 
 mod common;
 
-use common::{ok, start_mount, wait_exit, MountGuard};
+use common::{ok, start_mount, MountGuard};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rustix::fs::{
@@ -47,8 +47,6 @@ use rustix::io::Errno;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
 
 const DIRS: [&str; 4] = ["", "d/", "d/e/", "f/"];
 const NAMES: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
@@ -800,13 +798,7 @@ fn random_calls_agree_with_the_host_file_system() {
         }
         eprintln!("seed {seed}: {ops} calls, no difference");
     }
-    let st = Command::new("fusermount3")
-        .arg("-u")
-        .arg(&mnt)
-        .status()
-        .expect("fusermount3");
-    assert!(st.success(), "fusermount3 -u");
-    let status = wait_exit(&mut server, Duration::from_secs(120));
+    let status = common::unmount(&mut server, &mnt);
     drop(guard);
     if let Some(e) = failure {
         panic!("{e}");

@@ -118,3 +118,15 @@ pub fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatu
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// Unmounts the FUSE mount at `mnt` with `fusermount3 -u` (which must succeed) and waits up to
+/// two minutes for its `kura mount` process to finish: its exit status.
+pub fn unmount(server: &mut Child, mnt: &Path) -> std::process::ExitStatus {
+    let st = Command::new("fusermount3")
+        .arg("-u")
+        .arg(mnt)
+        .status()
+        .expect("fusermount3");
+    assert!(st.success(), "fusermount3 -u");
+    wait_exit(server, Duration::from_secs(120))
+}
