@@ -1,0 +1,20 @@
+//! Streaming network-to-storage ingest (issue 17, after SNAcc): records arrive as frames on a
+//! socket and are stored on a device with an index, durably before they are acknowledged.
+//!
+//! - [`frame`]: the wire format, every frame with a length and a CRC32C, decoded with bounds
+//!   checked before a payload is read (`docs/ingest-protocol.md` §1–§2).
+//! - [`session`]: the conversation's rules as a pure state machine (§3–§4).
+//! - [`layout`]: the raw-device target's superblocks and index entries (§5–§6).
+//! - [`store`]: format, crash recovery and durable batches on any `BlockDevice` (§7–§8).
+
+#![forbid(unsafe_code)]
+
+pub mod frame;
+pub mod layout;
+pub mod session;
+pub mod store;
+
+pub use frame::{Frame, FrameError, FrameHeader, FrameType, Limits};
+pub use layout::{Entry, Superblock};
+pub use session::{Session, SessionError, Stage, Step};
+pub use store::{FormatOptions, NewRecord, Store, StoreError};
