@@ -1,8 +1,9 @@
 #!/bin/bash
 # Packs an NVMe guest initramfs: busybox-static, the kernel modules of the nvme and vfio-pci
-# stacks (in dependency order, listed in /modules.list), the given programs in /bin (stripped,
-# which keeps a debug build's binary small enough to unpack quickly under emulation) with the
-# shared libraries they link, guest-setup.sh (which every init sources) and INIT_SCRIPT as /init.
+# stacks and any INIT_SCRIPT names (in dependency order, listed in /modules.list), the given
+# programs in /bin (stripped, which keeps a debug build's binary small enough to unpack quickly
+# under emulation) with the shared libraries they link, guest-setup.sh (which every init
+# sources) and INIT_SCRIPT as /init.
 #   build-initramfs.sh OUT_DIR INIT_SCRIPT BINARY...
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -26,9 +27,11 @@ for BIN in "$@"; do
     cp -L "$lib" "$R$lib"
   done
 done
-# Dependency order: every module after the ones it needs, each once.
+# Dependency order: every module after the ones it needs, each once. An init script may name more
+# modules on a `# kura-vm-modules: NAME...` line (init-nbd: nbd and ext4).
+EXTRA_MODULES=$(sed -n 's/^# kura-vm-modules: *//p' "$INIT")
 : > "$R/modules.list"
-for m in nvme vfio_iommu_type1 vfio-pci; do
+for m in nvme vfio_iommu_type1 vfio-pci $EXTRA_MODULES; do
   modprobe -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
   mkdir -p "$R$(dirname "$ko")"

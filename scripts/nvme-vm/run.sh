@@ -4,8 +4,8 @@
 # addresses) and an emulated NVMe controller with two namespaces on fresh images: disk.img
 # (64 MiB, the device-interface tests and the benchmark) and fs.img (32 MiB, AccelFS).
 #   run.sh OUT_DIR INIT_SCRIPT TIMEOUT_SECONDS BINARY...
-# INIT_SCRIPT is the guest's /init (init: the tests; init-bench: `kura bench io`); the binaries go
-# to the guest's /bin. KURA_VM_APPEND adds to the kernel command line.
+# INIT_SCRIPT is the guest's /init (init: the tests; init-bench: `kura bench io`; init-nbd: ext4
+# on the guest kernel's NBD driver attached to `kura serve`); the binaries go to the guest's /bin. KURA_VM_APPEND adds to the kernel command line.
 # Leaves OUT_DIR/console.log and the images; exits with QEMU's status (124 on timeout), or 77
 # with the reason in OUT_DIR/skipped where QEMU, a kernel, busybox-static or cpio is missing.
 set -uo pipefail

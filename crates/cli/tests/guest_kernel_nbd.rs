@@ -1,0 +1,158 @@
+//! The kernel's NBD driver as kura's client, as in DeLiBA (issue 15, item 5): the NVMe guest
+//! (`scripts/nvme-vm/init-nbd`) runs `kura serve` with DeLiBA's layers (`coalesce`, then a
+//! write-back `cache`) over its emulated NVMe namespace (`uring:/dev/nvme0n1`) on the guest's
+//! loopback, and the guest kernel's own NBD driver, set up by `nbd-client` over netlink, attaches
+//! `/dev/nbd0` to it. In the guest: mkfs.ext4, a tree of random files written, read back after a
+//! remount, `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back again.
+//! On the host afterwards: the namespace image itself is a clean ext4 (`e2fsck -f -n`) holding
+//! files with the checksums the guest printed (`debugfs rdump`, `sha256sum -c`), so everything
+//! acknowledged went through the cache and the coalescer to the device.
+//!
+//! This host's kernel has no NBD driver; the guest's Debian kernel has `nbd.ko`. The host's
+//! `nbd-client`, `mkfs.ext4` and `fsck.ext4` go into the guest with their shared libraries.
+//! Skips visibly where the host cannot boot a guest (see `kura_nvme_guest`) or lacks nbd-client
+//! or e2fsprogs. The guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 180).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const TEST: &str = "kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest";
+
+/// `tool` on PATH or in /usr/sbin and /sbin (not on every user's PATH).
+fn find_tool(tool: &str) -> Option<PathBuf> {
+    kura_testkit::which(tool).or_else(|| {
+        ["/usr/sbin", "/sbin"]
+            .iter()
+            .map(|d| Path::new(d).join(tool))
+            .find(|p| kura_testkit::which(&p.to_string_lossy()).is_some())
+    })
+}
+
+/// The guest's `sha256sum` lines for the tree, `\r` from the serial console removed.
+fn guest_sums(run: &kura_nvme_guest::GuestRun) -> String {
+    let sums = run
+        .between("GUEST-SUMS-BEGIN", "GUEST-SUMS-END")
+        .expect("the guest printed the tree's checksums");
+    sums.lines()
+        .map(|l| l.trim_end_matches('\r'))
+        .filter(|l| !l.is_empty())
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
+    let mut tools = Vec::new();
+    for (tool, package) in [
+        ("nbd-client", "nbd-client"),
+        ("mkfs.ext4", "e2fsprogs"),
+        ("fsck.ext4", "e2fsprogs"),
+        ("debugfs", "e2fsprogs"),
+    ] {
+        match find_tool(tool) {
+            Some(path) => tools.push(path),
+            None => {
+                let why = format!("{tool} not found (apt-get install {package})");
+                return kura_testkit::skip(TEST, tool, &why);
+            }
+        }
+    }
+    let debugfs = tools.pop().expect("debugfs found above");
+    let kura = PathBuf::from(env!("CARGO_BIN_EXE_kura"));
+    let mut bins: Vec<&Path> = vec![&kura];
+    bins.extend(tools.iter().map(PathBuf::as_path));
+    let limit = kura_nvme_guest::time_limit(180);
+    let run = match kura_nvme_guest::boot("init-nbd", &bins, limit, "") {
+        Ok(run) => run,
+        // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU, a
+        // kernel, busybox-static or cpio not installed).
+        Err(why) if why.starts_with("cannot start") => panic!("{why}"),
+        Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+    };
+    eprintln!("{}", run.summary());
+    eprintln!("guest run took {:.1} s on the host", run.took.as_secs_f64());
+    let log_at = run.dir.join("console.log");
+    assert_eq!(
+        run.status,
+        Some(0),
+        "QEMU failed or timed out; log in {}",
+        log_at.display()
+    );
+    assert!(
+        !run.console.contains("FAIL "),
+        "a guest step failed; log in {}",
+        log_at.display()
+    );
+    assert!(
+        run.console
+            .contains("GUEST spec coalesce(cache(uring:/dev/nvme0n1)?size=4M&mode=wb)"),
+        "the guest served DeLiBA's layers over the namespace"
+    );
+    for step in [
+        "loopback up",
+        "attach /dev/nbd0 to kura serve",
+        "mkfs.ext4",
+        "mount",
+        "write a tree of 22 files",
+        "read back after remount (cache warm)",
+        "disconnect and stop kura serve",
+        "attach again to a restarted kura serve",
+        "fsck.ext4 -f -n",
+        "read back after restart (cache cold",
+        "symlink kept",
+        "stop kura serve at the end",
+    ] {
+        assert!(
+            run.console.contains(&format!("PASS {step}")),
+            "step `{step}` did not pass; log in {}",
+            log_at.display()
+        );
+    }
+    assert!(run.console.contains("GUEST-RESULT nbd pass"));
+    // nbd-client handed the socket to the kernel over netlink and exited (the ioctl interface
+    // would have kept one process in NBD_DO_IT).
+    assert!(
+        run.console
+            .contains("GUEST nbd-client processes left: none"),
+        "nbd-client used the kernel's netlink interface"
+    );
+
+    // The namespace image, written only through kura's stack, is a clean ext4 with the tree.
+    let image = run.dir.join("disk.img");
+    let fsck = Command::new(&tools[2])
+        .args(["-f", "-n"])
+        .arg(&image)
+        .output()
+        .expect("run fsck.ext4 on the host");
+    assert!(
+        fsck.status.success(),
+        "host fsck.ext4 -f -n on the namespace image: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
+    let sums = guest_sums(&run);
+    assert_eq!(sums.lines().count(), 22, "checksums of the 22 files");
+    let tree = run.dir.join("tree");
+    std::fs::create_dir_all(&tree).expect("make the dump directory");
+    let dump = Command::new(&debugfs)
+        .arg("-R")
+        .arg(format!("rdump / {}", tree.display()))
+        .arg(&image)
+        .output()
+        .expect("run debugfs");
+    assert!(dump.status.success(), "debugfs rdump failed: {dump:?}");
+    std::fs::write(run.dir.join("sums"), &sums).expect("write the checksums");
+    let check = Command::new("sha256sum")
+        .args(["-c", "--strict", "--quiet"])
+        .arg(run.dir.join("sums"))
+        .current_dir(&tree)
+        .output()
+        .expect("run sha256sum");
+    assert!(
+        check.status.success(),
+        "the files on the namespace image differ from what the guest wrote: {}{}",
+        String::from_utf8_lossy(&check.stdout),
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&run.dir);
+}
