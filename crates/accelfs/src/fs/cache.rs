@@ -4,9 +4,19 @@
 //! Blocks live in engine buffers (`IoBuf`, from the registered pool when it has room), so the
 //! device reads straight into the cache. The cache never does I/O itself: making room hands the
 //! dirty victims back to the caller, which writes them at queue depth in one batch.
+//!
+//! The cache lives in the mounted state, behind the state lock. Everything that changes it takes
+//! that lock exclusively, except one thing: a read of cached blocks under the *shared* state
+//! lock (`Cache::peek`), which many threads do at once. Such a hit cannot move the block in
+//! the LRU order (that needs the exclusive lock); it sets the slot's `referenced` flag instead,
+//! and eviction gives a referenced block a second chance (moves it to the most recent end and
+//! clears the flag) rather than evicting it, so the order is LRU for exclusive hits and
+//! second-chance (CLOCK) for shared ones. Shared hits are counted in per-thread stripes
+//! (`StripedCounter`) so readers never write one shared cache line.
 
 use kura_engine::IoBuf;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// Counters of the buffer cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -32,6 +42,40 @@ pub(crate) struct Slot {
     pub(crate) buf: IoBuf,
     dirty: bool,
     tick: u64,
+    /// Read under the shared state lock since it last moved in the LRU order.
+    referenced: AtomicBool,
+}
+
+/// Stripes of [`StripedCounter`], each on its own cache line.
+const STRIPES: usize = 16;
+
+#[repr(align(128))]
+#[derive(Default)]
+struct Stripe(AtomicU64);
+
+/// A counter that many threads add to at once without sharing a cache line: each thread adds
+/// to its own stripe (threads are numbered when they first count), the total is the sum.
+#[derive(Default)]
+pub(crate) struct StripedCounter {
+    stripes: [Stripe; STRIPES],
+}
+
+impl StripedCounter {
+    pub(crate) fn add(&self, n: u64) {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        thread_local! {
+            static STRIPE: usize = NEXT.fetch_add(1, Ordering::Relaxed) % STRIPES;
+        }
+        let i = STRIPE.with(|s| *s);
+        self.stripes[i].0.fetch_add(n, Ordering::Relaxed);
+    }
+
+    pub(crate) fn total(&self) -> u64 {
+        self.stripes
+            .iter()
+            .map(|s| s.0.load(Ordering::Relaxed))
+            .sum()
+    }
 }
 
 /// A dirty block handed back for writing: file, file block, contents.
@@ -46,7 +90,10 @@ pub(crate) struct Cache {
     dirty: BTreeSet<(u64, u32)>,
     tick: u64,
     count: usize,
+    /// Counters changed under the exclusive state lock.
     pub(crate) stats: CacheStats,
+    /// Hits of reads under the shared state lock ([`Cache::peek`]).
+    pub(crate) shared_hits: StripedCounter,
 }
 
 impl Cache {
@@ -64,6 +111,15 @@ impl Cache {
                 budget_bytes: (budget_blocks * block_size) as u64,
                 ..CacheStats::default()
             },
+            shared_hits: StripedCounter::default(),
+        }
+    }
+
+    /// The counters, shared hits included.
+    pub(crate) fn stats(&self) -> CacheStats {
+        CacheStats {
+            hits: self.stats.hits + self.shared_hits.total(),
+            ..self.stats
         }
     }
 
@@ -81,6 +137,17 @@ impl Cache {
         Some(slot)
     }
 
+    /// The cached block, for a reader holding the state lock shared: marks it referenced (see
+    /// the module documentation) instead of moving it in the LRU order.
+    pub(crate) fn peek(&self, ino: u64, block: u32) -> Option<&IoBuf> {
+        let slot = self.files.get(&ino)?.get(&block)?;
+        // Only the first reader after a move writes the flag; later ones only read it.
+        if !slot.referenced.load(Ordering::Relaxed) {
+            slot.referenced.store(true, Ordering::Relaxed);
+        }
+        Some(&slot.buf)
+    }
+
     pub(crate) fn contains(&self, ino: u64, block: u32) -> bool {
         self.files.get(&ino).is_some_and(|m| m.contains_key(&block))
     }
@@ -93,6 +160,17 @@ impl Cache {
             let Some((_, (ino, block))) = self.lru.pop_first() else {
                 break;
             };
+            // A block read under the shared lock since it last moved gets a second chance:
+            // it goes to the most recent end, unreferenced (each block at most once per call,
+            // since nothing sets the flag while the caller holds the exclusive lock).
+            if let Some(slot) = self.files.get_mut(&ino).and_then(|m| m.get_mut(&block)) {
+                if std::mem::take(slot.referenced.get_mut()) {
+                    self.tick += 1;
+                    slot.tick = self.tick;
+                    self.lru.insert(self.tick, (ino, block));
+                    continue;
+                }
+            }
             if let Some(slot) = self.remove(ino, block) {
                 self.stats.evictions += 1;
                 if slot.dirty {
@@ -112,6 +190,7 @@ impl Cache {
             buf,
             dirty,
             tick: self.tick,
+            referenced: AtomicBool::new(false),
         };
         if dirty {
             self.dirty.insert((ino, block));
@@ -210,6 +289,29 @@ mod tests {
         assert!(!c.contains(1, 1) && c.contains(1, 0));
         assert_eq!(c.stats.evictions, 2);
         assert!(c.stats.peak_bytes <= c.stats.budget_bytes);
+    }
+
+    #[test]
+    fn a_block_peeked_under_the_shared_lock_gets_a_second_chance() {
+        let mut c = Cache::new(4096, 16 * 4096);
+        for b in 0..16u32 {
+            c.insert(1, b, IoBuf::zeroed(4096), false);
+        }
+        assert!(c.peek(1, 0).is_some() && c.peek(1, 1).is_some());
+        assert!(c.peek(2, 0).is_none());
+        c.shared_hits.add(2);
+        c.make_room(3);
+        // 0 and 1 (the oldest, but referenced) moved to the recent end; 2, 3, 4 went.
+        assert!(c.contains(1, 0) && c.contains(1, 1));
+        assert!(!c.contains(1, 2) && !c.contains(1, 3) && !c.contains(1, 4));
+        assert!(c.contains(1, 5));
+        assert_eq!(c.stats().hits, 2);
+        // The second chance is used up: without a new reference, 0 and 1 age again (after
+        // 5..=15, which were inserted before they moved).
+        c.make_room(3 + 11);
+        assert!(!c.contains(1, 15) && c.contains(1, 0) && c.contains(1, 1));
+        c.make_room(3 + 12);
+        assert!(!c.contains(1, 0) && c.contains(1, 1));
     }
 
     #[test]

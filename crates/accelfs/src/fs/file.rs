@@ -77,6 +77,12 @@ impl File {
         self.ino
     }
 
+    /// The generation of the inode this handle was opened on: `(ino, generation)` names one
+    /// file for the life of the file system, even after its inode number is reused.
+    pub fn generation(&self) -> u32 {
+        self.generation
+    }
+
     fn need(&self, write: bool) -> Result<(), FsError> {
         if write && !self.writable {
             return Err(FsError::BadHandle("file not opened for writing".into()));
@@ -179,7 +185,7 @@ impl File {
     }
 
     pub fn metadata(&self) -> Result<Metadata, FsError> {
-        self.fs.with_handle(self.ino, self.generation, |_| Ok(()))?;
+        self.fs.check_handle(self.ino, self.generation)?;
         self.fs.metadata_of(self.ino)
     }
 

@@ -3,11 +3,13 @@
 //! the buffer cache ([`cache`]) and the allocator (`alloc.rs`). Every call takes the state lock
 //! and calls a method of the mounted state; paths are split by `path.rs`.
 //!
-//! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. Operations
-//! are serialised by the state lock around the mounted state, but nothing waits for the device
-//! holding it on the paths that matter: commits, cache misses, large reads, streams and large
-//! writes do their device I/O under the disk lock alone (lock order and the rules in
-//! `state/mod.rs`). Durability: `File::sync_all` and `FileSystem::sync` write every dirty block
+//! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. The state
+//! lock is a read-write lock: reads of cached data, `stat` of inodes in memory and handle
+//! checks take it shared and run side by side; every change takes it exclusively. Nothing waits
+//! for the device holding it on the paths that matter: commits, cache misses, large reads,
+//! streams and large writes do their device I/O under the disk lock alone. Which lock protects
+//! what, the order they are taken in (state, then disk, then the commit counter) and why that
+//! cannot deadlock: "# Locks" in `state/mod.rs`. Durability: `File::sync_all` and `FileSystem::sync` write every dirty block
 //! and commit the running transaction with one flush (group commit: fsyncs that overlap share
 //! it); when they return, the data and metadata survive a crash.
 
@@ -32,7 +34,7 @@ use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
 use state::Mounted;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
 const READ_ONLY_MOUNT: &str = "mounted read-only";
@@ -237,7 +239,13 @@ pub struct FileSystem {
 /// What the handles of one mount share: the mounted state behind its lock, and the signal that
 /// a group commit's leader finished (see [`FileSystem::group_commit`]).
 struct Shared {
-    state: Mutex<Mounted>,
+    /// The state lock: shared for reads of cached data and `stat` of loaded inodes, exclusive
+    /// for everything else.
+    state: RwLock<Mounted>,
+    /// Counts finished group commits; waiters sleep on `commit_finished` until it moves. Taken
+    /// only while holding the state lock (exclusively) or holding nothing, and never held while
+    /// taking another lock.
+    commits_finished: Mutex<u64>,
     commit_finished: Condvar,
 }
 
@@ -305,7 +313,7 @@ impl FileSystem {
 
     /// Whether this file system was mounted with [`FileSystem::mount_read_only`].
     pub fn is_read_only(&self) -> bool {
-        self.lock().mounted_read_only()
+        self.read_lock().mounted_read_only()
     }
 
     fn mount_with(
@@ -346,16 +354,24 @@ impl FileSystem {
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         Ok(FileSystem {
             inner: Arc::new(Shared {
-                state: Mutex::new(mounted),
+                state: RwLock::new(mounted),
+                commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
             }),
         })
     }
 
-    fn lock(&self) -> MutexGuard<'_, Mounted> {
+    /// Takes the state lock exclusively.
+    fn lock(&self) -> RwLockWriteGuard<'_, Mounted> {
         // A panic while holding the lock cannot leave a half-applied change on the device (only
         // commits write metadata), so the state is still usable.
-        self.inner.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.state.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Takes the state lock shared: for what only looks at the mounted state (`&Mounted`).
+    /// Never held while taking the lock exclusively (that would wait for itself).
+    fn read_lock(&self) -> RwLockReadGuard<'_, Mounted> {
+        self.inner.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Group commit (format §7): returns once every change made before the call is durable.
@@ -380,11 +396,23 @@ impl FileSystem {
             }
             g.writable()?;
             if g.commit_in_flight() {
-                g = self
+                // The commit counter is locked before the state lock is released, and the
+                // leader moves it holding the state lock: so its move cannot fall between the
+                // check above and the wait (no lost wake-up).
+                let finished = self
+                    .inner
+                    .commits_finished
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner());
+                drop(g);
+                let seen = *finished;
+                let finished = self
                     .inner
                     .commit_finished
-                    .wait(g)
+                    .wait_while(finished, |n| *n == seen)
                     .unwrap_or_else(|p| p.into_inner());
+                drop(finished);
+                g = self.lock();
                 continue;
             }
             let prepared = g.prepare_commit()?;
@@ -653,7 +681,7 @@ impl FileSystem {
     }
 
     pub fn statfs(&self) -> FsStats {
-        self.lock().stats()
+        self.read_lock().stats()
     }
 
     /// Commits, checkpoints the journal and closes the file system; other handles then fail.
@@ -664,6 +692,9 @@ impl FileSystem {
     // ---- inode API (used by the FUSE adapter) ---------------------------------------------
 
     pub fn metadata_of(&self, ino: u64) -> Result<Metadata, FsError> {
+        if let Some(m) = self.read_lock().loaded_metadata(ino) {
+            return Ok(m);
+        }
         self.lock().metadata(ino)
     }
 
@@ -817,6 +848,10 @@ impl FileSystem {
         offset: u64,
         out: &mut [u8],
     ) -> Result<usize, FsError> {
+        // Cached data: served under the shared lock, beside other readers.
+        if let Some(n) = self.read_lock().read_cached(ino, generation, offset, out) {
+            return Ok(n);
+        }
         let mut g = self.lock();
         if let Some(generation) = generation {
             g.check_handle(ino, generation)?;
@@ -907,6 +942,15 @@ impl FileSystem {
         self.lock().set_attr(ino, mode, mtime_ns)
     }
 
+    /// Fails when the handle's file was removed (a handle check under the shared lock when the
+    /// inode is loaded).
+    pub(crate) fn check_handle(&self, ino: u64, generation: u32) -> Result<(), FsError> {
+        if let Some(r) = self.read_lock().check_loaded_handle(ino, generation) {
+            return r;
+        }
+        self.lock().check_handle(ino, generation)
+    }
+
     pub(crate) fn with_handle<T>(
         &self,
         ino: u64,
@@ -926,17 +970,29 @@ struct Leader<'a> {
 }
 
 impl Leader<'_> {
+    /// The caller holds the state lock (exclusively), as `g` shows.
     fn finish(self, g: &mut Mounted) {
         g.set_commit_in_flight(false);
-        self.fs.inner.commit_finished.notify_all();
+        self.wake();
         std::mem::forget(self);
+    }
+
+    fn wake(&self) {
+        *self
+            .fs
+            .inner
+            .commits_finished
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) += 1;
+        self.fs.inner.commit_finished.notify_all();
     }
 }
 
 impl Drop for Leader<'_> {
     fn drop(&mut self) {
-        self.fs.lock().set_commit_in_flight(false);
-        self.fs.inner.commit_finished.notify_all();
+        let mut g = self.fs.lock();
+        g.set_commit_in_flight(false);
+        self.wake();
     }
 }
 

@@ -24,6 +24,7 @@ use crate::fsdevice::{BatchOp, FsDevice, StreamPart};
 use crate::inode::Kind;
 use kura_engine::{BufferPool, IoBuf};
 use std::collections::{BTreeMap, HashSet};
+use std::sync::atomic::Ordering;
 
 /// A write is applied in steps of this many bytes, each its own metadata update, so that one
 /// huge write cannot outgrow a journal transaction.
@@ -123,10 +124,13 @@ impl Mounted {
                 }
             }
             self.cache.stats.hits += u64::from(last - first + 1);
-            self.next_sequential.insert(ino, offset + n as u64);
+            self.set_next_sequential(ino, offset + n as u64);
             return Ok(ReadStep::Done(n));
         }
-        let sequential = self.next_sequential.get(&ino) == Some(&offset);
+        let sequential = self
+            .next_sequential
+            .get(&ino)
+            .is_some_and(|a| a.load(Ordering::Relaxed) == offset);
         // Large reads, and random reads of several blocks, skip the cache: caching them would
         // cost a copy per block and evict what sequential readers and small I/O need.
         let large = n >= self.opts.bypass_bytes || (!sequential && n >= 4 * self.bs);
@@ -197,7 +201,7 @@ impl Mounted {
         if let Some(n) = plan.direct {
             // Read straight into `out`; the size cannot have changed (that moves the stamp).
             self.cache.stats.bypass_bytes += n as u64;
-            self.next_sequential.insert(ino, offset + n as u64);
+            self.set_next_sequential(ino, offset + n as u64);
             return Ok(Some(n));
         }
         let size = self.node(ino)?.inode.size;
@@ -250,8 +254,61 @@ impl Mounted {
         for (b, buf) in fresh.into_iter().take(room) {
             self.cache.insert(ino, b, buf, false);
         }
-        self.next_sequential.insert(ino, offset + n as u64);
+        self.set_next_sequential(ino, offset + n as u64);
         Ok(Some(n))
+    }
+
+    /// A read of cached blocks under the *shared* state lock, beside other such reads: `None`
+    /// unless the inode is loaded, is a regular file (of `generation`, when given), the read is
+    /// below the bypass size and every block it covers is cached; the caller then reads under
+    /// the exclusive lock ([`Mounted::read_begin`]), which also gives every error. Nothing can
+    /// change the file meanwhile: every change takes the state lock exclusively. A sequential
+    /// reader's position is advanced (so read-ahead goes on when it reaches blocks not cached);
+    /// a random reader's is left as it is, so that random readers of one file do not all write
+    /// one cache line.
+    pub(crate) fn read_cached(
+        &self,
+        ino: u64,
+        generation: Option<u32>,
+        offset: u64,
+        out: &mut [u8],
+    ) -> Option<usize> {
+        let node = self.nodes.get(&ino)?;
+        if node.inode.kind != Kind::File || generation.is_some_and(|g| g != node.inode.generation) {
+            return None;
+        }
+        let size = node.inode.size;
+        if offset >= size || out.is_empty() {
+            return Some(0);
+        }
+        let n = (size - offset).min(out.len() as u64) as usize;
+        if n >= self.opts.bypass_bytes {
+            return None;
+        }
+        let bs = self.bs as u64;
+        let end = offset + n as u64;
+        let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
+        for b in first..=last {
+            let buf = self.cache.peek(ino, b)?;
+            let lo = (u64::from(b) * bs).max(offset);
+            let hi = (u64::from(b) * bs + bs).min(end);
+            let within = (lo - u64::from(b) * bs) as usize;
+            out[(lo - offset) as usize..(hi - offset) as usize]
+                .copy_from_slice(&buf[within..within + (hi - lo) as usize]);
+        }
+        self.cache.shared_hits.add(u64::from(last - first + 1));
+        if let Some(next) = self.next_sequential.get(&ino) {
+            // Lost races between two readers of one file only cost read-ahead.
+            if next.load(Ordering::Relaxed) == offset {
+                next.store(end, Ordering::Relaxed);
+            }
+        }
+        Some(n)
+    }
+
+    /// Records where a sequential read of file `ino` would continue.
+    fn set_next_sequential(&mut self, ino: u64, at: u64) {
+        *self.next_sequential.entry(ino).or_default().get_mut() = at;
     }
 
     /// The stamp of file `ino`'s data and block map (see [`Mounted::data_changed`]).
@@ -441,7 +498,7 @@ impl Mounted {
     pub(crate) fn stream_end(&mut self, s: &Stream) -> u64 {
         let n = s.n - s.left;
         self.cache.stats.bypass_bytes += n;
-        self.next_sequential.insert(s.ino, s.offset + n);
+        self.set_next_sequential(s.ino, s.offset + n);
         n
     }
 

@@ -277,14 +277,48 @@ impl Mounted {
         Ok(())
     }
 
+    /// [`Mounted::check_handle`] under the shared state lock: `None` when the inode is not
+    /// loaded yet (loading needs the exclusive lock).
+    pub(crate) fn check_loaded_handle(
+        &self,
+        ino: u64,
+        generation: u32,
+    ) -> Option<Result<(), FsError>> {
+        let n = self.nodes.get(&ino)?;
+        Some(
+            if n.inode.kind == Kind::Free || n.inode.generation != generation {
+                Err(FsError::NotFound(format!(
+                    "inode {ino}: the file was removed while open"
+                )))
+            } else {
+                Ok(())
+            },
+        )
+    }
+
+    /// What `stat` tells about inode `ino`, under the shared state lock: `None` when the inode
+    /// is not loaded or is free (the exclusive path loads it or reports the error).
+    pub(crate) fn loaded_metadata(&self, ino: u64) -> Option<Metadata> {
+        let n = self.nodes.get(&ino)?;
+        if n.inode.kind == Kind::Free {
+            return None;
+        }
+        Some(self.metadata_of_node(ino, n))
+    }
+
     /// What `stat` tells about inode `ino`.
     pub(crate) fn metadata(&mut self, ino: u64) -> Result<Metadata, FsError> {
-        let bs = self.layout().block_size;
         let n = self.node(ino)?;
         if n.inode.kind == Kind::Free {
             return Err(FsError::NotFound(format!("inode {ino}")));
         }
-        Ok(Metadata {
+        let n = &self.nodes[&ino];
+        Ok(self.metadata_of_node(ino, n))
+    }
+
+    fn metadata_of_node(&self, ino: u64, n: &Node) -> Metadata {
+        let bs = self.layout().block_size;
+        Metadata {
             ino,
             file_type: file_type(n.inode.kind),
             size: n.inode.size,
@@ -307,7 +341,7 @@ impl Mounted {
             } else {
                 n.inode.parent
             },
-        })
+        }
     }
 
     /// Changes permission bits and/or the modification time (what `chmod` and `touch` do).

@@ -20,39 +20,58 @@
 //!
 //! # Locks
 //!
-//! Two locks, always taken in this order, never the other way round:
+//! Three locks, always taken in this order, never the other way round:
 //!
-//! 1. the **state lock** (`FileSystem`'s mutex around this `Mounted`): every API call takes it;
+//! 1. the **state lock** (`FileSystem`'s `RwLock` around this `Mounted`): every API call takes
+//!    it. **Shared** (`&Mounted`) for what only looks: a read whose blocks are all cached
+//!    ([`Mounted::read_cached`]: the inode's size and generation, the cache's per-file table,
+//!    a copy), `stat` of an inode already in memory ([`Mounted::loaded_metadata`]), a handle
+//!    check ([`Mounted::check_loaded_handle`]), `statfs`. Those never load anything (loading
+//!    changes the state): when the inode is not in memory or a block is missing they return
+//!    `None`, release the shared lock and the caller starts again under the exclusive lock.
+//!    **Exclusive** for everything else (every change, cache misses, loading metadata). The few
+//!    things a shared reader writes are atomics: a cached block's `referenced` flag (the cache's
+//!    second chance, `cache.rs`), the hit counter (per-thread stripes) and a sequential
+//!    reader's position (`next_sequential`);
 //! 2. the **disk lock** ([`SharedDisk`]: the `FsDevice` and the `Journal`): every device command
-//!    and every look at the journal's images takes it, briefly or for the I/O.
+//!    and every look at the journal's images takes it, briefly or for the I/O;
+//! 3. the **commit counter** (`FileSystem`'s `commits_finished` mutex with its condvar): a leaf,
+//!    taken by a group commit's waiter while it holds the state lock (exclusively), which it
+//!    then releases to sleep, and by the leader when it finishes; nothing else is taken while
+//!    holding it.
 //!
-//! Nothing takes the state lock while holding the disk lock. A thread that must wait for the
-//! device without blocking the others takes the disk lock while holding the state lock, then
-//! releases the state lock and does its I/O under the disk lock alone: a group commit's log
-//! write and flush (`FileSystem::group_commit`), and fdatasync's data write and flush. Taking
-//! the disk lock before releasing the state lock is what keeps the order of the journal: work
-//! prepared later under the state lock (another commit, a checkpoint, a direct write, a device
-//! read that first checks for a newer log image) reaches the device after it.
+//! Nothing takes the state lock while holding the disk lock, and no thread holding the state
+//! lock shared asks for it exclusively (a shared reader that needs more drops its guard
+//! first). A thread that must wait for the device without blocking the others takes the disk
+//! lock while holding the state lock (exclusively), then releases the state lock and does its
+//! I/O under the disk lock alone: a group commit's log write and flush
+//! (`FileSystem::group_commit`), and fdatasync's data write and flush. Taking the disk lock
+//! before releasing the state lock is what keeps the order of the journal: work prepared later
+//! under the state lock (another commit, a checkpoint, a direct write, a device read that first
+//! checks for a newer log image) reaches the device after it.
 //!
-//! A read (`FileSystem::read_file`) is served under the state lock when its blocks are cached
-//! (a short copy). Otherwise it is planned under the state lock (`Mounted::read_begin`: cached
-//! blocks copied, a checkpoint first if the log holds a newer copy of a block to read), the
-//! state lock is released and the blocks are read under the disk lock alone, and the state lock
-//! is taken again to copy out and cache them (`Mounted::read_finish`). That is valid only if the
-//! file did not change meanwhile: every change to a file's data or block map moves its data
-//! stamp (`data_versions`), and a block cached at planning may have been evicted since; in either
-//! case the read is done again under the state lock throughout. Reads of one file, and of
-//! different files, therefore wait for the device without blocking each other's cached reads,
-//! writes into the cache or name operations; device commands themselves are still one at a time
-//! (one queue pair behind the disk lock). A streaming read (`FileSystem::read_stream_file`)
-//! plans each window under the state lock and reads it under the disk lock alone, taken before
-//! the state lock is released (so none of its blocks can be freed, reused and rewritten by
-//! another file meanwhile). A large write (`FileSystem::write_file`) maps each step's holes
-//! under the state lock and writes its whole blocks under the disk lock alone (taken before the
-//! state lock is released); the size grows after the last step. Still under the state lock:
-//! appends (`File::append`, which must read the size and write atomically), dirty blocks
-//! evicted to make room, checkpoints, inline commits when a transaction grows too big, slow
-//! symbolic links and loading metadata not yet in memory.
+//! A read (`FileSystem::read_file`) whose blocks are cached is a copy under the shared state
+//! lock, beside other such reads of the same or other files. Otherwise it is planned under the
+//! exclusive lock (`Mounted::read_begin`: cached blocks copied, a checkpoint first if the log
+//! holds a newer copy of a block to read), the state lock is released and the blocks are read
+//! under the disk lock alone, and the state lock is taken again to copy out and cache them
+//! (`Mounted::read_finish`). That is valid only if the file did not change meanwhile: every
+//! change to a file's data or block map moves its data stamp (`data_versions`), and a block
+//! cached at planning may have been evicted since; in either case the read is done again under
+//! the state lock throughout. Reads of one file, and of different files, therefore wait for the
+//! device without blocking each other's cached reads, writes into the cache or name
+//! operations; device commands themselves are still one at a time (one queue pair behind the
+//! disk lock). A streaming read (`FileSystem::read_stream_file`) plans each window under the
+//! state lock and reads it under the disk lock alone, taken before the state lock is released
+//! (so none of its blocks can be freed, reused and rewritten by another file meanwhile). A
+//! large write (`FileSystem::write_file`) maps each step's holes under the state lock and
+//! writes its whole blocks under the disk lock alone (taken before the state lock is
+//! released); the size grows after the last step, and the blocks it overwrites leave the cache
+//! before the state lock is released, so no shared reader sees the range before its data.
+//! Still under the exclusive state lock: writes into the cache, appends (`File::append`, which
+//! must read the size and write atomically), dirty blocks evicted to make room, checkpoints,
+//! inline commits when a transaction grows too big, slow symbolic links and loading metadata
+//! not yet in memory.
 
 mod data;
 mod disk;
@@ -74,6 +93,7 @@ pub(crate) use disk::{Prepared, SharedDisk, Written};
 use inodes::Node;
 use names::Dir;
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::AtomicU64;
 
 /// Everything a mounted file system holds in memory (see the module documentation).
 pub(crate) struct Mounted {
@@ -104,8 +124,9 @@ pub(crate) struct Mounted {
     dirs: HashMap<u64, Dir>,
     // ---- the data path (`data.rs`) ----
     cache: Cache,
-    /// Per file: where the next read continues a sequential stream.
-    next_sequential: HashMap<u64, u64>,
+    /// Per file: where the next read continues a sequential stream (an atomic, so that a
+    /// sequential reader under the shared state lock can advance it; `data.rs`).
+    next_sequential: HashMap<u64, AtomicU64>,
     /// Per file: a stamp changed by every change to its data or block map, so that a read that
     /// went to the device with the state lock released can tell whether what it read is still
     /// the file's (`data.rs`).
@@ -230,7 +251,7 @@ impl Mounted {
             free_blocks: self.alloc.free_block_count(),
             total_inodes: l.inode_count,
             free_inodes: self.alloc.free_inode_count(),
-            cache: self.cache.stats,
+            cache: self.cache.stats(),
             commits: self.commits,
             recovery: self.recovery,
         }
