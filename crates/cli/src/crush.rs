@@ -1,4 +1,4 @@
-//! `kura crush`: Ceph CRUSH placement on compiled maps (`kura-crush`). `test` prints exactly
+//! `kura crush`: Ceph CRUSH placement on compiled or text maps (`kura-crush`). `test` prints exactly
 //! the lines `crushtool --test` prints for the same options; `map` places an object the way a
 //! Ceph OSD map does (name hash, PG, placement seed, rule), printing `osdmaptool
 //! --test-map-object`'s line.
@@ -15,7 +15,7 @@ use kura_crush::{pg, CrushMap, Mapper, Workspace, ITEM_NONE};
 /// `kura crush` subcommands.
 #[derive(Debug, Subcommand)]
 pub enum CrushCommand {
-    /// Map a range of inputs through a compiled CRUSH map (crushtool -c / --build output) and
+    /// Map a range of inputs through a CRUSH map (compiled or text) and
     /// print what `crushtool --test` prints for the same options.
     Test(TestArgs),
     /// Place an object: name hash -> PG -> placement seed -> rule -> devices, as
@@ -26,7 +26,7 @@ pub enum CrushCommand {
 /// Options of `kura crush test`, named as crushtool names them.
 #[derive(Debug, Args)]
 pub struct TestArgs {
-    /// The compiled CRUSH map.
+    /// The CRUSH map: compiled (crushtool -c) or text (crushtool -d), told apart by content.
     #[arg(short = 'i', long = "infn")]
     input: PathBuf,
     /// Only this rule (sets --min-rule and --max-rule).
@@ -79,7 +79,7 @@ pub struct TestArgs {
 /// Options of `kura crush map`.
 #[derive(Debug, Args)]
 pub struct MapArgs {
-    /// The compiled CRUSH map.
+    /// The CRUSH map: compiled (crushtool -c) or text (crushtool -d), told apart by content.
     #[arg(short = 'i', long = "infn")]
     input: PathBuf,
     /// Pool id.
@@ -102,10 +102,11 @@ pub struct MapArgs {
     objects: Vec<String>,
 }
 
+/// Reads a map in either form: compiled (`crushtool -c` output) or text (`crushtool -d`).
 fn load(path: &PathBuf) -> anyhow::Result<CrushMap> {
     let bytes =
         std::fs::read(path).with_context(|| format!("reading CRUSH map {}", path.display()))?;
-    kura_crush::decode(&bytes).with_context(|| format!("decoding CRUSH map {}", path.display()))
+    kura_crush::load(&bytes).with_context(|| format!("loading CRUSH map {}", path.display()))
 }
 
 /// Runs a `kura crush` subcommand.

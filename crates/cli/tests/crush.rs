@@ -131,16 +131,49 @@ fn crush_test_prints_crushtools_lines() {
             "--show-mappings",
         ],
     ];
+    // The same map as crushtool decompiles it: kura takes the text form for -i as well.
+    let text = dir.path().join("map2.txt");
+    std::fs::write(&text, stdout_of(&crushtool, &["-d", m2])).expect("write text map");
+    let t = text.to_str().expect("utf-8 path");
     for case in cases {
         let mut args = vec!["-i", m2, "--test"];
         args.extend_from_slice(case);
         let want = stdout_of(&crushtool, &args);
-        let mut kargs = vec!["crush", "test", "-i", m2];
-        kargs.extend_from_slice(case);
-        let got = common::ok(&kargs);
         assert!(!want.is_empty(), "crushtool printed nothing for {case:?}");
-        assert_eq!(got, want, "kura crush test {case:?} differs from crushtool");
+        for input in [m2, t] {
+            let mut kargs = vec!["crush", "test", "-i", input];
+            kargs.extend_from_slice(case);
+            let got = common::ok(&kargs);
+            assert_eq!(
+                got, want,
+                "kura crush test -i {input} {case:?} differs from crushtool"
+            );
+        }
     }
+}
+
+#[test]
+fn crush_test_names_the_line_of_a_bad_text_map() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bad = dir.path().join("bad.txt");
+    std::fs::write(
+        &bad,
+        "device 0 osd.0\ntype 0 osd\ntype 1 root\nroot r {\n\tid -1\n\talg straw3\n}\n",
+    )
+    .expect("write");
+    let o = common::kura(&[
+        "crush",
+        "test",
+        "-i",
+        bad.to_str().expect("path"),
+        "--show-mappings",
+    ]);
+    assert!(!o.status.success());
+    let text = common::text(&o);
+    assert!(
+        text.contains("line 6 column 6") && text.contains("unknown bucket alg 'straw3'"),
+        "{text}"
+    );
 }
 
 #[test]

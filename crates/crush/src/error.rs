@@ -73,6 +73,16 @@ pub enum CrushError {
     /// Anything else inconsistent.
     #[error("invalid crush map: {0}")]
     Invalid(String),
+    /// The text form of a map does not parse or compile.
+    #[error("crush map text, line {line} column {column}: {message}")]
+    Parse {
+        /// Line, from 1.
+        line: usize,
+        /// Column (characters), from 1.
+        column: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// A rule that does not exist.
     #[error("rule {0} does not exist in this map")]
     NoSuchRule(u32),

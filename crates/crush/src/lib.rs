@@ -1,7 +1,9 @@
 //! CRUSH, Ceph's placement function, bit-identical to Ceph's own (`crushtool --test`).
 //!
 //! * [`decode`] reads the compiled map `crushtool -c`/`--build -o` writes, bounded and checked
-//!   (typed [`CrushError`]s, never a panic), and [`encode`] writes it back;
+//!   (typed [`CrushError`]s, never a panic), and [`encode`] writes it back; [`text`] compiles
+//!   the text form `crushtool -d` writes (line/column errors), with [`builder`]'s bucket
+//!   arithmetic, and [`text::load`] takes either form;
 //! * [`map`] is the map itself: buckets of every algorithm (uniform, list, tree, straw,
 //!   straw2), rules, tunables and their profiles, names, device classes and shadow buckets,
 //!   `choose_args` weight sets;
@@ -16,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod batch;
+pub mod builder;
 pub mod decode;
 pub mod encode;
 pub mod error;
@@ -25,6 +28,7 @@ pub mod map;
 pub mod mapper;
 pub mod pg;
 pub mod tester;
+pub mod text;
 
 pub use batch::{map_range, BatchResult};
 pub use decode::decode;
@@ -32,3 +36,4 @@ pub use encode::encode;
 pub use error::CrushError;
 pub use map::{CrushMap, Tunables, ITEM_NONE};
 pub use mapper::{Mapper, Workspace};
+pub use text::{load, parse};

@@ -91,9 +91,10 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
         let _ = cur;
         dir.join(format!("m{step}"))
     };
-    // Reweights: zero, fractional and large, on random devices (not inside uniform buckets,
-    // whose items share one weight).
-    if !algs[0].contains("uniform") && rng.gen_bool(0.7) {
+    // Reweights: zero, fractional and large, on random devices (not with uniform buckets at
+    // any level, whose items share one weight: a reweight below one changes its item's weight
+    // and crushtool then aborts compiling the map's own text).
+    if !algs.contains(&"uniform") && rng.gen_bool(0.7) {
         for _ in 0..rng.gen_range(1..=4) {
             let dev = rng.gen_range(0..osds);
             let w = match rng.gen_range(0..4) {
@@ -313,6 +314,50 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
         ],
         &mut log,
     );
+    // Weight sets on some maps: `choose_args` for a few straw2 buckets (one or two positions,
+    // sometimes with replacement ids), appended to the text and compiled again.
+    if rng.gen_bool(0.3) {
+        let m = kura_crush::decode(&std::fs::read(&fin).expect("read map")).expect("decode");
+        let mut block = format!("choose_args {} {{\n", [0, 0, 3][rng.gen_range(0..3)]);
+        for b in m.buckets.iter().flatten() {
+            let shadow = m.item_names.get(&b.id).is_some_and(|n| n.contains('~'));
+            if b.kind.alg_name() != "straw2" || shadow || rng.gen_bool(0.3) {
+                continue;
+            }
+            let _ = writeln!(block, "  {{\n    bucket_id {}", b.id);
+            if rng.gen_bool(0.8) {
+                block.push_str("    weight_set [\n");
+                for _ in 0..rng.gen_range(1..=2) {
+                    let ws: Vec<String> = b
+                        .items
+                        .iter()
+                        .map(|_| format!("{:.3}", rng.gen_range(0..3000) as f64 / 1000.0))
+                        .collect();
+                    let _ = writeln!(block, "      [ {} ]", ws.join(" "));
+                }
+                block.push_str("    ]\n");
+            }
+            if rng.gen_bool(0.3) {
+                let ids: Vec<String> = b.items.iter().map(|&i| s(i * 7 + 1)).collect();
+                let _ = writeln!(block, "    ids [ {} ]", ids.join(" "));
+            }
+            block.push_str("  }\n");
+        }
+        block.push_str("}\n");
+        let end = text.find("# end crush map").unwrap_or(text.len());
+        text.insert_str(end, &block);
+        std::fs::write(&text_path, &text).expect("write map text");
+        run(
+            tool,
+            &[
+                s("-c"),
+                text_path.display().to_string(),
+                s("-o"),
+                fin.display().to_string(),
+            ],
+            &mut log,
+        );
+    }
     // Test options: partial and zero test weights, a pool id, statistics.
     let mut opts = TestOptions {
         min_x: 0,
@@ -390,6 +435,39 @@ fn compare_maps(tool: &Path, first: u64, count: u64, xmax: i32) -> (u64, u64) {
         assert!(
             kura_crush::encode(&map) == bytes,
             "re-encoding differs from crushtool's bytes\n{}",
+            b.log
+        );
+        // The text crushtool compiled, and crushtool's decompiled form of the result
+        // (compiled again by crushtool), parsed by kura: byte for byte what crushtool wrote.
+        let text_path = b.map.with_extension("txt");
+        let text = std::fs::read_to_string(&text_path).expect("read map text");
+        let parsed = kura_crush::parse(&text)
+            .unwrap_or_else(|e| panic!("parsing the map text: {e}\n{text}\n{}", b.log));
+        assert!(
+            kura_crush::encode(&parsed) == bytes,
+            "kura's compile of the text differs from crushtool -c\n{text}\n{}",
+            b.log
+        );
+        let dtext = run(tool, &[s("-d"), b.map.display().to_string()], &mut b.log);
+        let dtext = String::from_utf8(dtext).expect("crushtool -d prints text");
+        let dpath = b.map.with_extension("d.txt");
+        std::fs::write(&dpath, &dtext).expect("write decompiled text");
+        let recompiled = b.map.with_extension("re");
+        run(
+            tool,
+            &[
+                s("-c"),
+                dpath.display().to_string(),
+                s("-o"),
+                recompiled.display().to_string(),
+            ],
+            &mut b.log,
+        );
+        let parsed = kura_crush::parse(&dtext)
+            .unwrap_or_else(|e| panic!("parsing crushtool -d text: {e}\n{dtext}\n{}", b.log));
+        assert!(
+            kura_crush::encode(&parsed) == std::fs::read(&recompiled).expect("read recompiled"),
+            "kura's compile of crushtool -d text differs from crushtool -c\n{dtext}\n{}",
             b.log
         );
         let mut got = Vec::new();
@@ -513,4 +591,60 @@ fn wide_input_range() {
         lines_total += wl.len();
     }
     eprintln!("wide_input_range: 3 maps, x 0..={xmax}, {lines_total} identical lines");
+}
+
+/// A handwritten map using every construct of the text form (positions, items without
+/// weights, explicit shadow ids, `hash rjenkins1`, every step, a weight set with ids): kura's
+/// compile equals crushtool's byte for byte, and maps the same.
+#[test]
+fn handwritten_text_compiles_like_crushtool() {
+    let Some(tool) = skip_if_missing("handwritten_text_compiles_like_crushtool") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text = include_str!("data/full.txt");
+    let path = dir.path().join("full.txt");
+    std::fs::write(&path, text).expect("write text");
+    let bin = dir.path().join("full");
+    let mut log = String::new();
+    run(
+        &tool,
+        &[
+            s("-c"),
+            path.display().to_string(),
+            s("-o"),
+            bin.display().to_string(),
+        ],
+        &mut log,
+    );
+    let want = std::fs::read(&bin).expect("read compiled map");
+    let map = kura_crush::parse(text).expect("kura parses the text");
+    assert!(kura_crush::encode(&map) == want, "compiled bytes differ");
+    let out = run(
+        &tool,
+        &[
+            s("-i"),
+            bin.display().to_string(),
+            s("--test"),
+            s("--show-mappings"),
+            s("--min-x"),
+            s(0),
+            s("--max-x"),
+            s(200),
+        ],
+        &mut log,
+    );
+    let opts = TestOptions {
+        max_x: 200,
+        min_x: 0,
+        show_mappings: true,
+        ..TestOptions::default()
+    };
+    let mut got = Vec::new();
+    run_test(&map, &opts, &mut got, &mut std::io::sink()).expect("run_test");
+    let (got, want) = (String::from_utf8_lossy(&got), String::from_utf8_lossy(&out));
+    assert_eq!(got.lines().count(), want.lines().count());
+    for (g, w) in got.lines().zip(want.lines()) {
+        assert_eq!(g, w, "left: kura, right: crushtool");
+    }
 }
