@@ -1,9 +1,12 @@
 //! The kernel's NBD driver as kura's client, as in DeLiBA (issue 15, item 5): the NVMe guest
-//! (`scripts/nvme-vm/init-nbd`) runs `kura serve` with DeLiBA's layers (`coalesce`, then a
+//! (`scripts/nvme-vm/init-nbd`) runs `kura serve` with DeLiBA's layers (`coalesce` and a
 //! write-back `cache`) over its emulated NVMe namespace (`uring:/dev/nvme0n1`) on the guest's
 //! loopback, and the guest kernel's own NBD driver, set up by `nbd-client` over netlink, attaches
-//! `/dev/nbd0` to it. In the guest: mkfs.ext4, a tree of random files written, read back after a
-//! remount, `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back again.
+//! `/dev/nbd0` to it. The guest boots twice, once per order of the two layers: the issue's
+//! `coalesce(cache(..))` and DeLiBA's pipeline order (NBD, cache, coalescing, storage),
+//! `cache(coalesce(..))`. In the guest: mkfs.ext4, a tree of random files written, read back
+//! after a remount, `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back
+//! again.
 //! On the host afterwards: the namespace image itself is a clean ext4 (`e2fsck -f -n`) holding
 //! files with the checksums the guest printed (`debugfs rdump`, `sha256sum -c`), so everything
 //! acknowledged went through the cache and the coalescer to the device.
@@ -11,12 +14,30 @@
 //! This host's kernel has no NBD driver; the guest's Debian kernel has `nbd.ko`. The host's
 //! `nbd-client`, `mkfs.ext4` and `fsck.ext4` go into the guest with their shared libraries.
 //! Skips visibly where the host cannot boot a guest (see `kura_nvme_guest`) or lacks nbd-client
-//! or e2fsprogs. The guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 180).
+//! or e2fsprogs. The guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 180) per boot.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 const TEST: &str = "kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest";
+
+/// The two orders of DeLiBA's layers over namespace 1, each with a 4 MiB write-back cache (the
+/// tree written is 10 MiB, so the cache also evicts).
+const SPECS: [&str; 2] = [
+    "coalesce(cache(uring:/dev/nvme0n1)?size=4M&mode=wb)",
+    "cache(coalesce(uring:/dev/nvme0n1))?size=4M&mode=wb",
+];
+
+/// Files in the guest's tree (`init-nbd`).
+const FILES: usize = 22;
+
+/// The host programs the test needs: the first three go into the guest.
+struct Tools {
+    nbd_client: PathBuf,
+    mkfs: PathBuf,
+    fsck: PathBuf,
+    debugfs: PathBuf,
+}
 
 /// `tool` on PATH or in /usr/sbin and /sbin (not on every user's PATH).
 fn find_tool(tool: &str) -> Option<PathBuf> {
@@ -25,6 +46,24 @@ fn find_tool(tool: &str) -> Option<PathBuf> {
             .iter()
             .map(|d| Path::new(d).join(tool))
             .find(|p| kura_testkit::which(&p.to_string_lossy()).is_some())
+    })
+}
+
+/// The tools, or the missing one's capability and how to install it.
+fn tools() -> Result<Tools, kura_testkit::Missing> {
+    let find = |tool: &str, package: &str| {
+        find_tool(tool).ok_or_else(|| {
+            kura_testkit::Missing::new(
+                tool,
+                format!("{tool} not found (apt-get install {package})"),
+            )
+        })
+    };
+    Ok(Tools {
+        nbd_client: find("nbd-client", "nbd-client")?,
+        mkfs: find("mkfs.ext4", "e2fsprogs")?,
+        fsck: find("fsck.ext4", "e2fsprogs")?,
+        debugfs: find("debugfs", "e2fsprogs")?,
     })
 }
 
@@ -40,60 +79,32 @@ fn guest_sums(run: &kura_nvme_guest::GuestRun) -> String {
         .collect()
 }
 
-#[test]
-fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
-    let mut tools = Vec::new();
-    for (tool, package) in [
-        ("nbd-client", "nbd-client"),
-        ("mkfs.ext4", "e2fsprogs"),
-        ("fsck.ext4", "e2fsprogs"),
-        ("debugfs", "e2fsprogs"),
-    ] {
-        match find_tool(tool) {
-            Some(path) => tools.push(path),
-            None => {
-                let why = format!("{tool} not found (apt-get install {package})");
-                return kura_testkit::skip(TEST, tool, &why);
-            }
-        }
-    }
-    let debugfs = tools.pop().expect("debugfs found above");
-    let kura = PathBuf::from(env!("CARGO_BIN_EXE_kura"));
-    let mut bins: Vec<&Path> = vec![&kura];
-    bins.extend(tools.iter().map(PathBuf::as_path));
-    let limit = kura_nvme_guest::time_limit(180);
-    let run = match kura_nvme_guest::boot("init-nbd", &bins, limit, "") {
-        Ok(run) => run,
-        // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU, a
-        // kernel, busybox-static or cpio not installed).
-        Err(why) if why.starts_with("cannot start") => panic!("{why}"),
-        Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
-    };
-    eprintln!("{}", run.summary());
-    eprintln!("guest run took {:.1} s on the host", run.took.as_secs_f64());
+/// What the guest reported: every step passed, on `spec`, with the kernel's netlink interface.
+fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str) {
     let log_at = run.dir.join("console.log");
     assert_eq!(
         run.status,
         Some(0),
-        "QEMU failed or timed out; log in {}",
+        "{spec}: QEMU failed or timed out; log in {}",
         log_at.display()
     );
     assert!(
         !run.console.contains("FAIL "),
-        "a guest step failed; log in {}",
+        "{spec}: a guest step failed; log in {}",
         log_at.display()
     );
     assert!(
-        run.console
-            .contains("GUEST spec coalesce(cache(uring:/dev/nvme0n1)?size=4M&mode=wb)"),
-        "the guest served DeLiBA's layers over the namespace"
+        run.console.contains(&format!("GUEST spec {spec}")),
+        "the guest served {spec}; log in {}",
+        log_at.display()
     );
+    let tree = format!("write a tree of {FILES} files");
     for step in [
         "loopback up",
         "attach /dev/nbd0 to kura serve",
         "mkfs.ext4",
         "mount",
-        "write a tree of 22 files",
+        &tree,
         "read back after remount (cache warm)",
         "disconnect and stop kura serve",
         "attach again to a restarted kura serve",
@@ -104,7 +115,7 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
     ] {
         assert!(
             run.console.contains(&format!("PASS {step}")),
-            "step `{step}` did not pass; log in {}",
+            "{spec}: step `{step}` did not pass; log in {}",
             log_at.display()
         );
     }
@@ -116,25 +127,28 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
             .contains("GUEST nbd-client processes left: none"),
         "nbd-client used the kernel's netlink interface"
     );
+}
 
-    // The namespace image, written only through kura's stack, is a clean ext4 with the tree.
+/// The namespace image, written only through kura's stack, is a clean ext4 holding the files
+/// with the checksums the guest printed.
+fn check_image(run: &kura_nvme_guest::GuestRun, tools: &Tools, spec: &str) {
     let image = run.dir.join("disk.img");
-    let fsck = Command::new(&tools[2])
+    let fsck = Command::new(&tools.fsck)
         .args(["-f", "-n"])
         .arg(&image)
         .output()
         .expect("run fsck.ext4 on the host");
     assert!(
         fsck.status.success(),
-        "host fsck.ext4 -f -n on the namespace image: {}{}",
+        "{spec}: host fsck.ext4 -f -n on the namespace image: {}{}",
         String::from_utf8_lossy(&fsck.stdout),
         String::from_utf8_lossy(&fsck.stderr)
     );
-    let sums = guest_sums(&run);
-    assert_eq!(sums.lines().count(), 22, "checksums of the 22 files");
+    let sums = guest_sums(run);
+    assert_eq!(sums.lines().count(), FILES, "checksums of every file");
     let tree = run.dir.join("tree");
     std::fs::create_dir_all(&tree).expect("make the dump directory");
-    let dump = Command::new(&debugfs)
+    let dump = Command::new(&tools.debugfs)
         .arg("-R")
         .arg(format!("rdump / {}", tree.display()))
         .arg(&image)
@@ -150,9 +164,37 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
         .expect("run sha256sum");
     assert!(
         check.status.success(),
-        "the files on the namespace image differ from what the guest wrote: {}{}",
+        "{spec}: the files on the namespace image differ from what the guest wrote: {}{}",
         String::from_utf8_lossy(&check.stdout),
         String::from_utf8_lossy(&check.stderr)
     );
-    let _ = std::fs::remove_dir_all(&run.dir);
+}
+
+#[test]
+fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
+    let tools = match tools() {
+        Ok(tools) => tools,
+        Err(missing) => return missing.skip(TEST),
+    };
+    let kura = PathBuf::from(env!("CARGO_BIN_EXE_kura"));
+    let bins: [&Path; 4] = [&kura, &tools.nbd_client, &tools.mkfs, &tools.fsck];
+    let limit = kura_nvme_guest::time_limit(180);
+    for spec in SPECS {
+        let append = format!("kura_nbd_spec=\"{spec}\"");
+        let run = match kura_nvme_guest::boot("init-nbd", &bins, limit, &append) {
+            Ok(run) => run,
+            // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU,
+            // a kernel, busybox-static or cpio not installed).
+            Err(why) if why.starts_with("cannot start") => panic!("{why}"),
+            Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+        };
+        eprintln!("{}", run.summary());
+        eprintln!(
+            "{spec}: guest run took {:.1} s on the host",
+            run.took.as_secs_f64()
+        );
+        check_guest(&run, spec);
+        check_image(&run, &tools, spec);
+        let _ = std::fs::remove_dir_all(&run.dir);
+    }
 }
