@@ -12,7 +12,8 @@
 //!   and that some held a state newer than the sync, so the check is never vacuous.
 //!   The workload writes, truncates, removes, renames (plain, `RENAME_NOREPLACE`,
 //!   `RENAME_EXCHANGE`), hard links, makes symbolic links (fast and slow), sets and removes
-//!   extended attributes, and syncs. `KURA_FS_CRASH_POINTS` sets the number of cuts (default
+//!   extended attributes, and syncs (`sync`, which promises everything, and `fsync`/`fdatasync`,
+//!   which promise one file's contents). `KURA_FS_CRASH_POINTS` sets the number of cuts (default
 //!   500; 10000+ for a soak), `KURA_FS_CRASH_SEED` the workload's seed (default 2026).
 //! - Fault injection: EIO on reads, writes and flushes is an error, never damage, and a failed
 //!   commit makes the file system refuse further writes.
@@ -23,7 +24,7 @@ use kura_accelfs::testing::{
 use kura_accelfs::{fsck, FileSystem, FsError, MountOptions, RenameMode, XattrMode};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
-use kura_engine::fault::{materialize, FaultPlan};
+use kura_engine::fault::{materialize, FaultPlan, TraceEvent};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -565,12 +566,16 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
             13..=15 => {
                 if rng.gen_bool(0.5) {
                     fs.sync().expect("sync");
+                    synced.push((control.trace().len(), model.clone()));
                 } else if model.is_file(&p) {
+                    // fsync commits every metadata change but writes only this file's dirty
+                    // data (and that of files whose size or block map changed): it promises
+                    // this file's contents, as fdatasync does, and nothing about other files'
+                    // overwrites.
                     fs.open(&p).expect("open").sync_all().expect("fsync");
-                } else {
-                    continue;
+                    let data = model.file(&p).expect("a file").clone();
+                    file_synced.push((control.trace().len(), p.clone(), data));
                 }
-                synced.push((control.trace().len(), model.clone()));
             }
             _ => {}
         }
@@ -770,6 +775,94 @@ fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
         }
     }
     assert!(checked > 0, "no cut held a new file's data");
+}
+
+/// fsync is per file (format §7 "What an fsync writes"): `sync_all` of one file commits the
+/// metadata and that file's data, not another file's dirty overwrites, and what it promised
+/// survives a crash cut right after it returns, however the unflushed writes before the cut
+/// fared. The other file then holds, block by block, its own old or new data; after a `sync`,
+/// its new data.
+#[test]
+fn an_fsync_makes_its_own_file_durable_without_writing_other_files_data() {
+    const B_BYTES: usize = 512 << 10;
+    let storage = formatted_storage(DEVICE_BYTES);
+    let fs = mount_storage(&storage);
+    let (a_old, b_old) = (content(10, 40_000), content(11, B_BYTES));
+    fs.write("/a", &a_old).expect("write");
+    fs.write("/b", &b_old).expect("write");
+    fs.unmount().expect("unmount");
+    let base = storage.lock().expect("storage").clone();
+    let (dev, control) = recording_device(&storage);
+    let fs = FileSystem::mount(Box::new(dev), MountOptions::default()).expect("mount");
+    // B: overwritten in place (no new size or block), in pieces small enough for the cache.
+    let b_new = content(12, B_BYTES);
+    let b = fs
+        .open_with("/b", kura_accelfs::OpenOptions::new().write(true))
+        .expect("open");
+    for (i, piece) in b_new.chunks(64 << 10).enumerate() {
+        b.write_at((i * (64 << 10)) as u64, piece).expect("write b");
+    }
+    // A: overwritten in place too, so only the fsync asks for its data.
+    let mut a_new = a_old.clone();
+    a_new[1000..9000].copy_from_slice(&content(13, 8000));
+    a_new[30_000..].copy_from_slice(&content(14, 10_000));
+    let a = fs
+        .open_with("/a", kura_accelfs::OpenOptions::new().write(true))
+        .expect("open");
+    a.write_at(0, &a_new).expect("write a");
+    let before = control.trace().len();
+    a.sync_all().expect("fsync a");
+    let fsynced = control.trace().len();
+    let written: usize = control.trace()[before..fsynced]
+        .iter()
+        .map(|e| match e {
+            TraceEvent::Write { data, .. } => data.len(),
+            TraceEvent::Flush => 0,
+        })
+        .sum();
+    assert!(
+        written < B_BYTES / 4,
+        "fsync of /a wrote {written} bytes: /b's {B_BYTES} dirty bytes went too"
+    );
+    fs.sync().expect("sync");
+    let synced = control.trace().len();
+    let trace = control.trace();
+    drop(fs);
+    for (cut, whole_b) in [(fsynced, false), (synced, true)] {
+        for (seed, keep) in (0..8).flat_map(|s| [(s, 0.0), (s, 0.5), (s, 1.0)]) {
+            let at = format!("cut {cut} (seed {seed}, keep {keep})");
+            let image = materialize(&base, &trace, cut, BS, keep, seed);
+            let crashed: MemStorage = Arc::new(Mutex::new(image));
+            let fs = FileSystem::mount(
+                Box::new(MemDevice::with_storage(
+                    crashed.clone(),
+                    QueueOptions::default(),
+                )),
+                MountOptions::default(),
+            )
+            .unwrap_or_else(|e| panic!("{at}: mount failed: {e}"));
+            assert!(
+                fs.read("/a").expect("read a") == a_new,
+                "{at}: /a lost its fsync"
+            );
+            let got = fs.read("/b").expect("read b");
+            if whole_b {
+                assert!(got == b_new, "{at}: /b lost its sync");
+            } else {
+                assert_eq!(got.len(), B_BYTES, "{at}: /b's size");
+                for (i, block) in got.chunks(BS).enumerate() {
+                    let r = i * BS..(i * BS + block.len());
+                    assert!(
+                        block == &b_old[r.clone()] || block == &b_new[r],
+                        "{at}: /b block {i} is neither its old nor its new data"
+                    );
+                }
+            }
+            drop(fs);
+            let problems = fsck_problems(&crashed);
+            assert!(problems.is_empty(), "{at}: fsck: {problems:#?}");
+        }
+    }
 }
 
 fn populated() -> MemStorage {

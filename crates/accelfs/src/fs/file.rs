@@ -170,9 +170,11 @@ impl File {
             .with_handle(self.ino, self.generation, |g| g.set_len(self.ino, size))
     }
 
-    /// Makes this file's data and metadata durable (and everything else written before it: the
-    /// journal commits all pending metadata at once). fsyncs of many threads that overlap share
-    /// one commit and one flush (group commit, format §7).
+    /// Makes this file's data and metadata durable, with every other metadata change made
+    /// before it (the journal commits all pending metadata at once) and the data of files whose
+    /// size or block map changed; other files' overwrites in place stay in the cache (format §7,
+    /// "What an fsync writes"; `FileSystem::sync` writes everything). fsyncs of many threads
+    /// that overlap share one commit and one flush (group commit).
     pub fn sync_all(&self) -> Result<(), FsError> {
         self.fs.group_commit(Some((self.ino, self.generation)))
     }

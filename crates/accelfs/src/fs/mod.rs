@@ -9,9 +9,13 @@
 //! for the device holding it on the paths that matter: commits, cache misses, large reads,
 //! streams and large writes do their device I/O under the disk lock alone. Which lock protects
 //! what, the order they are taken in (state, then disk, then the commit counter) and why that
-//! cannot deadlock: "# Locks" in `state/mod.rs`. Durability: `File::sync_all` and `FileSystem::sync` write every dirty block
-//! and commit the running transaction with one flush (group commit: fsyncs that overlap share
-//! it); when they return, the data and metadata survive a crash.
+//! cannot deadlock: "# Locks" in `state/mod.rs`.
+//!
+//! Durability: `FileSystem::sync` writes every dirty block and commits the running transaction;
+//! `File::sync_all` commits it with its own file's dirty data (and that of files whose size or
+//! block map changed, which ordered mode requires), not other files' overwrites in place
+//! (`state/journal.rs`, "What a commit writes"). fsyncs that overlap share one commit (group
+//! commit). When they return, what they promised survives a crash.
 
 mod alloc;
 pub mod cache;
@@ -374,7 +378,10 @@ impl FileSystem {
         self.inner.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Group commit (format §7): returns once every change made before the call is durable.
+    /// Group commit (format §7): returns once every metadata change made before the call is
+    /// durable, with the dirty data of the handle's file (or of every file, without a handle)
+    /// and of every file whose size or block map changed (`state/journal.rs`, "what a commit
+    /// writes").
     /// The caller needs the running transaction's sequence. When no commit is in flight it
     /// leads one: the transaction is prepared under the state lock, which is released for the
     /// log write and the flush (only the disk lock is held then), so other threads keep
@@ -389,6 +396,7 @@ impl FileSystem {
         if g.nothing_to_commit() {
             return Ok(());
         }
+        g.want_data(handle.map(|(ino, _)| ino));
         let need = g.running_seq();
         loop {
             if g.durable_seq() >= need {
@@ -675,7 +683,8 @@ impl FileSystem {
         self.lock().resolve(path).is_ok()
     }
 
-    /// Makes every change so far durable (one journal commit, one flush).
+    /// Makes every change so far durable, every file's dirty data included (one journal
+    /// commit; [`File::sync_all`] writes only its own file's data).
     pub fn sync(&self) -> Result<(), FsError> {
         self.group_commit(None)
     }

@@ -957,9 +957,10 @@ impl Mounted {
         self.next_sequential.remove(&ino);
     }
 
-    /// Every dirty cached block as (file, file block, contents), marked clean.
-    pub(super) fn take_dirty_data(&mut self) -> Vec<(u64, u32, IoBuf)> {
-        self.cache.take_dirty(None)
+    /// The dirty cached blocks of file `only` (or of every file) as (file, file block,
+    /// contents), marked clean.
+    pub(super) fn take_dirty_data(&mut self, only: Option<u64>) -> Vec<(u64, u32, IoBuf)> {
+        self.cache.take_dirty(only)
     }
 
     /// Dirty cached blocks (of one file or all) as coalesced writes, marked clean.

@@ -12,8 +12,19 @@
 //! (for commits made inside an operation: room in the transaction, unmount); group commit
 //! (`FileSystem::sync`, `File::sync_all`) releases it for the write (see `fs/mod.rs`).
 //!
+//! # What a commit writes
+//!
+//! Every metadata change of the running transaction (one transaction for the whole file system,
+//! like jbd2), but not every dirty data block: only the dirty blocks of the files whose size or
+//! block map changed in it (ordered mode: a commit never makes a block reachable before its
+//! data), of the files an fsync is waiting for ([`Mounted::want_data`] with a file), and all of
+//! them when a whole-file-system `sync` or the unmount waits ([`Mounted::want_data`] with
+//! `None`). So `File::sync_all` of file A does not write back file B's overwrites in place: they
+//! stay dirty in the cache until B's own fsync, a `sync`, eviction or the unmount; a crash before
+//! then shows B's blocks as last written home (B's own older data, never another file's).
+//!
 //! Owns the fields `max_transaction`, `running_seq`, `durable_seq`, `commit_in_flight`,
-//! `layout_changed` and `commits` of [`Mounted`].
+//! `layout_changed`, `fsync_files`, `all_data_wanted` and `commits` of [`Mounted`].
 
 use super::{Mounted, Prepared, Written};
 use crate::error::FsError;
@@ -53,6 +64,17 @@ impl Mounted {
         Ok(())
     }
 
+    /// Records that a sync waits on the running transaction for the dirty data of file `ino`
+    /// (an fsync), or of every file (`None`: `sync`, unmount); the next commit writes it.
+    pub(crate) fn want_data(&mut self, ino: Option<u64>) {
+        match ino {
+            Some(ino) => {
+                self.fsync_files.insert(ino);
+            }
+            None => self.all_data_wanted = true,
+        }
+    }
+
     /// Whether a commit has nothing to do: a read-only mount (not yet closed).
     pub(crate) fn nothing_to_commit(&self) -> bool {
         self.mounted_read_only && !self.closed
@@ -79,8 +101,8 @@ impl Mounted {
         self.commit_in_flight = on;
     }
 
-    /// Makes everything durable: dirty data and the running transaction, one batch, one flush,
-    /// all without releasing the state lock.
+    /// Makes the running transaction durable with the dirty data it must carry (module
+    /// documentation), all without releasing the state lock.
     pub(crate) fn commit(&mut self) -> Result<(), FsError> {
         if self.nothing_to_commit() {
             return Ok(());
@@ -109,9 +131,23 @@ impl Mounted {
         let mut images = self.inode_images()?;
         images.extend(self.dir_images()?);
         images.extend(self.alloc.dirty_images(self.bs));
-        // Small amounts of dirty data go into the log with the metadata (format §7): an fsync'd
-        // small write is then one sequential log write and one flush.
-        let dirty = self.take_dirty_data();
+        // The dirty data this commit must carry (module documentation): small amounts go into
+        // the log with the metadata (format §7), so an fsync'd small write is then one
+        // sequential log write and one flush.
+        let dirty = if std::mem::take(&mut self.all_data_wanted) {
+            self.take_dirty_data(None)
+        } else {
+            let files: Vec<u64> = self
+                .layout_changed
+                .union(&self.fsync_files)
+                .copied()
+                .collect();
+            files
+                .into_iter()
+                .flat_map(|ino| self.take_dirty_data(Some(ino)))
+                .collect()
+        };
+        self.fsync_files.clear();
         let fits = images.len() + dirty.len() <= self.max_transaction;
         let data = if !images.is_empty()
             && fits

@@ -143,8 +143,14 @@ pub(crate) struct Mounted {
     /// A group commit's leader is writing a transaction with the state lock released.
     commit_in_flight: bool,
     /// Files whose size or block map changed in the running transaction (fdatasync must
-    /// commit for them).
+    /// commit for them, and the commit writes their dirty data: ordered mode).
     layout_changed: BTreeSet<u64>,
+    /// Files an fsync waits on the running transaction for: the commit writes their dirty data
+    /// too (`journal.rs`, "what a commit writes").
+    fsync_files: BTreeSet<u64>,
+    /// A whole-file-system sync (or unmount) waits on the running transaction: the commit
+    /// writes every dirty block.
+    all_data_wanted: bool,
     commits: u64,
 }
 
@@ -191,6 +197,8 @@ impl Mounted {
             durable_seq: 0,
             commit_in_flight: false,
             layout_changed: BTreeSet::new(),
+            fsync_files: BTreeSet::new(),
+            all_data_wanted: false,
             commits: 0,
         };
         if read_only {
@@ -263,6 +271,7 @@ impl Mounted {
             return Ok(());
         }
         if self.read_only.is_none() {
+            self.want_data(None);
             self.commit()?;
             let mut d = self.disk.lock();
             let disk::Disk { dev, journal, .. } = &mut *d;
@@ -278,7 +287,10 @@ impl Drop for Mounted {
         // The last handle went away without `unmount`: make what was written durable, as
         // closing a file system would. Errors cannot be reported here; the journal keeps
         // what was committed before.
-        if !self.closed && self.read_only.is_none() && self.commit().is_ok() {
+        if !self.closed && self.read_only.is_none() && {
+            self.want_data(None);
+            self.commit().is_ok()
+        } {
             let mut d = self.disk.lock();
             let disk::Disk { dev, journal, .. } = &mut *d;
             let _ = journal.checkpoint(dev);
