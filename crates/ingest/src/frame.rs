@@ -225,6 +225,28 @@ impl FrameHeader {
     }
 }
 
+impl FrameHeader {
+    /// A CRC digest over the header's covered bytes, for a payload read in pieces: `update`
+    /// it with each piece, then [`FrameHeader::verify`].
+    pub fn digest(&self) -> Crc32c {
+        let mut d = Crc32c::new();
+        d.update(&self.raw);
+        d
+    }
+
+    /// Checks the CRC of a payload digested in pieces (see [`FrameHeader::digest`]).
+    pub fn verify(&self, digest: Crc32c) -> Result<(), FrameError> {
+        let computed = digest.finalize();
+        if computed != self.crc {
+            return Err(FrameError::Crc {
+                found: self.crc,
+                computed,
+            });
+        }
+        Ok(())
+    }
+}
+
 fn frame_crc(head: &[u8; 8], payload: &[u8]) -> u32 {
     let mut d = Crc32c::new();
     d.update(head);

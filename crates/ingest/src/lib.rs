@@ -6,15 +6,22 @@
 //! - [`session`]: the conversation's rules as a pure state machine (§3–§4).
 //! - [`layout`]: the raw-device target's superblocks and index entries (§5–§6).
 //! - [`store`]: format, crash recovery and durable batches on any `BlockDevice` (§7–§8).
+//! - [`client`]: the sending side, answers collected on their own thread.
+//! - [`net`]: TCP and Unix-socket addresses, listeners, streams; the HMAC challenge.
+//! - [`server`]: the server — a reader per connection into bounded pool buffers, one device
+//!   thread writing at depth with in-order or out-of-order retirement and group commits.
 
 #![forbid(unsafe_code)]
 
+pub mod client;
 pub mod frame;
 pub mod layout;
+pub mod net;
+pub mod server;
 pub mod session;
 pub mod store;
 
 pub use frame::{Frame, FrameError, FrameHeader, FrameType, Limits};
 pub use layout::{Entry, Superblock};
 pub use session::{Session, SessionError, Stage, Step};
-pub use store::{FormatOptions, NewRecord, Store, StoreError};
+pub use store::{FormatOptions, NewRecord, Placed, Store, StoreError};

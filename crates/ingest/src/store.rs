@@ -94,6 +94,40 @@ impl NewRecord {
     }
 }
 
+/// A record whose bytes the caller wrote at an offset from [`Store::reserve`], with the fields
+/// of its index entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Placed {
+    pub offset: u64,
+    pub stored_len: u64,
+    pub orig_len: u64,
+    /// CRC32C of the stored bytes.
+    pub crc: u32,
+    pub stage: u8,
+    pub label: u8,
+    pub seq: u64,
+}
+
+/// The index write of a batch being committed ([`Store::prepare_index`]).
+#[derive(Debug)]
+pub struct PendingIndex {
+    /// The batch's entries, ids assigned.
+    pub entries: Vec<Entry>,
+    /// Where the index units go, in device blocks.
+    pub lba: u64,
+    pub blocks: u64,
+    buf: Option<IoBuf>,
+}
+
+impl PendingIndex {
+    /// The index units' bytes, to write at `lba` (once; an empty buffer after).
+    pub fn take_buf(&mut self) -> IoBuf {
+        self.buf
+            .take()
+            .unwrap_or_else(|| IoBuf::heap(0, POOL_ALIGN))
+    }
+}
+
 /// A buffer of `len` bytes from the global pool, or the heap (page-aligned) when it is full.
 pub fn unit_buffer(len: usize) -> IoBuf {
     BufferPool::global()
@@ -110,6 +144,8 @@ pub struct Store {
     next_offset: u64,
     writable: bool,
     qd: usize,
+    /// Index slots promised to reservations not yet committed or abandoned.
+    reserved: u64,
 }
 
 impl std::fmt::Debug for Store {
@@ -241,6 +277,7 @@ impl Store {
             next_offset,
             writable: false,
             qd: 64,
+            reserved: 0,
         })
     }
 
@@ -264,6 +301,11 @@ impl Store {
         self.entries
             .get(usize::try_from(id).unwrap_or(usize::MAX))
             .ok_or(StoreError::NoSuchRecord(id))
+    }
+
+    /// The device's block size.
+    pub fn block_size(&self) -> u32 {
+        self.dev.geometry().block_size
     }
 
     /// Bytes of the data region not yet allocated.
@@ -301,6 +343,126 @@ impl Store {
         Ok(buf)
     }
 
+    /// Allocates the extent for a record of `stored_len` bytes and one index slot for it:
+    /// the byte offset its bytes go to. Every reservation ends in [`Store::commit_placed`] or
+    /// [`Store::abandon`]; an abandoned extent stays unused until the next open.
+    pub fn reserve(&mut self, stored_len: u64) -> Result<u64, StoreError> {
+        if !self.writable {
+            return Err(StoreError::ReadOnly);
+        }
+        if self.entries.len() as u64 + self.reserved >= self.sb.index_slots {
+            return Err(StoreError::Full(format!(
+                "the index holds {} entries",
+                self.sb.index_slots
+            )));
+        }
+        let units = stored_len.max(1).div_ceil(UNIT) * UNIT;
+        if units > self.free_bytes() {
+            return Err(StoreError::Full(format!(
+                "{} bytes free, record needs {units}",
+                self.free_bytes()
+            )));
+        }
+        let offset = self.next_offset;
+        self.next_offset += units;
+        self.reserved += 1;
+        Ok(offset)
+    }
+
+    /// Gives back the index slot of a reservation that will never be committed.
+    pub fn abandon(&mut self) {
+        self.reserved = self.reserved.saturating_sub(1);
+    }
+
+    /// Makes records whose bytes the caller wrote at their reserved offsets durable and
+    /// visible (§8 steps 1–2: flush, index units, flush), ids in the order given. The device
+    /// must be idle. On an error the reservations are released and nothing is in the index of
+    /// this open.
+    pub fn commit_placed(&mut self, placed: &[Placed]) -> Result<Vec<Entry>, StoreError> {
+        if placed.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut index = self.prepare_index(placed)?;
+        let done = (|| {
+            self.dev.flush_all()?;
+            let (lba, blocks) = (index.lba, index.blocks);
+            let buf = index.take_buf();
+            self.dev.run(Request::write(0, lba, blocks, buf))?.status?;
+            self.dev.flush_all()
+        })();
+        match done {
+            Ok(()) => Ok(self.index_durable(index)),
+            Err(e) => {
+                self.index_failed(index);
+                Err(e.into())
+            }
+        }
+    }
+
+    /// Step 2 of §8 for callers that keep the device busy meanwhile: the entries for `placed`
+    /// (ids in the order given) and the index write holding them. The caller flushes (after
+    /// the records' writes completed), writes [`PendingIndex::take_buf`] at `lba`, flushes,
+    /// then calls [`Store::index_durable`] — or [`Store::index_failed`] on any error. One
+    /// pending index at a time.
+    pub fn prepare_index(&mut self, placed: &[Placed]) -> Result<PendingIndex, StoreError> {
+        if !self.writable {
+            return Err(StoreError::ReadOnly);
+        }
+        let first = self.entries.len() as u64;
+        let entries: Vec<Entry> = placed
+            .iter()
+            .enumerate()
+            .map(|(i, p)| Entry {
+                id: first + i as u64,
+                generation: self.sb.generation,
+                offset: p.offset,
+                stored_len: p.stored_len,
+                orig_len: p.orig_len,
+                crc: p.crc,
+                stage: p.stage,
+                label: p.label,
+                seq: p.seq,
+            })
+            .collect();
+        let (Some(head), Some(tail)) = (entries.first(), entries.last()) else {
+            return Ok(PendingIndex {
+                entries,
+                lba: 0,
+                blocks: 0,
+                buf: None,
+            });
+        };
+        let first_unit = head.id / ENTRIES_PER_UNIT;
+        let units = (tail.id / ENTRIES_PER_UNIT - first_unit + 1) as usize;
+        let mut buf = unit_buffer(units * UNIT as usize);
+        buf.fill(0);
+        let base = first_unit * ENTRIES_PER_UNIT;
+        for e in self.entries[base as usize..].iter().chain(&entries) {
+            let at = (e.id - base) as usize * ENTRY_LEN;
+            buf[at..at + ENTRY_LEN].copy_from_slice(&e.encode());
+        }
+        let bs = u64::from(self.dev.geometry().block_size);
+        Ok(PendingIndex {
+            entries,
+            lba: (INDEX_START + first_unit * UNIT) / bs,
+            blocks: (units as u64 * UNIT) / bs,
+            buf: Some(buf),
+        })
+    }
+
+    /// The pending index is durable: its records join the index. Returns their entries.
+    pub fn index_durable(&mut self, index: PendingIndex) -> Vec<Entry> {
+        self.reserved = self.reserved.saturating_sub(index.entries.len() as u64);
+        self.entries.extend_from_slice(&index.entries);
+        index.entries
+    }
+
+    /// The pending index could not be made durable: its records stay out of the index and
+    /// their reservations are released.
+    pub fn index_failed(&mut self, index: PendingIndex) {
+        self.reserved = self.reserved.saturating_sub(index.entries.len() as u64);
+    }
+
     /// Stores a batch durably (§8) and returns the new entries, ids in batch order. On an error
     /// no record of the batch is in the index of this open (a crash may still have made a prefix
     /// of them durable, each complete).
@@ -308,27 +470,28 @@ impl Store {
         if !self.writable {
             return Err(StoreError::ReadOnly);
         }
-        if batch.is_empty() {
-            return Ok(Vec::new());
-        }
-        let first = self.entries.len() as u64;
-        if first + batch.len() as u64 > self.sb.index_slots {
+        let slots_left = self.sb.index_slots - self.entries.len() as u64 - self.reserved;
+        if batch.len() as u64 > slots_left {
             return Err(StoreError::Full(format!(
                 "the index holds {} entries",
                 self.sb.index_slots
             )));
         }
-        let mut offset = self.next_offset;
-        let mut new = Vec::with_capacity(batch.len());
+        let need: u64 = batch
+            .iter()
+            .map(|r| r.stored_len.max(1).div_ceil(UNIT) * UNIT)
+            .sum();
+        if need > self.free_bytes() {
+            return Err(StoreError::Full(format!(
+                "{} bytes free, the batch needs {need}",
+                self.free_bytes()
+            )));
+        }
+        let mut placed = Vec::with_capacity(batch.len());
         let mut writes = Vec::new();
-        for (i, rec) in batch.into_iter().enumerate() {
+        let mut bad = None;
+        for rec in batch {
             let units = rec.stored_len.div_ceil(UNIT) * UNIT;
-            if offset + units > self.sb.capacity {
-                return Err(StoreError::Full(format!(
-                    "{} bytes free, record needs {units}",
-                    self.sb.capacity - offset
-                )));
-            }
             let chunk_bytes: u64 = rec.chunks.iter().map(|c| c.len() as u64).sum();
             if chunk_bytes < rec.stored_len
                 || chunk_bytes > units
@@ -339,11 +502,13 @@ impl Store {
                     .skip(1)
                     .any(|c| !(c.len() as u64).is_multiple_of(UNIT))
             {
-                return Err(StoreError::ChunkSize {
+                bad = Some(StoreError::ChunkSize {
                     len: rec.stored_len,
                     chunks: chunk_bytes,
                 });
+                break;
             }
+            let offset = self.reserve(rec.stored_len)?;
             let mut digest = kura_engine::crc32c::Crc32c::new();
             let mut left = rec.stored_len as usize;
             let mut at = offset;
@@ -354,9 +519,7 @@ impl Store {
                 writes.push((at, c));
                 at += len;
             }
-            new.push(Entry {
-                id: first + i as u64,
-                generation: self.sb.generation,
+            placed.push(Placed {
                 offset,
                 stored_len: rec.stored_len,
                 orig_len: rec.orig_len,
@@ -365,15 +528,16 @@ impl Store {
                 label: rec.label,
                 seq: rec.seq,
             });
-            offset += units;
         }
-        self.write_at_depth(writes)?;
-        self.dev.flush_all()?;
-        self.write_index(&new)?;
-        self.dev.flush_all()?;
-        self.entries.extend_from_slice(&new);
-        self.next_offset = offset;
-        Ok(new)
+        let written = match bad {
+            Some(e) => Err(e),
+            None => self.write_at_depth(writes),
+        };
+        if let Err(e) = written {
+            self.reserved = self.reserved.saturating_sub(placed.len() as u64);
+            return Err(e);
+        }
+        self.commit_placed(&placed)
     }
 
     /// Writes every `(byte offset, buffer)` with at most `qd` commands in flight, each buffer
@@ -409,29 +573,6 @@ impl Store {
             }
         }
         failed.map_or(Ok(()), |e| Err(e.into()))
-    }
-
-    /// Writes the index units that hold `new` (earlier entries of the first unit rewritten
-    /// with the same bytes, later slots of the last unit zero).
-    fn write_index(&mut self, new: &[Entry]) -> Result<(), StoreError> {
-        let (Some(first), Some(last)) = (new.first(), new.last()) else {
-            return Ok(());
-        };
-        let first_unit = first.id / ENTRIES_PER_UNIT;
-        let last_unit = last.id / ENTRIES_PER_UNIT;
-        let units = (last_unit - first_unit + 1) as usize;
-        let mut buf = unit_buffer(units * UNIT as usize);
-        buf.fill(0);
-        let base = first_unit * ENTRIES_PER_UNIT;
-        for e in self.entries[base as usize..].iter().chain(new) {
-            let at = (e.id - base) as usize * ENTRY_LEN;
-            buf[at..at + ENTRY_LEN].copy_from_slice(&e.encode());
-        }
-        let bs = u64::from(self.dev.geometry().block_size);
-        let lba = (INDEX_START + first_unit * UNIT) / bs;
-        let blocks = (units as u64 * UNIT) / bs;
-        self.dev.run(Request::write(0, lba, blocks, buf))?.status?;
-        Ok(())
     }
 }
 
