@@ -5,7 +5,8 @@
 # (64 MiB, the device-interface tests and the benchmark) and fs.img (32 MiB, AccelFS).
 #   run.sh OUT_DIR INIT_SCRIPT TIMEOUT_SECONDS BINARY...
 # INIT_SCRIPT is the guest's /init (init: the tests; init-bench: `kura bench io`; init-nbd: ext4
-# on the guest kernel's NBD driver attached to `kura serve`); the binaries go to the guest's /bin. KURA_VM_APPEND adds to the kernel command line.
+# on the guest kernel's NBD driver attached to `kura serve`); the binaries go to the guest's /bin.
+# KURA_VM_APPEND adds to the kernel command line.
 # Leaves OUT_DIR/console.log and the images; exits with QEMU's status (124 on timeout), or 77
 # with the reason in OUT_DIR/skipped where QEMU, a kernel, busybox-static or cpio is missing.
 set -uo pipefail
@@ -32,8 +33,11 @@ rm -f "$OUT/disk.img"
 truncate -s 64M "$OUT/disk.img"
 rm -f "$OUT/fs.img"
 truncate -s 32M "$OUT/fs.img"
+# One virtual CPU unless INIT_SCRIPT asks for more on a `# kura-vm-cpus: N` line (init-nbd: 2, so
+# the kernel's NBD driver has two hardware queues for two connections).
+CPUS=$(sed -n 's/^# kura-vm-cpus: *\([0-9]*\)$/\1/p' "$INIT")
 T0=$(date +%s%N)
-timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp 1 -nographic \
+timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp "${CPUS:-1}" -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
   -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
   -append "console=ttyS0 quiet intel_iommu=on panic=-1 ${KURA_VM_APPEND:-}" \

@@ -4,9 +4,9 @@
 //! loopback, and the guest kernel's own NBD driver, set up by `nbd-client` over netlink, attaches
 //! `/dev/nbd0` to it. The guest boots twice, once per order of the two layers: the issue's
 //! `coalesce(cache(..))` and DeLiBA's pipeline order (NBD, cache, coalescing, storage),
-//! `cache(coalesce(..))`. In the guest: mkfs.ext4, a tree of random files written, read back
-//! after a remount, `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back
-//! again.
+//! `cache(coalesce(..))`, the second with two connections. In the guest: mkfs.ext4, a tree of
+//! random files written, read back after a remount, three files removed and fstrim'd (NBD trims),
+//! `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back again.
 //! On the host afterwards: the namespace image itself is a clean ext4 (`e2fsck -f -n`) holding
 //! files with the checksums the guest printed (`debugfs rdump`, `sha256sum -c`), so everything
 //! acknowledged went through the cache and the coalescer to the device.
@@ -22,15 +22,17 @@ use std::process::Command;
 const TEST: &str = "kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest";
 
 /// The two orders of DeLiBA's layers over namespace 1 with a 4 MiB cache (the tree written is
-/// 10 MiB, so the cache also evicts): write-back in the first, write-through (the default) in
-/// the second.
-const SPECS: [&str; 2] = [
-    "coalesce(cache(uring:/dev/nvme0n1)?size=4M&mode=wb)",
-    "cache(coalesce(uring:/dev/nvme0n1))?size=4M",
+/// 10 MiB, so the cache also evicts), each with the number of connections the kernel's NBD
+/// driver opens to `kura serve`: a write-back cache on one connection, then a write-through
+/// cache (the default) on two (the guest has two virtual CPUs, so the kernel uses both).
+const RUNS: [(&str, u32); 2] = [
+    ("coalesce(cache(uring:/dev/nvme0n1)?size=4M&mode=wb)", 1),
+    ("cache(coalesce(uring:/dev/nvme0n1))?size=4M", 2),
 ];
 
-/// Files in the guest's tree (`init-nbd`).
+/// Files in the guest's tree (`init-nbd`), and those left after it removes three.
 const FILES: usize = 22;
+const KEPT: usize = 19;
 
 /// The host programs the test needs: the first three go into the guest.
 struct Tools {
@@ -80,8 +82,9 @@ fn guest_sums(run: &kura_nvme_guest::GuestRun) -> String {
         .collect()
 }
 
-/// What the guest reported: every step passed, on `spec`, with the kernel's netlink interface.
-fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str) {
+/// What the guest reported: every step passed, on `spec` with `connections` connections, with
+/// the kernel's netlink interface, and fstrim trimmed something.
+fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str, connections: u32) {
     let log_at = run.dir.join("console.log");
     assert_eq!(
         run.status,
@@ -100,17 +103,24 @@ fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str) {
         log_at.display()
     );
     let tree = format!("write a tree of {FILES} files");
+    let conns = format!("{connections} connection(s) from the kernel to kura serve");
+    let conns_again = format!("{connections} connection(s) again");
     for step in [
         "loopback up",
         "attach /dev/nbd0 to kura serve",
+        &conns,
         "mkfs.ext4",
         "mount",
         &tree,
         "read back after remount (cache warm)",
+        "remove files and fstrim",
+        "read back after trimming",
         "disconnect and stop kura serve",
         "attach again to a restarted kura serve",
         "fsck.ext4 -f -n",
-        "read back after restart (cache cold",
+        &conns_again,
+        "read back after restart (cache cold)",
+        "removed files stay removed",
         "symlink kept",
         "stop kura serve at the end",
     ] {
@@ -128,6 +138,11 @@ fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str) {
             .contains("GUEST nbd-client processes left: none"),
         "nbd-client used the kernel's netlink interface"
     );
+    let trimmed: u64 = run
+        .between("GUEST /mnt: ", " bytes trimmed")
+        .and_then(|n| n.parse().ok())
+        .expect("fstrim said how much it trimmed");
+    assert!(trimmed > 0, "fstrim trimmed nothing through kura");
 }
 
 /// The namespace image, written only through kura's stack, is a clean ext4 holding the files
@@ -146,7 +161,7 @@ fn check_image(run: &kura_nvme_guest::GuestRun, tools: &Tools, spec: &str) {
         String::from_utf8_lossy(&fsck.stderr)
     );
     let sums = guest_sums(run);
-    assert_eq!(sums.lines().count(), FILES, "checksums of every file");
+    assert_eq!(sums.lines().count(), KEPT, "checksums of every file kept");
     let tree = run.dir.join("tree");
     std::fs::create_dir_all(&tree).expect("make the dump directory");
     let dump = Command::new(&tools.debugfs)
@@ -180,8 +195,8 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
     let kura = PathBuf::from(env!("CARGO_BIN_EXE_kura"));
     let bins: [&Path; 4] = [&kura, &tools.nbd_client, &tools.mkfs, &tools.fsck];
     let limit = kura_nvme_guest::time_limit(150);
-    for spec in SPECS {
-        let append = format!("kura_nbd_spec=\"{spec}\"");
+    for (spec, connections) in RUNS {
+        let append = format!("kura_nbd_spec=\"{spec}\" kura_nbd_connections={connections}");
         let run = match kura_nvme_guest::boot("init-nbd", &bins, limit, &append) {
             Ok(run) => run,
             // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU,
@@ -194,7 +209,7 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
             "{spec}: guest run took {:.1} s on the host",
             run.took.as_secs_f64()
         );
-        check_guest(&run, spec);
+        check_guest(&run, spec, connections);
         check_image(&run, &tools, spec);
         let _ = std::fs::remove_dir_all(&run.dir);
     }
