@@ -8,6 +8,7 @@ mod dev;
 mod drive;
 mod fs;
 mod genome;
+mod ingest;
 mod interrupt;
 mod mkfs_fsck;
 mod mount;
@@ -62,6 +63,9 @@ enum Command {
     /// CRUSH placement on Ceph's compiled maps: `test` (crushtool --test's output), `map`.
     #[command(subcommand)]
     Crush(crush::CrushCommand),
+    /// Streaming network-to-storage ingest: format, serve, send, get, ls (docs/ingest-protocol.md).
+    #[command(subcommand)]
+    Ingest(ingest::IngestCommand),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Nvme(cmd) => nvme::run(cmd),
         Command::Genome(cmd) => genome::run(cmd),
         Command::Crush(cmd) => crush::run(cmd),
+        Command::Ingest(cmd) => ingest::run(cmd),
         Command::Specs => {
             print!("{}", dev::specs_help(dev::registry()));
             Ok(())
