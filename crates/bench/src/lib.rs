@@ -5,6 +5,7 @@
 pub mod all;
 #[allow(unsafe_code)] // the SSE4.2 CRC32C kernel (target_feature)
 pub mod crc;
+pub mod crush;
 pub mod drives;
 pub mod fs;
 pub mod fs_threads;

@@ -160,6 +160,10 @@ mod tests {
                 "genome",
                 crate::genome::GenomeBenchArgs::augment_args(Command::new("genome")),
             ),
+            (
+                "crush",
+                crate::crush::CrushBenchArgs::augment_args(Command::new("crush")),
+            ),
         ];
         for (name, cmd) in benches {
             cmd.clone().debug_assert();
