@@ -92,6 +92,9 @@ enum BenchCommand {
     /// Genome pipeline: kura on each I/O path against minimap2 -ax sr (time, peak RSS,
     /// accuracy), and read loading against the device's sequential bandwidth.
     Genome(kura_bench::genome::GenomeBenchArgs),
+    /// CRUSH: kura's mapper (scalar and SIMD, one thread and all) against crushtool --test on
+    /// straw2, straw, list, tree and uniform maps of several sizes.
+    Crush(kura_bench::crush::CrushBenchArgs),
     /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
     /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
     All(kura_bench::all::AllArgs),
@@ -120,6 +123,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
+        Command::Bench(BenchCommand::Crush(args)) => kura_bench::crush::run(&args),
         Command::Bench(BenchCommand::All(args)) => kura_bench::all::run(&args, &dev::open_dev),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => mkfs_fsck::run_mkfs(&args),
