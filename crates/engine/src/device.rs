@@ -298,6 +298,80 @@ pub trait BlockDevice: Send {
 
     /// Commands accepted and not yet returned by `poll`.
     fn in_flight(&self) -> usize;
+
+    /// Appends this device's counters to `out`, then those of the devices it drives, each one
+    /// level deeper ([`child_stats`]), so a stack reports top-down, e.g. `coalesce(cache(uring:..))`
+    /// gives `[coalesce, cache, uring]`. Layers that forward to others must call this on them
+    /// even when they count nothing themselves, or the stack below is hidden. The default appends
+    /// nothing. Meant for reports (`kura serve` prints it when it stops), so it may allocate;
+    /// it never changes the device.
+    fn stats(&self, out: &mut Vec<DriveStats>) {
+        let _ = out;
+    }
+}
+
+/// One layer of a device stack and its counters, as [`BlockDevice::stats`] reports it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DriveStats {
+    /// The layer's kind as spec strings name it (`cache`, `coalesce`, `uring`).
+    pub kind: String,
+    /// How far below the device asked this layer sits: 0 for that device, 1 for its children.
+    pub depth: usize,
+    /// Counters since the layer was opened, in the layer's own order.
+    pub counters: Vec<(&'static str, u64)>,
+}
+
+impl DriveStats {
+    /// A layer of kind `kind` with no counters yet, at depth 0.
+    pub fn new(kind: impl Into<String>) -> Self {
+        DriveStats {
+            kind: kind.into(),
+            depth: 0,
+            counters: Vec::new(),
+        }
+    }
+
+    /// Adds the counter `name`.
+    pub fn with(mut self, name: &'static str, value: u64) -> Self {
+        self.counters.push((name, value));
+        self
+    }
+
+    /// The counter `name`, if this layer has one.
+    pub fn counter(&self, name: &str) -> Option<u64> {
+        self.counters
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|&(_, v)| v)
+    }
+}
+
+/// `kind name=value name=value`, without the depth.
+impl fmt::Display for DriveStats {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.kind)?;
+        for (name, value) in &self.counters {
+            write!(f, " {name}={value}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Appends what `child` reports to `out`, one level deeper than the caller: what a layer calls
+/// for each device it drives, after appending its own entry.
+pub fn child_stats(child: &(impl BlockDevice + ?Sized), out: &mut Vec<DriveStats>) {
+    let from = out.len();
+    child.stats(out);
+    for entry in &mut out[from..] {
+        entry.depth += 1;
+    }
+}
+
+/// Every layer's counters of the stack under `dev`, top-down.
+pub fn stats_of(dev: &(impl BlockDevice + ?Sized)) -> Vec<DriveStats> {
+    let mut out = Vec::new();
+    dev.stats(&mut out);
+    out
 }
 
 impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
@@ -318,5 +392,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn in_flight(&self) -> usize {
         (**self).in_flight()
+    }
+    fn stats(&self, out: &mut Vec<DriveStats>) {
+        (**self).stats(out)
     }
 }

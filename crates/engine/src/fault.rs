@@ -324,6 +324,21 @@ impl BlockDevice for FaultDevice {
         format!("fault({})", self.inner.describe())
     }
 
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        let s = self.control.stats();
+        out.push(
+            crate::DriveStats::new("fault")
+                .with("reads", s.reads)
+                .with("writes", s.writes)
+                .with("flushes", s.flushes)
+                .with("injected_errors", s.injected_errors)
+                .with("unflushed_writes", self.pending.len() as u64)
+                .with("blocks_lost_at_cut", s.blocks_lost_at_cut)
+                .with("blocks_kept_at_cut", s.blocks_kept_at_cut),
+        );
+        crate::device::child_stats(&*self.inner, out);
+    }
+
     crate::completed_queue_methods!(queue, execute);
 }
 
@@ -448,6 +463,39 @@ mod tests {
         let disk = storage.lock().unwrap();
         assert_eq!(disk[4096], 0, "the failed write left no trace");
         assert_eq!(disk[2 * 4096], 3);
+    }
+
+    #[test]
+    fn stats_report_each_layer_top_down_with_its_counters() {
+        let (inner, _) = over_mem(FaultPlan::default());
+        let mut dev: Box<dyn BlockDevice> = Box::new(FaultDevice::new(
+            Box::new(inner),
+            FaultPlan {
+                write_eio: Some(2),
+                ..FaultPlan::default()
+            },
+        ));
+        dev.write_blocks(0, &block(1)).unwrap();
+        assert!(dev.write_blocks(1, &block(2)).is_err());
+        let mut out = block(0);
+        dev.read_blocks(0, &mut out).unwrap();
+        dev.flush_all().unwrap();
+        let stats = crate::device::stats_of(&dev);
+        let shape: Vec<(&str, usize)> = stats.iter().map(|s| (s.kind.as_str(), s.depth)).collect();
+        assert_eq!(shape, [("fault", 0), ("fault", 1), ("mem", 2)]);
+        let top = &stats[0];
+        assert_eq!(top.counter("writes"), Some(2));
+        assert_eq!(top.counter("reads"), Some(1));
+        assert_eq!(top.counter("flushes"), Some(1));
+        assert_eq!(top.counter("injected_errors"), Some(1));
+        // Only the write that succeeded (then flushed) reached the inner fault layer.
+        assert_eq!(stats[1].counter("writes"), Some(1));
+        assert_eq!(stats[1].counter("injected_errors"), Some(0));
+        assert_eq!(
+            top.to_string(),
+            "fault reads=1 writes=2 flushes=1 injected_errors=1 unflushed_writes=0 \
+             blocks_lost_at_cut=0 blocks_kept_at_cut=0"
+        );
     }
 
     #[test]

@@ -130,6 +130,10 @@ impl BlockDevice for MemDevice {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        out.push(crate::DriveStats::new("mem"));
+    }
+
     fn describe(&self) -> String {
         format!("mem:{}", self.geo.capacity_bytes())
     }
@@ -176,6 +180,10 @@ impl NullDevice {
 impl BlockDevice for NullDevice {
     fn geometry(&self) -> Geometry {
         self.geo
+    }
+
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        out.push(crate::DriveStats::new("null"));
     }
 
     fn describe(&self) -> String {

@@ -90,6 +90,10 @@ impl BlockDevice for SyncDevice {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        out.push(crate::DriveStats::new("sync"));
+    }
+
     fn describe(&self) -> String {
         format!(
             "sync:{}{}",

@@ -486,6 +486,10 @@ impl BlockDevice for UringDevice {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        out.push(crate::DriveStats::new("uring"));
+    }
+
     fn describe(&self) -> String {
         let mut parts = vec![if self.backing.direct {
             "O_DIRECT"

@@ -341,6 +341,10 @@ impl BlockDevice for RedirectDevice {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<crate::DriveStats>) {
+        out.push(crate::DriveStats::new("redirect"));
+    }
+
     fn describe(&self) -> String {
         match self.model {
             Some(m) => format!(
