@@ -15,6 +15,7 @@ use kura_ingest::layout::NO_LABEL;
 use kura_ingest::net::{read_key, Addr, Listener};
 use kura_ingest::server::{Order, Server, ServerConfig, CHUNK};
 use kura_ingest::session::Stage;
+use kura_ingest::stage;
 use kura_ingest::store::{FormatOptions, Store};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -84,6 +85,8 @@ pub struct ServeArgs {
 pub enum StageArg {
     None,
     Crc32c,
+    Zstd,
+    Classify,
 }
 
 #[derive(Debug, Args)]
@@ -93,7 +96,8 @@ pub struct SendArgs {
     /// Files to send, one record each; a directory sends its regular files.
     pub paths: Vec<PathBuf>,
     /// Send --count generated records of this size instead (e.g. 4K; 9M, SNAcc's images,
-    /// when no size is given).
+    /// when no size is given). With --stage classify they are PPM images of about that size
+    /// (synthetic scenes of the classifier's classes); otherwise random bytes.
     #[arg(long, num_args = 0..=1, default_missing_value = "9M")]
     pub synthetic: Option<String>,
     /// Records to generate with --synthetic.
@@ -131,9 +135,9 @@ pub struct GetArgs {
 #[derive(Debug, Args)]
 pub struct LsArgs {
     pub target: String,
-    /// Only records with this label.
+    /// Only records with this label (a class name from `classify`, or its number).
     #[arg(long)]
-    pub label: Option<u8>,
+    pub label: Option<String>,
 }
 
 pub fn run(cmd: IngestCommand) -> anyhow::Result<()> {
@@ -237,6 +241,7 @@ enum Source {
         size: usize,
         count: usize,
         seed: u64,
+        images: bool,
     },
 }
 
@@ -265,10 +270,19 @@ impl Source {
                 *buf =
                     std::fs::read(&f[i]).with_context(|| format!("reading {}", f[i].display()))?;
             }
-            Source::Synthetic { size, seed, .. } => {
-                buf.resize(*size, 0);
+            Source::Synthetic {
+                size, seed, images, ..
+            } => {
                 let mut rng = SmallRng::seed_from_u64(seed.wrapping_mul(1_000_003) + i as u64);
-                rng.fill(&mut buf[..]);
+                if *images {
+                    let side = ((*size / 3) as f64).sqrt().max(1.0) as usize;
+                    let class = i % stage::CLASSES.len();
+                    let rgb = stage::synthetic_rgb(class, side, side, &mut rng);
+                    *buf = stage::encode_ppm(side, side, &rgb);
+                } else {
+                    buf.resize(*size, 0);
+                    rng.fill(&mut buf[..]);
+                }
             }
         }
         Ok(())
@@ -288,6 +302,7 @@ fn sources(a: &SendArgs) -> anyhow::Result<Source> {
             size,
             count: a.count,
             seed: a.seed,
+            images: matches!(a.stage, StageArg::Classify),
         });
     }
     let mut files = Vec::new();
@@ -322,6 +337,8 @@ fn send(a: &SendArgs) -> anyhow::Result<()> {
         stage: Some(match a.stage {
             StageArg::None => Stage::None,
             StageArg::Crc32c => Stage::Crc32c,
+            StageArg::Zstd => Stage::Zstd,
+            StageArg::Classify => Stage::Classify,
         }),
         batch_acks: a.batch_acks,
         key,
@@ -397,7 +414,7 @@ fn send(a: &SendArgs) -> anyhow::Result<()> {
 fn get(a: &GetArgs) -> anyhow::Result<()> {
     let mut store = Store::open_read_only(open_dev_read_only(&a.target)?)
         .with_context(|| format!("opening ingest target {}", a.target))?;
-    let bytes = store.read(a.id)?;
+    let bytes = store.read_original(a.id)?;
     match &a.output {
         Some(p) => std::fs::write(p, &bytes).with_context(|| format!("writing {}", p.display()))?,
         None => std::io::stdout().lock().write_all(&bytes)?,
@@ -408,27 +425,39 @@ fn get(a: &GetArgs) -> anyhow::Result<()> {
 fn ls(a: &LsArgs) -> anyhow::Result<()> {
     let store = Store::open_read_only(open_dev_read_only(&a.target)?)
         .with_context(|| format!("opening ingest target {}", a.target))?;
+    let want = match &a.label {
+        None => None,
+        Some(l) => Some(match stage::CLASSES.iter().position(|c| c == l) {
+            Some(i) => i as u8,
+            None => l.parse::<u8>().map_err(|_| {
+                anyhow::anyhow!(
+                    "unknown label {l:?}; classes: {}",
+                    stage::CLASSES.join(", ")
+                )
+            })?,
+        }),
+    };
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "{:>8} {:>10} {:>14} {:>12} {:>6} {:>5} {:>10}",
-        "id", "seq", "offset", "bytes", "stage", "label", "crc32c"
+        "{:>8} {:>10} {:>14} {:>12} {:>12} {:>8} {:>6} {:>10}",
+        "id", "seq", "offset", "bytes", "stored", "stage", "label", "crc32c"
     )?;
     for e in store.entries() {
-        if a.label.is_some_and(|l| l != e.label) {
+        if want.is_some_and(|l| l != e.label) {
             continue;
         }
-        let label = if e.label == NO_LABEL {
-            "-".to_string()
-        } else {
-            e.label.to_string()
+        let label = match stage::CLASSES.get(usize::from(e.label)) {
+            _ if e.label == NO_LABEL => "-".to_string(),
+            Some(name) => name.to_string(),
+            None => e.label.to_string(),
         };
         let stage =
             Stage::from_byte(e.stage).map_or("?".to_string(), |s| format!("{s:?}").to_lowercase());
         writeln!(
             out,
-            "{:>8} {:>10} {:>14} {:>12} {:>6} {:>5} {:>#10x}",
-            e.id, e.seq, e.offset, e.orig_len, stage, label, e.crc
+            "{:>8} {:>10} {:>14} {:>12} {:>12} {:>8} {:>6} {:>#10x}",
+            e.id, e.seq, e.offset, e.orig_len, e.stored_len, stage, label, e.crc
         )?;
     }
     Ok(())

@@ -158,7 +158,9 @@ fn tcp_with_a_key_generated_records_over_two_connections_then_sigterm() {
     let mut seqs: Vec<u64> = rows.iter().map(|r| r[1].parse().expect("seq")).collect();
     seqs.sort_unstable();
     assert_eq!(seqs, (0..6).flat_map(|s| [s, s]).collect::<Vec<u64>>());
-    assert!(rows.iter().all(|r| r[3] == "307200" && r[4] == "crc32c"));
+    assert!(rows
+        .iter()
+        .all(|r| r[3] == "307200" && r[4] == "307200" && r[5] == "crc32c"));
     let got = kura(&["ingest", "get", &spec, "0"]);
     assert!(got.status.success());
     assert_eq!(got.stdout.len(), 307_200);
@@ -190,6 +192,8 @@ fn a_directory_over_a_unix_socket_reads_back_byte_for_byte() {
         &listen,
         files.to_str().expect("utf-8"),
         "--batch-acks",
+        "--stage",
+        "zstd",
     ]);
     assert!(out.contains("5 stored"), "{out}");
     let (status, _) = server.stop();
@@ -197,6 +201,12 @@ fn a_directory_over_a_unix_socket_reads_back_byte_for_byte() {
     assert!(!sock.exists(), "the socket file is removed at exit");
     let rows = ls_rows(&spec, &[]);
     assert_eq!(rows.len(), 5);
+    // The patterned files compress; `get` gives back the original bytes.
+    for row in &rows {
+        assert_eq!(row[5], "zstd", "{row:?}");
+        let (sent, stored): (u64, u64) = (row[3].parse().expect("n"), row[4].parse().expect("n"));
+        assert!(sent < 1000 || stored * 10 < sent, "{row:?}");
+    }
     for row in rows {
         let seq: usize = row[1].parse().expect("seq");
         let out = dir.path().join("out");
@@ -214,4 +224,46 @@ fn a_directory_over_a_unix_socket_reads_back_byte_for_byte() {
             row[0]
         );
     }
+}
+
+#[test]
+fn classify_labels_generated_images_and_ls_filters_by_label() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let spec = format(dir.path(), "32M");
+    let sock = dir.path().join("s");
+    let listen = format!("unix:{}", sock.display());
+    let server = Serving::start(&[&spec, "--listen", &listen]);
+    let out = ok(&[
+        "ingest",
+        "send",
+        &listen,
+        "--stage",
+        "classify",
+        "--synthetic",
+        "60K",
+        "--count",
+        "20",
+    ]);
+    assert!(out.contains("20 stored"), "{out}");
+    let (status, _) = server.stop();
+    assert!(status.success());
+    let classes = ["sky", "forest", "sunset", "snow", "night"];
+    let rows = ls_rows(&spec, &[]);
+    assert_eq!(rows.len(), 20);
+    // Record seq i shows a scene of class i % 5; the classifier gets nearly all of them.
+    let right = rows
+        .iter()
+        .filter(|r| r[6] == classes[r[1].parse::<usize>().expect("seq") % 5])
+        .count();
+    assert!(right >= 18, "{right} of 20 labelled as generated: {rows:?}");
+    let mut by_label = 0;
+    for class in classes {
+        let listed = ls_rows(&spec, &["--label", class]);
+        assert!(listed.iter().all(|r| r[6] == class));
+        by_label += listed.len();
+    }
+    assert_eq!(by_label, 20);
+    assert!(!kura(&["ingest", "ls", &spec, "--label", "cat"])
+        .status
+        .success());
 }

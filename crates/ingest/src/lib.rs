@@ -4,6 +4,7 @@
 //! - [`frame`]: the wire format, every frame with a length and a CRC32C, decoded with bounds
 //!   checked before a payload is read (`docs/ingest-protocol.md` §1–§2).
 //! - [`session`]: the conversation's rules as a pure state machine (§3–§4).
+//! - [`stage`]: the per-record stages (zstd; classify: PPM/PGM, 224x224, nearest centroid).
 //! - [`layout`]: the raw-device target's superblocks and index entries (§5–§6).
 //! - [`store`]: format, crash recovery and durable batches on any `BlockDevice` (§7–§8).
 //! - [`client`]: the sending side, answers collected on their own thread.
@@ -19,6 +20,7 @@ pub mod layout;
 pub mod net;
 pub mod server;
 pub mod session;
+pub mod stage;
 pub mod store;
 
 pub use frame::{Frame, FrameError, FrameHeader, FrameType, Limits};

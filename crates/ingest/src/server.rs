@@ -94,6 +94,8 @@ pub struct Stats {
     pub rejected: AtomicU64,
     pub commits: AtomicU64,
     pub connections: AtomicU64,
+    /// Nanoseconds readers spent in stages after each record's CRC check (`zstd`, `classify`).
+    pub stage_ns: AtomicU64,
 }
 
 /// A counting semaphore of 1 MiB buffer credits that remembers its peak.
@@ -188,10 +190,15 @@ impl Conn {
 struct RecordJob {
     conn: Arc<Conn>,
     seq: u64,
+    /// The record's size as sent (its credits: one per started MiB).
     len: u64,
+    /// Bytes to store (smaller after `zstd`) and their CRC32C.
+    stored_len: u64,
     crc: u32,
     ack: bool,
+    /// The stage applied and its label (`classify`).
     stage: Stage,
+    label: u8,
     chunks: Vec<IoBuf>,
 }
 
@@ -490,12 +497,6 @@ impl Reader {
             })?;
             match step {
                 Step::Hello { stage: s, .. } => {
-                    if !matches!(s, Stage::None | Stage::Crc32c) {
-                        return Err(Stop::Fail(
-                            ErrorCode::BadFrame,
-                            format!("stage {s:?} is not available in this server"),
-                        ));
-                    }
                     stage = s;
                     self.conn.send(&Frame::Welcome(Welcome {
                         version: VERSION,
@@ -549,15 +550,25 @@ impl Reader {
                         );
                         continue;
                     }
-                    let job = Job::Record(RecordJob {
-                        conn: Arc::clone(&self.conn),
-                        seq,
-                        len: r.size,
-                        crc,
-                        ack,
-                        stage,
-                        chunks: r.chunks,
-                    });
+                    let began = std::time::Instant::now();
+                    let job = apply_stage(
+                        RecordJob {
+                            conn: Arc::clone(&self.conn),
+                            seq,
+                            len: r.size,
+                            stored_len: r.size,
+                            crc,
+                            ack,
+                            stage,
+                            label: NO_LABEL,
+                            chunks: r.chunks,
+                        },
+                        r.size,
+                    );
+                    self.stats
+                        .stage_ns
+                        .fetch_add(began.elapsed().as_nanos() as u64, Ordering::Relaxed);
+                    let job = Job::Record(job);
                     if self.tx.send(job).is_err() {
                         return Err(Stop::Fail(ErrorCode::ShuttingDown, "server stopped".into()));
                     }
@@ -766,8 +777,7 @@ impl DeviceLoop {
                     self.skip(arrival);
                     return;
                 }
-                let stored_len = r.len;
-                match self.store.reserve(stored_len) {
+                match self.store.reserve(r.stored_len) {
                     Ok(offset) => {
                         self.active.insert(
                             arrival,
@@ -921,11 +931,11 @@ impl DeviceLoop {
         }
         let placed = Placed {
             offset: a.offset,
-            stored_len: a.job.len,
+            stored_len: a.job.stored_len,
             orig_len: a.job.len,
             crc: a.job.crc,
             stage: a.job.stage as u8,
-            label: NO_LABEL,
+            label: a.job.label,
             seq: a.job.seq,
         };
         self.written.insert(
@@ -1095,6 +1105,49 @@ impl DeviceLoop {
             false
         });
     }
+}
+
+/// Runs the record's stage on its buffers (`DATA` bytes, already CRC-checked): `zstd`
+/// repacks the compressed bytes into the record's first buffers (kept raw, as `crc32c`, when
+/// they would not fit), `classify` labels a PPM/PGM (unlabelled, 255, when it is not one).
+/// Both need the record in one piece, so they copy it once; `none`/`crc32c` touch nothing.
+fn apply_stage(mut job: RecordJob, size: u64) -> RecordJob {
+    let whole = |chunks: &[IoBuf]| {
+        let mut v = Vec::with_capacity(size as usize);
+        for c in chunks {
+            let take = (size as usize - v.len()).min(c.len());
+            v.extend_from_slice(&c[..take]);
+        }
+        v
+    };
+    match job.stage {
+        Stage::None | Stage::Crc32c => {}
+        Stage::Classify => {
+            job.label = crate::stage::Classifier::standard()
+                .label(&whole(&job.chunks))
+                .unwrap_or(NO_LABEL);
+        }
+        Stage::Zstd => {
+            let room: usize = job.chunks.iter().map(|c| c.capacity()).sum();
+            match crate::stage::compress(&whole(&job.chunks)) {
+                Ok(z) if z.len() <= room && !z.is_empty() => {
+                    let unit = crate::layout::UNIT as usize;
+                    let used = z.len().div_ceil(CHUNK);
+                    job.chunks.truncate(used);
+                    for (c, piece) in job.chunks.iter_mut().zip(z.chunks(CHUNK)) {
+                        let padded = piece.len().div_ceil(unit) * unit;
+                        c.set_len(padded);
+                        c[..piece.len()].copy_from_slice(piece);
+                        c[piece.len()..].fill(0);
+                    }
+                    job.stored_len = z.len() as u64;
+                    job.crc = kura_engine::crc32c::crc32c(&z);
+                }
+                _ => job.stage = Stage::Crc32c,
+            }
+        }
+    }
+    job
 }
 
 /// `ERROR` frames' text for a code.

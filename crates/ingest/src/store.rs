@@ -463,6 +463,18 @@ impl Store {
         self.reserved = self.reserved.saturating_sub(index.entries.len() as u64);
     }
 
+    /// Record `id` as it was sent: [`Store::read`], then undone `zstd` when that stage stored
+    /// it, checked against the entry's original length.
+    pub fn read_original(&mut self, id: u64) -> Result<Vec<u8>, StoreError> {
+        let e = *self.entry(id)?;
+        let stored = self.read(id)?;
+        if e.stage == crate::session::Stage::Zstd as u8 {
+            return crate::stage::decompress(&stored, e.orig_len as usize)
+                .map_err(|err| StoreError::Damaged(format!("record {id}: {err}")));
+        }
+        Ok(stored)
+    }
+
     /// Stores a batch durably (§8) and returns the new entries, ids in batch order. On an error
     /// no record of the batch is in the index of this open (a crash may still have made a prefix
     /// of them durable, each complete).
