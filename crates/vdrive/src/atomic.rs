@@ -503,6 +503,19 @@ impl BlockDevice for AtomicDrive {
         )
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = self.stats;
+        out.push(
+            kura_engine::DriveStats::new("atomic")
+                .with("groups", s.groups)
+                .with("group_writes", s.group_writes)
+                .with("large_passthrough", s.large_passthrough)
+                .with("replayed", s.replayed)
+                .with("torn", s.torn),
+        );
+        kura_engine::device::child_stats(&*self.child, out);
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let req = req.admit(&self.geo, self.accepted)?;
         self.accepted += 1;

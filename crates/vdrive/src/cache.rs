@@ -646,6 +646,20 @@ impl BlockDevice for Cache {
         )
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = self.stats;
+        out.push(
+            kura_engine::DriveStats::new("cache")
+                .with("hits", s.hits)
+                .with("misses", s.misses)
+                .with("evictions", s.evictions)
+                .with("written_back", s.written_back)
+                .with("cached_blocks", self.cached_blocks() as u64)
+                .with("dirty_blocks", self.dirty_blocks() as u64),
+        );
+        kura_engine::device::child_stats(&*self.child, out);
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let req = req.admit(&self.geo, self.in_flight())?;
         self.accepted += 1;

@@ -416,6 +416,17 @@ impl BlockDevice for Coalesce {
         )
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = self.stats;
+        out.push(
+            kura_engine::DriveStats::new("coalesce")
+                .with("requests", s.requests)
+                .with("merged", s.merged)
+                .with("child_commands", s.child_commands),
+        );
+        kura_engine::device::child_stats(&*self.child, out);
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let req = req.admit(&self.geo, self.in_flight())?;
         self.stats.requests += 1;

@@ -12,8 +12,8 @@ use crate::mirror::{LegHealth, LegStatus};
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
-    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf, Rejected,
-    Request,
+    BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, DriveStats, Geometry, IoBuf,
+    Rejected, Request,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -75,6 +75,9 @@ pub(crate) struct Fanout<M> {
     bounced: Vec<Completion>,
     ready: VecDeque<Completion>,
     poison: FlushPoison,
+    /// Pieces sent to legs, and of those, how many waited in a leg's backlog.
+    pieces_sent: u64,
+    backlogged: u64,
 }
 
 impl<M> Fanout<M> {
@@ -94,6 +97,23 @@ impl<M> Fanout<M> {
             bounced: Vec::new(),
             ready: VecDeque::new(),
             poison: FlushPoison::default(),
+            pieces_sent: 0,
+            backlogged: 0,
+        }
+    }
+
+    /// The drive's entry `layer` with the fanout's counters added (caller requests admitted,
+    /// pieces sent to legs, pieces that waited in a leg's backlog), then every leg's stack one
+    /// level deeper: the body of a fanout drive's [`BlockDevice::stats`].
+    pub fn stats(&self, layer: DriveStats, out: &mut Vec<DriveStats>) {
+        out.push(
+            layer
+                .with("requests", self.next_parent as u64)
+                .with("pieces", self.pieces_sent)
+                .with("backlogged", self.backlogged),
+        );
+        for leg in &self.legs {
+            kura_engine::device::child_stats(&*leg.dev, out);
         }
     }
 
@@ -173,6 +193,7 @@ impl<M> Fanout<M> {
         let tag = self.next_tag;
         self.next_tag = self.next_tag.wrapping_add(1);
         req.tag = tag;
+        self.pieces_sent += 1;
         self.pieces.insert(
             tag,
             PieceSlot {
@@ -183,12 +204,14 @@ impl<M> Fanout<M> {
         );
         let l = &mut self.legs[leg];
         if !l.backlog.is_empty() {
+            self.backlogged += 1;
             l.backlog.push_back(req);
             return;
         }
         match l.dev.submit(req) {
             Ok(()) => {}
             Err(r) if matches!(r.error, DeviceError::QueueFull { .. }) => {
+                self.backlogged += 1;
                 l.backlog.push_back(r.request)
             }
             Err(r) => self.bounced.push(Completion::of(r.request, Err(r.error))),
@@ -351,8 +374,27 @@ pub(crate) fn combined_geometry(legs: &[Geometry], num_blocks: u64) -> Geometry 
 /// rings every leg that has work, and `in_flight` is the fanout's. Goes inside the
 /// `impl BlockDevice` block of a drive with the fields `fan` (its [`Fanout`]) and `geo` (its
 /// geometry): `fanout_methods!();`. The drive writes `geometry`, `describe` and `poll` itself.
+/// `stats` reports the drive (its kind taken from `describe`) with the fanout's counters, then
+/// every leg; with `fanout_methods!(stats = layer)` the drive's `fn layer(&self) -> DriveStats`
+/// names its kind and adds counters of its own.
 macro_rules! fanout_methods {
     () => {
+        crate::fanout::fanout_methods!(@queue);
+
+        fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+            let describe = kura_engine::BlockDevice::describe(self);
+            let kind = crate::fanout::kind_of(&describe);
+            self.fan.stats(kura_engine::DriveStats::new(kind), out);
+        }
+    };
+    (stats = $layer:ident) => {
+        crate::fanout::fanout_methods!(@queue);
+
+        fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+            self.fan.stats(self.$layer(), out);
+        }
+    };
+    (@queue) => {
         fn submit(&mut self, req: kura_engine::Request) -> Result<(), kura_engine::Rejected> {
             if let Some(id) = self.fan.admit(&self.geo, req)? {
                 self.dispatch(id);
@@ -370,3 +412,11 @@ macro_rules! fanout_methods {
     };
 }
 pub(crate) use fanout_methods;
+
+/// The kind at the head of a spec-like description: `placed` of `placed(a,b)?map=..`.
+pub(crate) fn kind_of(describe: &str) -> &str {
+    describe
+        .split(['(', ':', '?', ' '])
+        .next()
+        .unwrap_or(describe)
+}

@@ -11,7 +11,7 @@
 use crate::child_request;
 use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
 use kura_engine::{
-    BlockDevice, Completion, DeviceResult, Geometry, IoBuf, Opcode, OpenError, Request,
+    BlockDevice, Completion, DeviceResult, DriveStats, Geometry, IoBuf, Opcode, OpenError, Request,
 };
 
 /// One child command: `blocks` blocks at `lba` on child `leg`, carrying the caller's data from
@@ -186,6 +186,13 @@ pub(crate) fn check_block_sizes(
     Ok(())
 }
 
+impl<L: Layout> MappedDrive<L> {
+    /// This drive's entry in a stats report: its layout's kind (the fanout adds the counters).
+    fn layer_stats(&self) -> DriveStats {
+        DriveStats::new(self.layout.kind())
+    }
+}
+
 impl<L: Layout> BlockDevice for MappedDrive<L> {
     fn geometry(&self) -> Geometry {
         self.geo
@@ -201,7 +208,7 @@ impl<L: Layout> BlockDevice for MappedDrive<L> {
         )
     }
 
-    fanout_methods!();
+    fanout_methods!(stats = layer_stats);
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let bs = self.geo.block_size as usize;

@@ -16,8 +16,8 @@ use crate::child_request;
 use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
 use kura_engine::open::ChildOpener;
 use kura_engine::{
-    BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError,
-    Spec,
+    BlockDevice, BlockingIo, Completion, DeviceError, DeviceResult, DriveStats, Geometry, Opcode,
+    OpenError, Spec,
 };
 
 /// Most legs a mirror may have.
@@ -398,6 +398,20 @@ pub fn rebuild(
     mirror.rebuild(leg, replacement, progress)
 }
 
+impl Mirror {
+    /// This drive's entry in a stats report: reads failed on a leg, legs degraded.
+    fn layer_stats(&self) -> DriveStats {
+        let degraded = self
+            .health
+            .iter()
+            .filter(|h| !matches!(h, LegHealth::Healthy))
+            .count();
+        DriveStats::new("mirror")
+            .with("read_errors", self.read_errors.iter().sum())
+            .with("degraded_legs", degraded as u64)
+    }
+}
+
 impl BlockDevice for Mirror {
     fn geometry(&self) -> Geometry {
         self.geo
@@ -413,7 +427,7 @@ impl BlockDevice for Mirror {
         }
     }
 
-    fanout_methods!();
+    fanout_methods!(stats = layer_stats);
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let Mirror {

@@ -579,6 +579,21 @@ impl BlockDevice for ClassHandle {
         }
     }
 
+    /// This handle's class, then the shared child.
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = self.lock();
+        let class = &s.classes[self.class];
+        out.push(
+            kura_engine::DriveStats::new("priority")
+                .with("class", self.class as u64)
+                .with("weight", u64::from(class.weight))
+                .with("requests", class.stats.requests)
+                .with("dispatched", class.stats.dispatched)
+                .with("dispatched_bytes", class.stats.dispatched_bytes),
+        );
+        kura_engine::device::child_stats(&*s.child, out);
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let mut s = self.lock();
         let req = req.admit(&self.geo, s.classes[self.class].accepted)?;

@@ -435,6 +435,19 @@ impl BlockDevice for Spill {
         )
     }
 
+    /// The drive, then LOCAL, then REMOTE.
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = Spill::stats(self);
+        out.push(
+            kura_engine::DriveStats::new("spill")
+                .with("slots", s.slots)
+                .with("slots_used", s.slots_used)
+                .with("placements", s.placements),
+        );
+        kura_engine::device::child_stats(&*self.local, out);
+        kura_engine::device::child_stats(&*self.remote, out);
+    }
+
     kura_engine::completed_queue_methods!(queue, execute);
 }
 

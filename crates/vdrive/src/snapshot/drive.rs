@@ -340,6 +340,19 @@ impl BlockDevice for SnapshotDrive {
         format!("snapshot({}){opt}", self.child_name)
     }
 
+    /// The volume's space (shared by every version's handle), then its child.
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let core = lock(&self.core);
+        let space = core.space();
+        out.push(
+            kura_engine::DriveStats::new("snapshot")
+                .with("versions", core.versions.len() as u64)
+                .with("data_chunks", space.data_chunks)
+                .with("free_chunks", space.free_chunks),
+        );
+        kura_engine::device::child_stats(&*core.child, out);
+    }
+
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         let req = req.admit(&self.geo, self.accepted)?;
         self.accepted += 1;
