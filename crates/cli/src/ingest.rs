@@ -11,6 +11,7 @@ use kura_engine::spec::parse_size;
 use kura_engine::BufferPool;
 use kura_ingest::client::{Answers, Client, ClientOptions};
 use kura_ingest::frame::Limits;
+use kura_ingest::fstarget::FsStore;
 use kura_ingest::layout::NO_LABEL;
 use kura_ingest::net::{read_key, Addr, Listener};
 use kura_ingest::server::{Order, Server, ServerConfig, CHUNK};
@@ -56,8 +57,12 @@ pub enum OrderArg {
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
-    /// Device spec of a formatted target.
+    /// Device spec of a formatted target, or with --dev a directory on its AccelFS.
     pub target: String,
+    /// AccelFS device (formatted with `kura mkfs`): TARGET is a directory on it, records are
+    /// files there and the index a LevelDB database beside them.
+    #[arg(long)]
+    pub dev: Option<String>,
     /// HOST:PORT, or unix:/path (created mode 0600).
     #[arg(long)]
     pub listen: String,
@@ -125,7 +130,11 @@ pub struct SendArgs {
 
 #[derive(Debug, Args)]
 pub struct GetArgs {
+    /// Device spec, or with --dev a directory on its AccelFS.
     pub target: String,
+    /// AccelFS device holding TARGET (opened read-write: LevelDB cannot open read-only).
+    #[arg(long)]
+    pub dev: Option<String>,
     pub id: u64,
     /// Write to this file instead of stdout.
     #[arg(long, short)]
@@ -134,7 +143,11 @@ pub struct GetArgs {
 
 #[derive(Debug, Args)]
 pub struct LsArgs {
+    /// Device spec, or with --dev a directory on its AccelFS.
     pub target: String,
+    /// AccelFS device holding TARGET (opened read-write: LevelDB cannot open read-only).
+    #[arg(long)]
+    pub dev: Option<String>,
     /// Only records with this label (a class name from `classify`, or its number).
     #[arg(long)]
     pub label: Option<String>,
@@ -197,10 +210,19 @@ fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         key,
     };
     let server = Server::new(cfg, BufferPool::global().clone())?;
-    let mut store = Store::open(open_dev(&a.target)?)
-        .with_context(|| format!("opening ingest target {}", a.target))?;
-    store.set_queue_depth(a.qd);
-    let before = store.entries().len();
+    let target = match &a.dev {
+        Some(dev) => Target::Fs(
+            FsStore::open(open_dev(dev)?, &a.target)
+                .with_context(|| format!("opening ingest target {} on {dev}", a.target))?,
+        ),
+        None => {
+            let mut store = Store::open(open_dev(&a.target)?)
+                .with_context(|| format!("opening ingest target {}", a.target))?;
+            store.set_queue_depth(a.qd);
+            Target::Raw(store)
+        }
+    };
+    let before = target.records()?;
     let listener = Listener::bind(&addr).with_context(|| format!("listening on {addr}"))?;
     let bound = listener.local_addr()?;
     let handle = server.handle();
@@ -218,7 +240,15 @@ fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         "kura: ingest listening on {bound} ({} records stored; SIGTERM or Ctrl-C to stop)",
         before
     );
-    let store = server.run(store, listener)?;
+    let after = match target {
+        Target::Raw(store) => server.run(store, listener)?.entries().len(),
+        Target::Fs(store) => {
+            let store = server.run_fs(store, listener)?;
+            let n = store.entries()?.len();
+            store.close()?;
+            n
+        }
+    };
     let stats = &handle.stats;
     eprintln!(
         "kura: ingest stopped: {} records ({} bytes) stored this run, {} rejected, {} commits; \
@@ -227,7 +257,7 @@ fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         stats.bytes.load(Ordering::Relaxed),
         stats.rejected.load(Ordering::Relaxed),
         stats.commits.load(Ordering::Relaxed),
-        store.entries().len(),
+        after,
         handle.credits.peak(),
         handle.credits.capacity(),
     );
@@ -411,10 +441,58 @@ fn send(a: &SendArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A target of either kind.
+enum Target {
+    Raw(Store),
+    Fs(FsStore),
+}
+
+impl Target {
+    /// Opens TARGET for reading: read-only for a raw device; an AccelFS target is mounted
+    /// read-write, since LevelDB writes its lock and log files at open.
+    fn open_to_read(target: &str, dev: Option<&str>) -> anyhow::Result<Target> {
+        Ok(match dev {
+            Some(dev) => Target::Fs(
+                FsStore::open(open_dev(dev)?, target)
+                    .with_context(|| format!("opening ingest target {target} on {dev}"))?,
+            ),
+            None => Target::Raw(
+                Store::open_read_only(open_dev_read_only(target)?)
+                    .with_context(|| format!("opening ingest target {target}"))?,
+            ),
+        })
+    }
+
+    fn entries(&self) -> anyhow::Result<Vec<kura_ingest::Entry>> {
+        Ok(match self {
+            Target::Raw(s) => s.entries().to_vec(),
+            Target::Fs(s) => s.entries()?,
+        })
+    }
+
+    fn records(&self) -> anyhow::Result<usize> {
+        Ok(self.entries()?.len())
+    }
+
+    fn read_original(&mut self, id: u64) -> anyhow::Result<Vec<u8>> {
+        Ok(match self {
+            Target::Raw(s) => s.read_original(id)?,
+            Target::Fs(s) => s.read_original(id)?,
+        })
+    }
+
+    fn close(self) -> anyhow::Result<()> {
+        if let Target::Fs(s) = self {
+            s.close()?;
+        }
+        Ok(())
+    }
+}
+
 fn get(a: &GetArgs) -> anyhow::Result<()> {
-    let mut store = Store::open_read_only(open_dev_read_only(&a.target)?)
-        .with_context(|| format!("opening ingest target {}", a.target))?;
+    let mut store = Target::open_to_read(&a.target, a.dev.as_deref())?;
     let bytes = store.read_original(a.id)?;
+    store.close()?;
     match &a.output {
         Some(p) => std::fs::write(p, &bytes).with_context(|| format!("writing {}", p.display()))?,
         None => std::io::stdout().lock().write_all(&bytes)?,
@@ -423,8 +501,9 @@ fn get(a: &GetArgs) -> anyhow::Result<()> {
 }
 
 fn ls(a: &LsArgs) -> anyhow::Result<()> {
-    let store = Store::open_read_only(open_dev_read_only(&a.target)?)
-        .with_context(|| format!("opening ingest target {}", a.target))?;
+    let store = Target::open_to_read(&a.target, a.dev.as_deref())?;
+    let entries = store.entries()?;
+    store.close()?;
     let want = match &a.label {
         None => None,
         Some(l) => Some(match stage::CLASSES.iter().position(|c| c == l) {
@@ -443,7 +522,7 @@ fn ls(a: &LsArgs) -> anyhow::Result<()> {
         "{:>8} {:>10} {:>14} {:>12} {:>12} {:>8} {:>6} {:>10}",
         "id", "seq", "offset", "bytes", "stored", "stage", "label", "crc32c"
     )?;
-    for e in store.entries() {
+    for e in &entries {
         if want.is_some_and(|l| l != e.label) {
             continue;
         }

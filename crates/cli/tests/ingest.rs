@@ -267,3 +267,35 @@ fn classify_labels_generated_images_and_ls_filters_by_label() {
         .status
         .success());
 }
+
+#[test]
+fn an_accelfs_target_with_dev_serves_lists_and_gets() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let image = dir.path().join("fs.img");
+    let spec = format!("file:{}", image.display());
+    ok(&["mkfs", &format!("{spec}?size=64M")]);
+    let sock = dir.path().join("s");
+    let listen = format!("unix:{}", sock.display());
+    let server = Serving::start(&["/ingest", "--dev", &spec, "--listen", &listen]);
+    let out = ok(&[
+        "ingest",
+        "send",
+        &listen,
+        "--synthetic",
+        "200K",
+        "--count",
+        "6",
+        "--conns",
+        "2",
+    ]);
+    assert!(out.contains("6 stored"), "{out}");
+    let (status, log) = server.stop();
+    assert!(status.success(), "{log}");
+    let rows = ls_rows("/ingest", &["--dev", &spec]);
+    assert_eq!(rows.len(), 6);
+    let got = kura(&["ingest", "get", "/ingest", "--dev", &spec, "5"]);
+    assert!(got.status.success());
+    assert_eq!(got.stdout.len(), 200 << 10);
+    // The file system is consistent after all of it.
+    ok(&["fsck", &spec]);
+}

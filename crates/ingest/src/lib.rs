@@ -8,6 +8,7 @@
 //! - [`layout`]: the raw-device target's superblocks and index entries (§5–§6).
 //! - [`store`]: format, crash recovery and durable batches on any `BlockDevice` (§7–§8).
 //! - [`client`]: the sending side, answers collected on their own thread.
+//! - [`fstarget`]: an AccelFS target — a file per record, the index in LevelDB (`kura-kv`).
 //! - [`net`]: TCP and Unix-socket addresses, listeners, streams; the HMAC challenge.
 //! - [`server`]: the server — a reader per connection into bounded pool buffers, one device
 //!   thread writing at depth with in-order or out-of-order retirement and group commits.
@@ -16,6 +17,7 @@
 
 pub mod client;
 pub mod frame;
+pub mod fstarget;
 pub mod layout;
 pub mod net;
 pub mod server;

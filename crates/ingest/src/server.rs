@@ -15,12 +15,15 @@
 use crate::frame::{
     ErrorCode, Frame, FrameHeader, FrameType, Limits, Welcome, HEADER_LEN, NO_SEQ, VERSION,
 };
+use crate::fstarget::{FsRecord, FsStore, FsTargetError};
 use crate::layout::NO_LABEL;
 use crate::net::{self, Listener, Stream};
 use crate::session::{Session, Stage, Step};
 use crate::store::{PendingIndex, Placed, Store, StoreError};
+use kura_accelfs::FsError;
 use kura_engine::crc32c::Crc32c;
 use kura_engine::{BufferPool, Completion, DeviceError, IoBuf, Request};
+use kura_kv::KvError;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::io::{self, Read, Write};
 use std::net::Shutdown;
@@ -290,6 +293,21 @@ impl Server {
     /// Serves `listener` until [`Handle::stop`]; returns the store with everything received
     /// stored. A TCP listener needs a key (network listeners authenticate).
     pub fn run(self, store: Store, listener: Listener) -> Result<Store, ServerError> {
+        match self.run_target(Target::Raw(store), listener)? {
+            Target::Raw(store) => Ok(store),
+            Target::Fs(_) => Err(ServerError::Config("target changed kind".into())),
+        }
+    }
+
+    /// [`Server::run`] for an AccelFS target.
+    pub fn run_fs(self, store: FsStore, listener: Listener) -> Result<FsStore, ServerError> {
+        match self.run_target(Target::Fs(store), listener)? {
+            Target::Fs(store) => Ok(store),
+            Target::Raw(_) => Err(ServerError::Config("target changed kind".into())),
+        }
+    }
+
+    fn run_target(self, target: Target, listener: Listener) -> Result<Target, ServerError> {
         if listener.is_network() && self.cfg.key.is_none() {
             return Err(ServerError::Config(
                 "a TCP listener needs a shared key (--key FILE); use unix:/path for a local \
@@ -304,7 +322,12 @@ impl Server {
             let credits = Arc::clone(&self.handle.credits);
             std::thread::Builder::new()
                 .name("ingest-device".into())
-                .spawn(move || DeviceLoop::new(store, cfg, stats, credits).run(rx))?
+                .spawn(move || match target {
+                    Target::Raw(store) => {
+                        Target::Raw(DeviceLoop::new(store, cfg, stats, credits).run(rx))
+                    }
+                    Target::Fs(store) => Target::Fs(fs_loop(store, stats, credits, rx)),
+                })?
         };
         listener.set_nonblocking(true)?;
         let mut readers = Vec::new();
@@ -1148,6 +1171,113 @@ fn apply_stage(mut job: RecordJob, size: u64) -> RecordJob {
         }
     }
     job
+}
+
+/// What a server stores into.
+enum Target {
+    Raw(Store),
+    Fs(FsStore),
+}
+
+/// The AccelFS target's writer: takes whatever records are queued as one batch, stores it
+/// ([`FsStore::store_batch`]: files, commit, index with sync), acknowledges, frees the
+/// buffers, then answers the syncs and byes that came with the batch. AccelFS issues the file
+/// writes itself (whole blocks as commands of up to 1 MiB), so there is no queue depth or
+/// retirement order here.
+fn fs_loop(
+    mut store: FsStore,
+    stats: Arc<Stats>,
+    credits: Arc<Credits>,
+    rx: Receiver<Job>,
+) -> FsStore {
+    let mut stored: HashMap<u64, u64> = HashMap::new();
+    let mut stop = false;
+    while !stop {
+        let Ok(first) = rx.recv() else {
+            break;
+        };
+        let mut jobs = vec![first];
+        jobs.extend(rx.try_iter());
+        let mut records = Vec::new();
+        let mut waits = Vec::new();
+        for job in jobs {
+            match job {
+                Job::Record(r) if r.conn.failed.load(Ordering::Relaxed) => {
+                    release(&credits, &r);
+                }
+                Job::Record(r) => records.push(r),
+                Job::Sync { conn, upto } => waits.push((conn, Some(upto))),
+                Job::Bye { conn } => waits.push((conn, None)),
+                Job::Stop => stop = true,
+            }
+        }
+        if !records.is_empty() {
+            let batch: Vec<FsRecord<'_>> = records
+                .iter()
+                .map(|r| FsRecord {
+                    chunks: &r.chunks,
+                    stored_len: r.stored_len,
+                    orig_len: r.len,
+                    crc: r.crc,
+                    stage: r.stage as u8,
+                    label: r.label,
+                    seq: r.seq,
+                })
+                .collect();
+            match store.store_batch(&batch) {
+                Ok(entries) => {
+                    stats.commits.fetch_add(1, Ordering::Relaxed);
+                    for (r, e) in records.iter().zip(&entries) {
+                        stats.records.fetch_add(1, Ordering::Relaxed);
+                        stats.bytes.fetch_add(r.len, Ordering::Relaxed);
+                        r.conn.stored.fetch_add(1, Ordering::Relaxed);
+                        *stored.entry(r.conn.id).or_default() += 1;
+                        if r.ack {
+                            r.conn.send(&Frame::Ack {
+                                seq: r.seq,
+                                id: e.id,
+                            });
+                        }
+                    }
+                }
+                Err(e) => {
+                    let code = match &e {
+                        FsTargetError::Fs(FsError::NoSpace(_)) => ErrorCode::DeviceFull,
+                        FsTargetError::Kv(KvError::NoSpace(_)) => ErrorCode::DeviceFull,
+                        _ => ErrorCode::DeviceIo,
+                    };
+                    for r in &records {
+                        stats.rejected.fetch_add(1, Ordering::Relaxed);
+                        r.conn.failed.store(true, Ordering::Relaxed);
+                        r.conn.error(code, r.seq, &e.to_string());
+                        r.conn.close();
+                    }
+                }
+            }
+            for r in records {
+                release(&credits, &r);
+            }
+        }
+        // Every record a sync or bye waits on came before it on its connection, so it was in
+        // this batch or an earlier one.
+        for (conn, upto) in waits {
+            match upto {
+                Some(upto) => conn.send(&Frame::Synced {
+                    upto,
+                    records: conn.stored.load(Ordering::Relaxed),
+                }),
+                None => conn.close(),
+            }
+        }
+    }
+    store
+}
+
+/// Gives back a record's credits (its buffers are dropped with it).
+fn release(credits: &Credits, r: &RecordJob) {
+    let n = (r.len as usize).div_ceil(CHUNK);
+    r.conn.credits.release(n);
+    credits.release(n);
 }
 
 /// `ERROR` frames' text for a code.
