@@ -1,7 +1,8 @@
 //! `kura serve NAME=SPEC[:ro]...`: exports kura devices over NBD (newstyle fixed handshake)
 //! until SIGINT, SIGTERM or SIGHUP, then stops accepting, lets in-flight requests finish (or
-//! cuts them after a grace period), flushes every export and exits 0; a second signal exits at
-//! once with status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
+//! cuts them after a grace period), flushes every export, prints each export's counters on
+//! stderr, one line per layer of its device stack (`BlockDevice::stats`), and exits 0; a second
+//! signal exits at once with status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
 //! (mode 0600) with `--unix`. With `--tls-cert` and `--tls-key` every client must start TLS
 //! (`NBD_OPT_STARTTLS`) before anything else, and with `--tls-ca` also present a client
 //! certificate signed by that CA; with `--tls-psk` clients authenticate with a pre-shared key
@@ -10,7 +11,7 @@
 //! plaintext.
 
 use anyhow::{bail, Context};
-use kura_engine::BlockingIo;
+use kura_engine::{BlockDevice, BlockingIo};
 use kura_nbd::psk::PskServer;
 use kura_nbd::{bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeOptions};
 use std::net::{SocketAddr, TcpListener};
@@ -178,8 +179,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         let name = export.name().to_string();
         if let Err(e) = export.device_mut().flush_all() {
             eprintln!("kura: flushing export {name}: {e}");
-            failed.push(name);
+            failed.push(name.clone());
         }
+        print_stats(&name, export.device_mut());
     }
     if !failed.is_empty() {
         bail!(
@@ -189,4 +191,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     }
     eprintln!("kura: stopped; every export flushed");
     Ok(())
+}
+
+/// One line on stderr per layer of the export's device stack, top-down, each indented two
+/// spaces per level below the top: `kura serve: export NAME: cache hits=.. misses=..`.
+fn print_stats(name: &str, device: &dyn BlockDevice) {
+    for layer in kura_engine::device::stats_of(device) {
+        eprintln!(
+            "kura serve: export {name}: {:indent$}{layer}",
+            "",
+            indent = 2 * layer.depth
+        );
+    }
 }

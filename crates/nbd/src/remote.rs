@@ -373,6 +373,21 @@ impl BlockDevice for Remote {
         self.geo
     }
 
+    /// The drive's reconnect counters, then its current connection.
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        let s = self.stats;
+        out.push(
+            kura_engine::DriveStats::new("remote")
+                .with("reconnects", s.reconnects)
+                .with("replayed", s.replayed)
+                .with("failed_in_cut", s.failed_in_cut)
+                .with("refused_flushes", s.refused_flushes),
+        );
+        if let Some(client) = &self.client {
+            kura_engine::device::child_stats(client, out);
+        }
+    }
+
     fn describe(&self) -> String {
         format!(
             "remote:{}/{}{}",

@@ -291,6 +291,10 @@ impl BlockDevice for NvmePt {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        out.push(kura_engine::DriveStats::new("nvme-pt"));
+    }
+
     fn describe(&self) -> String {
         format!("nvme-pt:{}", self.path)
     }

@@ -702,6 +702,10 @@ impl BlockDevice for NvmeQueue {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        out.push(kura_engine::DriveStats::new("nvme"));
+    }
+
     fn describe(&self) -> String {
         format!(
             "nvme:{}/ns{}/q{}",

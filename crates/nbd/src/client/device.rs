@@ -244,6 +244,10 @@ impl BlockDevice for NbdClient {
         self.geo
     }
 
+    fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
+        out.push(kura_engine::DriveStats::new("nbd"));
+    }
+
     fn describe(&self) -> String {
         format!("nbd://{}/{}", self.peer, self.export)
     }
