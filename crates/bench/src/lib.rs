@@ -10,6 +10,7 @@ pub mod drives;
 pub mod fs;
 pub mod fs_threads;
 pub mod genome;
+pub mod ingest;
 pub mod io;
 pub mod kv;
 pub mod output;

@@ -38,6 +38,19 @@ pub enum IngestCommand {
     Get(GetArgs),
     /// List the records of a target.
     Ls(LsArgs),
+    /// The bench's naive host path: the same protocol into a host file with recv() +
+    /// buffered write() + fdatasync at each SYNC (loopback only, no index).
+    #[command(hide = true)]
+    NaiveServe(NaiveArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct NaiveArgs {
+    /// Host file to append records to (created or truncated).
+    pub file: PathBuf,
+    /// 127.0.0.1:PORT (loopback only: this baseline does not authenticate).
+    #[arg(long)]
+    pub listen: String,
 }
 
 #[derive(Debug, Args)]
@@ -160,6 +173,7 @@ pub fn run(cmd: IngestCommand) -> anyhow::Result<()> {
         IngestCommand::Send(a) => send(&a),
         IngestCommand::Get(a) => get(&a),
         IngestCommand::Ls(a) => ls(&a),
+        IngestCommand::NaiveServe(a) => naive_serve(&a),
     }
 }
 
@@ -538,6 +552,103 @@ fn ls(a: &LsArgs) -> anyhow::Result<()> {
             "{:>8} {:>10} {:>14} {:>12} {:>12} {:>8} {:>6} {:>#10x}",
             e.id, e.seq, e.offset, e.orig_len, e.stored_len, stage, label, e.crc
         )?;
+    }
+    Ok(())
+}
+
+/// The naive host path the bench compares against: a thread per connection reads frames with
+/// `read()` into a heap buffer, checks them like the server does, appends record bytes to one
+/// host file through a buffered writer, and answers each `SYNC` after flushing and
+/// `fdatasync`. No pool, no direct I/O, no index.
+fn naive_serve(a: &NaiveArgs) -> anyhow::Result<()> {
+    use kura_ingest::frame::{decode, Frame, Welcome, VERSION};
+    use std::io::{BufWriter, Read};
+    use std::net::{TcpListener, TcpStream};
+    use std::sync::Mutex;
+    let listener = TcpListener::bind(&a.listen)?;
+    let local = listener.local_addr()?;
+    if !local.ip().is_loopback() {
+        bail!("naive-serve listens on loopback only");
+    }
+    let file =
+        std::fs::File::create(&a.file).with_context(|| format!("creating {}", a.file.display()))?;
+    let out = Arc::new(Mutex::new(BufWriter::with_capacity(1 << 20, file)));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = Arc::clone(&stop);
+    ctrlc::set_handler(move || flag.store(true, Ordering::SeqCst))
+        .context("installing the signal handler")?;
+    eprintln!("kura: naive ingest listening on {local}");
+    listener.set_nonblocking(true)?;
+    let limits = Limits::default();
+    let serve =
+        move |mut s: TcpStream, out: Arc<Mutex<BufWriter<std::fs::File>>>| -> anyhow::Result<()> {
+            s.set_nonblocking(false)?;
+            let mut w = s.try_clone()?;
+            let mut buf = vec![0u8; 4 << 20];
+            let mut have = 0usize;
+            loop {
+                while let Some((f, used)) = decode(&buf[..have], &limits)? {
+                    match f {
+                        Frame::Hello(_) => {
+                            let welcome = Frame::Welcome(Welcome {
+                                version: VERSION,
+                                auth: 0,
+                                max_frame: limits.max_frame,
+                                max_record: limits.max_record,
+                                server_nonce: [0; 16],
+                            });
+                            w.write_all(&welcome.encode())?;
+                            w.write_all(&Frame::Ready.encode())?;
+                        }
+                        Frame::Data(d) => out
+                            .lock()
+                            .map_err(|_| anyhow::anyhow!("writer lock"))?
+                            .write_all(&d)?,
+                        Frame::Sync { upto } => {
+                            let mut o = out.lock().map_err(|_| anyhow::anyhow!("writer lock"))?;
+                            o.flush()?;
+                            o.get_ref().sync_data()?;
+                            w.write_all(
+                                &Frame::Synced {
+                                    upto,
+                                    records: upto + 1,
+                                }
+                                .encode(),
+                            )?;
+                        }
+                        Frame::Bye => return Ok(()),
+                        _ => {}
+                    }
+                    buf.copy_within(used..have, 0);
+                    have -= used;
+                }
+                if have == buf.len() {
+                    bail!("frame larger than the receive buffer");
+                }
+                let n = s.read(&mut buf[have..])?;
+                if n == 0 {
+                    return Ok(());
+                }
+                have += n;
+            }
+        };
+    let mut threads = Vec::new();
+    while !stop.load(Ordering::SeqCst) {
+        match listener.accept() {
+            Ok((s, _)) => {
+                let out = Arc::clone(&out);
+                threads.push(std::thread::spawn(move || serve(s, out)));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for t in threads {
+        if let Ok(Err(e)) = t.join() {
+            eprintln!("kura: naive connection: {e}");
+        }
     }
     Ok(())
 }

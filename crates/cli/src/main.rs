@@ -95,6 +95,9 @@ enum BenchCommand {
     /// CRUSH: kura's mapper (scalar and SIMD, one thread and all) against crushtool --test on
     /// straw2, straw, list, tree and uniform maps of several sizes.
     Crush(kura_bench::crush::CrushBenchArgs),
+    /// Streaming ingest over loopback TCP: against fio's sequential write on the same image and
+    /// a naive recv()+write()+fdatasync path; CPU per GB, peak RSS, in- vs out-of-order, stages.
+    Ingest(kura_bench::ingest::IngestBenchArgs),
     /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
     /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
     All(kura_bench::all::AllArgs),
@@ -124,6 +127,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Bench(BenchCommand::Crush(args)) => kura_bench::crush::run(&args),
+        Command::Bench(BenchCommand::Ingest(args)) => kura_bench::ingest::run(&args),
         Command::Bench(BenchCommand::All(args)) => kura_bench::all::run(&args, &dev::open_dev),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => mkfs_fsck::run_mkfs(&args),

@@ -1,0 +1,565 @@
+//! `kura bench ingest` (issue 17, SNAcc's figures): streaming ingest over loopback TCP into an
+//! image file, against the device's sequential write bandwidth (fio, same image, same run) and
+//! against a naive host path (`kura ingest naive-serve`: recv() + buffered write() + fdatasync)
+//! doing the same protocol work; CPU seconds per GB of each server process (its utime + stime
+//! from /proc before it stops), its peak RSS (VmHWM) against the configured buffers, in-order
+//! against out-of-order retirement with random 4 KiB–1 MiB records at QD 64, 9 MB against
+//! 4 KiB records, and each stage's cost per record measured on the same records.
+//!
+//! Servers run as child processes (`kura ingest serve`) so their CPU and memory are theirs
+//! alone; the senders run in this process with batch acknowledgements (one SYNC per
+//! connection at the end, so the time includes making everything durable). Each case runs
+//! `--rounds` times in turn with the others; figures are medians with their [min–max].
+
+use crate::output::{plot_help, RunArgs};
+use crate::stats::Spread;
+use anyhow::{bail, Context};
+use kura_ingest::client::{Client, ClientOptions};
+use kura_ingest::net::Addr;
+use kura_ingest::session::Stage;
+use kura_ingest::stage;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Serialize;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Arguments of `kura bench ingest`.
+#[derive(Debug, Clone, clap::Args)]
+#[command(mut_arg("plot", |a| plot_help(a, "ingest")))]
+#[command(mut_arg("quick", |a| a.help("A short run: 256 MiB per case, one round")))]
+pub struct IngestBenchArgs {
+    /// Directory for the image and the naive path's file (default: the system temp dir).
+    #[arg(long)]
+    pub dir: Option<PathBuf>,
+    /// Bytes sent per case (default 2G; --quick 256M).
+    #[arg(long)]
+    pub bytes: Option<String>,
+    /// Sender connections.
+    #[arg(long, default_value_t = 2)]
+    pub conns: usize,
+    /// Rounds (default 3; --quick 1).
+    #[arg(long)]
+    pub rounds: Option<usize>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+const PLOT_SCRIPT: &str = r##"
+import json, sys
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+d = json.load(open(sys.argv[1]))
+cases = [c for c in d["cases"] if c["mb_per_s"]["median"] > 0]
+fig, ax = plt.subplots(figsize=(9, 4))
+names = [c["name"] for c in cases]
+vals = [c["mb_per_s"]["median"] for c in cases]
+lo = [c["mb_per_s"]["median"] - c["mb_per_s"]["min"] for c in cases]
+hi = [c["mb_per_s"]["max"] - c["mb_per_s"]["median"] for c in cases]
+ax.barh(names, vals, xerr=[lo, hi], color="#4a7")
+ax.set_xlabel("MB/s (median, min-max over rounds)")
+ax.set_title("kura bench ingest: loopback TCP into one image")
+fig.tight_layout()
+fig.savefig(sys.argv[2], dpi=120)
+"##;
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+pub struct Case {
+    pub name: String,
+    pub server: String,
+    pub records: String,
+    pub mb_per_s: Spread,
+    /// Server CPU seconds per GB received (absent for fio).
+    pub cpu_s_per_gb: Option<Spread>,
+    /// Server peak RSS in MiB (absent for fio).
+    pub peak_rss_mib: Option<Spread>,
+    pub command: String,
+}
+
+/// Cost of one stage per record, measured in this process.
+#[derive(Debug, Clone, Serialize)]
+pub struct StageCost {
+    pub stage: String,
+    pub record_bytes: usize,
+    pub ms_per_record: f64,
+    pub mb_per_s: f64,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct IngestReport {
+    pub bytes_per_case: u64,
+    pub rounds: usize,
+    pub conns: usize,
+    pub cases: Vec<Case>,
+    pub stages: Vec<StageCost>,
+    /// Ratios the issue's targets name, from the medians.
+    pub ingest_over_fio: Option<f64>,
+    pub ingest_over_naive: f64,
+    pub cpu_naive_over_ingest: f64,
+    pub out_over_in_random: f64,
+    pub buffers_mib: usize,
+    pub notes: Vec<String>,
+}
+
+/// Record sizes of a case.
+#[derive(Debug, Clone, Copy)]
+enum Sizes {
+    Fixed(usize),
+    /// Uniform 4 KiB..=1 MiB from a seed.
+    Random,
+}
+
+impl Sizes {
+    fn describe(self) -> String {
+        match self {
+            Sizes::Fixed(n) if n >= 1 << 20 => format!("{} MB", n / 1_000_000),
+            Sizes::Fixed(n) => format!("{} KiB", n / 1024),
+            Sizes::Random => "random 4 KiB-1 MiB".into(),
+        }
+    }
+}
+
+/// A running server child and its address.
+struct ServerChild {
+    child: Child,
+    addr: String,
+}
+
+impl ServerChild {
+    fn start(args: &[String]) -> anyhow::Result<ServerChild> {
+        let exe = std::env::current_exe().context("finding the kura binary")?;
+        let mut child = Command::new(exe)
+            .args(args)
+            .stderr(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting the ingest server")?;
+        let mut err = std::io::BufReader::new(child.stderr.take().context("stderr")?);
+        let mut line = String::new();
+        err.read_line(&mut line)?;
+        let addr = line
+            .split_whitespace()
+            .skip_while(|w| *w != "on")
+            .nth(1)
+            .map(str::to_string)
+            .with_context(|| format!("no address in the server's banner {line:?}"))?;
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            while err.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {
+                rest.clear();
+            }
+        });
+        Ok(ServerChild { child, addr })
+    }
+
+    /// CPU seconds (user + system) and peak RSS in MiB so far, from /proc.
+    fn usage(&self) -> anyhow::Result<(f64, f64)> {
+        let pid = self.child.id();
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+        // Fields after the command name (which may hold spaces) start after the last ')'.
+        let rest = stat.rsplit_once(')').map(|x| x.1).context("stat format")?;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of stat; rest starts at field 3.
+        let ticks: f64 = f.get(11).context("utime")?.parse::<f64>()?
+            + f.get(12).context("stime")?.parse::<f64>()?;
+        let hz = 100.0; // USER_HZ on Linux
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+        let hwm_kib: f64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmHWM:"))
+            .and_then(|v| v.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0);
+        Ok((ticks / hz, hwm_kib / 1024.0))
+    }
+
+    fn stop(mut self) -> anyhow::Result<()> {
+        Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()?;
+        let start = Instant::now();
+        while self.child.try_wait()?.is_none() {
+            if start.elapsed() > Duration::from_secs(120) {
+                let _ = self.child.kill();
+                bail!("the server did not stop within two minutes of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for ServerChild {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sends `total` bytes of records over `conns` connections with one SYNC each at the end;
+/// returns the seconds from the first connect to the last SYNCED.
+fn send(
+    addr: &str,
+    key: Option<&[u8]>,
+    sizes: Sizes,
+    total: u64,
+    conns: usize,
+) -> anyhow::Result<f64> {
+    let addr: Addr = addr.parse().map_err(anyhow::Error::msg)?;
+    let opts = ClientOptions {
+        stage: Some(Stage::Crc32c),
+        batch_acks: true,
+        key: key.map(<[u8]>::to_vec),
+    };
+    let start = Instant::now();
+    let threads: Vec<_> = (0..conns)
+        .map(|c| {
+            let (addr, opts) = (addr.clone(), opts.clone());
+            std::thread::spawn(move || -> anyhow::Result<()> {
+                let mut client = Client::connect(&addr, &opts)?;
+                let mut rng = SmallRng::seed_from_u64(c as u64);
+                let mut payload = vec![0u8; 9_000_000];
+                rng.fill(&mut payload[..]);
+                let share = total / conns as u64;
+                let mut sent = 0u64;
+                while sent < share {
+                    let len = match sizes {
+                        Sizes::Fixed(n) => n,
+                        Sizes::Random => rng.gen_range(4096..=(1 << 20)),
+                    };
+                    let off = rng.gen_range(0..payload.len() - len.min(payload.len()) + 1);
+                    client.send(&payload[off..off + len], false)?;
+                    sent += len as u64;
+                }
+                client.sync()?;
+                let answers = client.finish()?;
+                if !answers.errors.is_empty() {
+                    bail!("server errors: {:?}", answers.errors);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().map_err(|_| anyhow::anyhow!("sender panicked"))??;
+    }
+    Ok(start.elapsed().as_secs_f64())
+}
+
+/// fio's sequential write bandwidth on `image` in MB/s (1 MiB at depth 64, io_uring, direct).
+fn fio_seq_write(image: &Path, bytes: u64) -> anyhow::Result<(f64, String)> {
+    let args = vec![
+        "--name=seqwrite".to_string(),
+        format!("--filename={}", image.display()),
+        "--rw=write".into(),
+        "--bs=1M".into(),
+        "--iodepth=64".into(),
+        "--ioengine=io_uring".into(),
+        "--direct=1".into(),
+        format!("--size={bytes}"),
+        "--end_fsync=1".into(),
+        "--output-format=json".into(),
+    ];
+    let out = Command::new("fio")
+        .args(&args)
+        .output()
+        .context("running fio")?;
+    if !out.status.success() {
+        bail!("fio failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let bw = v["jobs"][0]["write"]["bw_bytes"]
+        .as_f64()
+        .context("fio JSON has no write bandwidth")?;
+    Ok((bw / 1e6, format!("fio {}", args.join(" "))))
+}
+
+struct Plan {
+    name: &'static str,
+    naive: bool,
+    sizes: Sizes,
+    order: &'static str,
+}
+
+pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
+    let quick = args.run.quick;
+    let total = match &args.bytes {
+        Some(b) => kura_engine::spec::parse_size(b).map_err(anyhow::Error::msg)?,
+        None if quick => 256 << 20,
+        None => 2 << 30,
+    };
+    let rounds = crate::stats::rounds(args.rounds, quick, 1).max(1);
+    let conns = args.conns.max(1);
+    let tmp = tempfile::Builder::new()
+        .prefix("kura-bench-ingest")
+        .tempdir_in(args.dir.clone().unwrap_or_else(std::env::temp_dir))?;
+    let image = tmp.path().join("ingest.img");
+    let naive_file = tmp.path().join("naive.out");
+    let key_path = tmp.path().join("key");
+    let key: Vec<u8> = (0..32).map(|i| b'a' + (i % 26) as u8).collect();
+    std::fs::write(&key_path, &key)?;
+    // Room for one case's bytes plus the index; each kura case starts on a fresh format.
+    let image_bytes = total + total / 8 + (64 << 20);
+    let exe = std::env::current_exe()?;
+    let format = || -> anyhow::Result<()> {
+        let status = Command::new(&exe)
+            .args([
+                "ingest",
+                "format",
+                &format!("file:{}?size={image_bytes}", image.display()),
+            ])
+            .stdout(Stdio::null())
+            .status()?;
+        if !status.success() {
+            bail!("formatting the bench image failed");
+        }
+        Ok(())
+    };
+    let buffers = 64usize;
+    let plans = [
+        Plan {
+            name: "kura ingest, 9 MB, in-order",
+            naive: false,
+            sizes: Sizes::Fixed(9_000_000),
+            order: "in",
+        },
+        Plan {
+            name: "naive host path, 9 MB",
+            naive: true,
+            sizes: Sizes::Fixed(9_000_000),
+            order: "in",
+        },
+        Plan {
+            name: "kura ingest, random, in-order",
+            naive: false,
+            sizes: Sizes::Random,
+            order: "in",
+        },
+        Plan {
+            name: "kura ingest, random, out-of-order",
+            naive: false,
+            sizes: Sizes::Random,
+            order: "out",
+        },
+        Plan {
+            name: "kura ingest, 4 KiB, out-of-order",
+            naive: false,
+            sizes: Sizes::Fixed(4096),
+            order: "out",
+        },
+    ];
+    let mut bw: Vec<Vec<f64>> = vec![Vec::new(); plans.len() + 1];
+    let mut cpu: Vec<Vec<f64>> = vec![Vec::new(); plans.len()];
+    let mut rss: Vec<Vec<f64>> = vec![Vec::new(); plans.len()];
+    let mut commands: Vec<String> = vec![String::new(); plans.len() + 1];
+    let mut notes = Vec::new();
+    let fio_present = Command::new("fio").arg("--version").output().is_ok();
+    for round in 0..rounds {
+        for (i, p) in plans.iter().enumerate() {
+            // 4 KiB records move less per second; a tenth of the bytes keeps the case short.
+            let bytes = match p.sizes {
+                Sizes::Fixed(4096) => total / 16,
+                _ => total,
+            };
+            let args: Vec<String> = if p.naive {
+                vec![
+                    "ingest".into(),
+                    "naive-serve".into(),
+                    naive_file.display().to_string(),
+                    "--listen".into(),
+                    "127.0.0.1:0".into(),
+                ]
+            } else {
+                vec![
+                    "ingest".into(),
+                    "serve".into(),
+                    format!("uring:{}", image.display()),
+                    "--listen".into(),
+                    "127.0.0.1:0".into(),
+                    "--key".into(),
+                    key_path.display().to_string(),
+                    "--qd".into(),
+                    "64".into(),
+                    "--order".into(),
+                    p.order.into(),
+                    "--buffers".into(),
+                    buffers.to_string(),
+                ]
+            };
+            if !p.naive {
+                format()?;
+            }
+            commands[i] = format!("kura {}", args.join(" "));
+            let server = ServerChild::start(&args)?;
+            let k = (!p.naive).then_some(&key[..]);
+            let secs = send(&server.addr, k, p.sizes, bytes, conns)?;
+            let (cpu_s, rss_mib) = server.usage()?;
+            server.stop()?;
+            bw[i].push(bytes as f64 / 1e6 / secs);
+            cpu[i].push(cpu_s / (bytes as f64 / 1e9));
+            rss[i].push(rss_mib);
+            eprintln!(
+                "round {}: {}: {:.0} MB/s, {:.2} CPU s/GB, peak RSS {:.0} MiB",
+                round + 1,
+                p.name,
+                bytes as f64 / 1e6 / secs,
+                cpu_s / (bytes as f64 / 1e9),
+                rss_mib
+            );
+        }
+        if fio_present {
+            let (mbs, cmd) = fio_seq_write(&image, total)?;
+            bw[plans.len()].push(mbs);
+            commands[plans.len()] = cmd;
+            eprintln!("round {}: fio sequential write: {mbs:.0} MB/s", round + 1);
+        }
+    }
+    if !fio_present {
+        notes.push("fio is not installed: no device baseline".into());
+    }
+    notes.push(format!(
+        "loopback TCP, {conns} sender connection(s) in the bench process, batch acks (one SYNC \
+         per connection), the image on {}; fio writes the same image after the ingest cases \
+         (each kura case on a freshly formatted target)",
+        crate::stats::fs_name(tmp.path())
+    ));
+    let mut cases: Vec<Case> = plans
+        .iter()
+        .enumerate()
+        .map(|(i, p)| Case {
+            name: p.name.into(),
+            server: if p.naive { "naive" } else { "kura" }.into(),
+            records: p.sizes.describe(),
+            mb_per_s: Spread::of(&bw[i]),
+            cpu_s_per_gb: Some(Spread::of(&cpu[i])),
+            peak_rss_mib: Some(Spread::of(&rss[i])),
+            command: commands[i].clone(),
+        })
+        .collect();
+    if fio_present {
+        cases.push(Case {
+            name: "fio sequential write".into(),
+            server: "fio".into(),
+            records: "1 MiB blocks, QD 64".into(),
+            mb_per_s: Spread::of(&bw[plans.len()]),
+            cpu_s_per_gb: None,
+            peak_rss_mib: None,
+            command: commands[plans.len()].clone(),
+        });
+    }
+    let med = |i: usize| cases[i].mb_per_s.median;
+    let cpu_med = |i: usize| cases[i].cpu_s_per_gb.as_ref().map_or(0.0, |s| s.median);
+    let report = IngestReport {
+        bytes_per_case: total,
+        rounds,
+        conns,
+        stages: stage_costs(quick),
+        ingest_over_fio: fio_present.then(|| med(0) / med(plans.len())),
+        ingest_over_naive: med(0) / med(1),
+        cpu_naive_over_ingest: cpu_med(1) / cpu_med(0).max(1e-9),
+        out_over_in_random: med(3) / med(2),
+        buffers_mib: buffers,
+        notes,
+        cases,
+    };
+    print_report(&report);
+    args.run.output.emit("ingest", PLOT_SCRIPT, &report)
+}
+
+/// Each stage's cost per record on the records a sender would send: crc32c and zstd on a
+/// 9 MB record of half random, half repeated bytes; classify on a 9 MB PPM scene.
+fn stage_costs(quick: bool) -> Vec<StageCost> {
+    let n = if quick { 3 } else { 10 };
+    let mut rng = SmallRng::seed_from_u64(17);
+    let mut bytes = vec![0u8; 9_000_000];
+    rng.fill(&mut bytes[..4_500_000]);
+    let side = ((9_000_000 / 3) as f64).sqrt() as usize;
+    let ppm = stage::encode_ppm(side, side, &stage::synthetic_rgb(0, side, side, &mut rng));
+    let classifier = stage::Classifier::standard();
+    let time = |f: &dyn Fn()| {
+        f();
+        let start = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        start.elapsed().as_secs_f64() / n as f64
+    };
+    let crc = time(&|| {
+        std::hint::black_box(kura_engine::crc32c::crc32c(&bytes));
+    });
+    let zstd = time(&|| {
+        std::hint::black_box(stage::compress(&bytes).map(|z| z.len()).unwrap_or(0));
+    });
+    let classify = time(&|| {
+        std::hint::black_box(classifier.label(&ppm));
+    });
+    [
+        ("crc32c", crc, bytes.len()),
+        ("zstd", zstd, bytes.len()),
+        ("classify", classify, ppm.len()),
+    ]
+    .into_iter()
+    .map(|(s, secs, len)| StageCost {
+        stage: s.into(),
+        record_bytes: len,
+        ms_per_record: secs * 1e3,
+        mb_per_s: len as f64 / 1e6 / secs.max(1e-12),
+    })
+    .collect()
+}
+
+fn print_report(r: &IngestReport) {
+    println!(
+        "kura bench ingest: {} MB per case, {} round(s), {} connection(s)",
+        r.bytes_per_case / 1_000_000,
+        r.rounds,
+        r.conns
+    );
+    println!(
+        "{:<36} {:>24} {:>20} {:>18}",
+        "case", "MB/s", "CPU s/GB", "peak RSS MiB"
+    );
+    for c in &r.cases {
+        println!(
+            "{:<36} {:>24} {:>20} {:>18}",
+            c.name,
+            c.mb_per_s.show(0),
+            c.cpu_s_per_gb.as_ref().map_or("-".into(), |s| s.show(2)),
+            c.peak_rss_mib.as_ref().map_or("-".into(), |s| s.show(0)),
+        );
+    }
+    if let Some(x) = r.ingest_over_fio {
+        println!(
+            "9 MB ingest / fio sequential write: {:.2} (target ≥ 0.90)",
+            x
+        );
+    }
+    println!(
+        "9 MB ingest / naive host path: {:.2}x bandwidth (target ≥ 1.5x), naive/kura CPU per GB {:.2}x (target ≥ 2x at equal bandwidth)",
+        r.ingest_over_naive, r.cpu_naive_over_ingest
+    );
+    println!(
+        "random 4 KiB-1 MiB, out-of-order / in-order at QD 64: {:.2}x (target ≥ 1.3x)",
+        r.out_over_in_random
+    );
+    println!("configured receive buffers: {} MiB", r.buffers_mib);
+    for s in &r.stages {
+        println!(
+            "stage {:<9} {:>8.2} ms per {:.1} MB record ({:.0} MB/s)",
+            s.stage,
+            s.ms_per_record,
+            s.record_bytes as f64 / 1e6,
+            s.mb_per_s
+        );
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+}
