@@ -7,6 +7,11 @@
 //! `cache(coalesce(..))`, the second with two connections. In the guest: mkfs.ext4, a tree of
 //! random files written, read back after a remount, three files removed and fstrim'd (NBD trims),
 //! `kura serve` restarted (its cache cold), fsck.ext4 -f -n, the tree read back again.
+//! Each time `kura serve` stops it prints every layer's counters (`BlockDevice::stats`): the
+//! layers come out in the spec's order, the cache hit when a file was read again after the
+//! guest dropped its page cache and missed after the restart, and the coalescer counted the
+//! requests it merged or passed on (how many merged depends on timing, so only that it counted
+//! them consistently is checked).
 //! On the host afterwards: the namespace image itself is a clean ext4 (`e2fsck -f -n`) holding
 //! files with the checksums the guest printed (`debugfs rdump`, `sha256sum -c`), so everything
 //! acknowledged went through the cache and the coalescer to the device.
@@ -113,6 +118,7 @@ fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str, connections: u32) {
         "mount",
         &tree,
         "read back after remount (cache warm)",
+        "read a file again from kura's cache",
         "remove files and fstrim",
         "read back after trimming",
         "disconnect and stop kura serve",
@@ -143,6 +149,110 @@ fn check_guest(run: &kura_nvme_guest::GuestRun, spec: &str, connections: u32) {
         .and_then(|n| n.parse().ok())
         .expect("fstrim said how much it trimmed");
     assert!(trimmed > 0, "fstrim trimmed nothing through kura");
+}
+
+/// One layer as `kura serve` printed it when it stopped: kind, depth and counters.
+struct Layer {
+    kind: String,
+    depth: usize,
+    counters: Vec<(String, u64)>,
+}
+
+impl Layer {
+    fn get(&self, name: &str) -> u64 {
+        self.counters
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|&(_, v)| v)
+            .unwrap_or_else(|| panic!("{} has no counter {name}", self.kind))
+    }
+}
+
+/// The layers `kura serve` printed for export `disk` when session `session` (`warm`, `end`)
+/// stopped: `GUEST serve[SESSION]: kura serve: export disk: ` then two spaces per level, the
+/// kind and `name=value` counters.
+fn served_layers(run: &kura_nvme_guest::GuestRun, session: &str) -> Vec<Layer> {
+    let prefix = format!("GUEST serve[{session}]: kura serve: export disk: ");
+    run.console
+        .lines()
+        .filter_map(|l| Some(&l[l.find(&prefix)? + prefix.len()..]))
+        .map(|l| {
+            let l = l.trim_end_matches('\r');
+            let body = l.trim_start_matches(' ');
+            let mut words = body.split_whitespace();
+            Layer {
+                kind: words.next().unwrap_or("").to_string(),
+                depth: (l.len() - body.len()) / 2,
+                counters: words
+                    .filter_map(|w| {
+                        let (n, v) = w.split_once('=')?;
+                        Some((n.to_string(), v.parse().ok()?))
+                    })
+                    .collect(),
+            }
+        })
+        .collect()
+}
+
+/// The kinds of a spec's layers, outermost first: `coalesce(cache(uring:..)?..)` gives
+/// coalesce, cache, uring.
+fn spec_kinds(spec: &str) -> Vec<&str> {
+    spec.split('(')
+        .map(|p| p.split([':', ')', '?']).next().unwrap_or(p))
+        .collect()
+}
+
+/// What `kura serve` counted in each session: every layer of the spec in order, the cache hit on
+/// the file read again (session `warm`) and missed with its cache cold (session `end`), and the
+/// coalescer sent a child command for each request it did not merge (and no more).
+fn check_counters(run: &kura_nvme_guest::GuestRun, spec: &str) {
+    let log_at = run.dir.join("console.log");
+    for session in ["warm", "end"] {
+        let layers = served_layers(run, session);
+        for l in &layers {
+            let counters: Vec<String> =
+                l.counters.iter().map(|(n, v)| format!("{n}={v}")).collect();
+            eprintln!(
+                "{spec} [{session}]: {}{} {}",
+                "  ".repeat(l.depth),
+                l.kind,
+                counters.join(" ")
+            );
+        }
+        let shape: Vec<(&str, usize)> = layers.iter().map(|l| (l.kind.as_str(), l.depth)).collect();
+        let want: Vec<(&str, usize)> = spec_kinds(spec).into_iter().zip(0..).collect();
+        assert_eq!(
+            shape,
+            want,
+            "{spec} [{session}]: the layers kura serve printed; log in {}",
+            log_at.display()
+        );
+        let layer = |kind: &str| layers.iter().find(|l| l.kind == kind).expect("the layer");
+        let cache = layer("cache");
+        if session == "warm" {
+            assert!(
+                cache.get("hits") > 0,
+                "{spec}: the file read again hit kura's cache"
+            );
+        } else {
+            assert!(
+                cache.get("misses") > 0,
+                "{spec}: a restarted kura's cache starts cold"
+            );
+        }
+        let coalesce = layer("coalesce");
+        let requests = coalesce.get("requests");
+        let sent = coalesce.get("child_commands");
+        let merged = coalesce.get("merged");
+        assert!(
+            requests > 0 && sent > 0,
+            "{spec} [{session}]: the coalescer saw the traffic"
+        );
+        assert!(
+            sent + merged <= requests,
+            "{spec} [{session}]: each request merged or sent once: {sent} sent + {merged} merged > {requests}"
+        );
+    }
 }
 
 /// The namespace image, written only through kura's stack, is a clean ext4 holding the files
@@ -210,6 +320,7 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
             run.took.as_secs_f64()
         );
         check_guest(&run, spec, connections);
+        check_counters(&run, spec);
         check_image(&run, &tools, spec);
         let _ = std::fs::remove_dir_all(&run.dir);
     }
