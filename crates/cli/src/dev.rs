@@ -35,8 +35,8 @@ Examples
 /// What `kura specs` writes after the usage of a kind that takes `ro=1`.
 pub const RO_MARK: &str = " [ro=1]";
 
-/// Every kind the CLI opens: the engine's, the virtual drives, user-space NVMe and NBD. Built
-/// once; every command that opens a spec goes through it.
+/// Every kind the CLI opens: the engine's, the virtual drives, user-space NVMe, NBD and Ceph
+/// RBD. Built once; every command that opens a spec goes through it.
 pub fn registry() -> &'static Registry {
     static REGISTRY: OnceLock<Registry> = OnceLock::new();
     REGISTRY.get_or_init(|| {
@@ -44,6 +44,7 @@ pub fn registry() -> &'static Registry {
         kura_vdrive::register(&mut registry);
         kura_nvme::register(&mut registry);
         kura_nbd::register(&mut registry);
+        kura_rbd::register(&mut registry);
         registry
     })
 }

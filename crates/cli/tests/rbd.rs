@@ -1,0 +1,296 @@
+//! kura's upper layers on a Ceph RBD image (`rbd:`), on a real cluster started once for this
+//! binary (`kura_rbd::testing`, `scripts/ceph/start.sh`): AccelFS (`kura mkfs`, `fs put|cat`,
+//! `fsck`) and the genome pipeline on it, the LevelDB port, and DeLiBA's stack served over NBD
+//! (`kura serve` of `cache(coalesce(rbd:…))`, written and read with nbdcopy, sized by nbdinfo,
+//! then checked with `rbd export`).
+//!
+//! As in `crates/rbd/tests/cluster.rs`, every check runs inside one `#[test]` so the cluster is
+//! stopped by its guard when the test ends, passes or fails.
+
+mod common;
+
+use common::{kura, ok, ok_output, text};
+use kura_accelfs::fs::{FileSystem, MountOptions};
+use kura_accelfs::MkfsOptions;
+use kura_engine::Registry;
+use kura_kv::{Db, DbOptions, Location};
+use kura_rbd::testing::{daemons_installed, TestCluster};
+use std::io::BufRead;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// One named check on the shared cluster.
+type Check = fn(&TestCluster);
+
+#[test]
+fn kura_layers_on_rbd() {
+    if !daemons_installed() || !kura_rbd::BUILT_WITH_LIBRBD {
+        kura_testkit::skip(
+            "kura_layers_on_rbd",
+            "ceph",
+            "ceph-mon/ceph-osd/ceph-mgr/rbd or librbd-dev not installed",
+        );
+        return;
+    }
+    let cluster = TestCluster::start().expect("start the test cluster");
+    eprintln!("cluster up in {:.1} s", cluster.start_secs);
+    let checks: &[(&str, Check)] = &[
+        ("AccelFS and the genome pipeline", accelfs_and_genome),
+        ("LevelDB on AccelFS", leveldb),
+        ("DeLiBA's stack served over NBD", deliba_stack_over_nbd),
+    ];
+    let mut failed = Vec::new();
+    for (name, check) in checks {
+        let t0 = Instant::now();
+        match catch_unwind(AssertUnwindSafe(|| check(&cluster))) {
+            Ok(()) => eprintln!("ok   {name} ({:.1} s)", t0.elapsed().as_secs_f64()),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                eprintln!("FAIL {name}: {why}");
+                failed.push(format!("{name}: {why}"));
+            }
+        }
+    }
+    drop(cluster);
+    assert!(failed.is_empty(), "failed checks:\n{}", failed.join("\n"));
+}
+
+fn accelfs_and_genome(c: &TestCluster) {
+    let spec = c.spec("fs", "create=128M");
+    ok(&["mkfs", &spec]);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let d = tmp.path();
+    let tree = d.join("tree");
+    std::fs::create_dir_all(tree.join("sub")).expect("mkdir");
+    std::fs::write(tree.join("hello.txt"), b"hello from ceph\n").expect("write");
+    let big: Vec<u8> = (0..3_000_000u32)
+        .map(|i| (i * 7 + i / 4096) as u8)
+        .collect();
+    std::fs::write(tree.join("sub/big.bin"), &big).expect("write");
+    ok(&["fs", "put", &spec, tree.to_str().expect("utf-8"), "/", "-r"]);
+    assert_eq!(
+        ok(&["fs", "cat", &spec, "/tree/hello.txt"]),
+        "hello from ceph\n"
+    );
+    let back = d.join("big.back");
+    ok(&[
+        "fs",
+        "get",
+        &spec,
+        "/tree/sub/big.bin",
+        back.to_str().expect("utf-8"),
+    ]);
+    assert!(
+        std::fs::read(&back).expect("read") == big,
+        "big.bin differs"
+    );
+
+    // The paper's application on the same image.
+    let dd = d.to_str().expect("utf-8");
+    ok(&[
+        "genome",
+        "simulate",
+        "-o",
+        dd,
+        "--genome-size",
+        "300000",
+        "--reads",
+        "500",
+    ]);
+    for f in ["reference.fa", "reads_1.fq"] {
+        let local = d.join(f);
+        ok(&[
+            "fs",
+            "put",
+            &spec,
+            local.to_str().expect("utf-8"),
+            &format!("/{f}"),
+        ]);
+    }
+    ok(&[
+        "genome",
+        "index",
+        "/reference.fa",
+        "-o",
+        "/idx/ref.kgi",
+        "--dev",
+        &spec,
+    ]);
+    let o = ok_output(&[
+        "genome",
+        "map",
+        "/idx/ref.kgi",
+        "/reads_1.fq",
+        "-o",
+        "/out.sam",
+        "--dev",
+        &spec,
+        "--score",
+    ]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    let correct: u64 = stderr
+        .lines()
+        .find(|l| l.contains("placed correctly"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no accuracy line: {stderr}"));
+    assert!(correct >= 475, "{correct} of 500 placed correctly");
+    let o = kura(&["fsck", &spec]);
+    assert!(
+        o.status.success() && text(&o).contains("clean"),
+        "fsck: {}",
+        text(&o)
+    );
+}
+
+fn registry() -> Registry {
+    let mut registry = Registry::engine();
+    kura_vdrive::register(&mut registry);
+    kura_rbd::register(&mut registry);
+    registry
+}
+
+fn leveldb(c: &TestCluster) {
+    let registry = registry();
+    let spec = c.spec("kv", "create=64M");
+    FileSystem::format(
+        registry.open(&spec).expect("open"),
+        MkfsOptions::default(),
+        MountOptions::default(),
+    )
+    .and_then(FileSystem::unmount)
+    .expect("mkfs");
+    let store = || Location::Device {
+        spec: spec.clone(),
+        path: "/db".into(),
+        registry: registry.clone(),
+    };
+    let opts = DbOptions {
+        create_if_missing: true,
+        ..DbOptions::default()
+    };
+    let db = Db::open(store(), &opts).expect("open the store");
+    for i in 0..2000u32 {
+        db.put(
+            format!("key{i:05}").as_bytes(),
+            format!("value {i}").as_bytes(),
+        )
+        .expect("put");
+    }
+    db.close().expect("close");
+    let db = Db::open(store(), &opts).expect("reopen");
+    for i in (0..2000u32).step_by(97) {
+        assert_eq!(
+            db.get(format!("key{i:05}").as_bytes())
+                .expect("get")
+                .as_deref(),
+            Some(format!("value {i}").as_bytes())
+        );
+    }
+    db.close().expect("close");
+}
+
+/// `kura serve` of one export; the address comes from its banner.
+struct Serving {
+    child: Child,
+    url: String,
+}
+
+impl Serving {
+    fn start(export: &str) -> Serving {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kura"))
+            .args(["serve", export, "--listen", "127.0.0.1:0"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kura serve");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("banner");
+        let url = line
+            .split_whitespace()
+            .find(|w| w.starts_with("nbd://"))
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            while stderr.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
+        });
+        Serving { child, url }
+    }
+
+    /// SIGTERM, then a bounded wait: the server drains and flushes its exports.
+    fn stop(mut self) -> std::process::ExitStatus {
+        let pid = self.child.id().to_string();
+        let status = Command::new("kill").args(["-TERM", &pid]).status();
+        assert!(status.is_ok_and(|s| s.success()), "kill -TERM {pid}");
+        let t0 = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(120), "kura serve hangs");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn run(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd).args(args).output().expect(cmd);
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn deliba_stack_over_nbd(c: &TestCluster) {
+    for tool in ["nbdcopy", "nbdinfo"] {
+        if kura_testkit::which(tool).is_none() {
+            kura_testkit::skip(
+                "kura_layers_on_rbd (DeLiBA stack over NBD)",
+                tool,
+                "not installed (apt-get install libnbd-bin)",
+            );
+            return;
+        }
+    }
+    // DeLiBA's order: NBD → LRU cache → coalescing scheduler → librbd, so cache hits never wait
+    // in the scheduler and only misses are merged on their way to the cluster.
+    let rbd = c.spec("served", "create=24M");
+    let export = format!("disk=cache(coalesce({rbd}))?size=32M");
+    let server = Serving::start(&export);
+    let url = format!("{}/disk", server.url);
+    let info = run("nbdinfo", &["--size", &url]);
+    assert_eq!(info.trim(), (24u64 << 20).to_string(), "nbdinfo --size");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let input = tmp.path().join("in.bin");
+    let data: Vec<u8> = (0..24u32 << 20).map(|i| (i ^ (i >> 11)) as u8).collect();
+    std::fs::write(&input, &data).expect("write");
+    run("nbdcopy", &[input.to_str().expect("utf-8"), &url]);
+    let output = tmp.path().join("out.bin");
+    run("nbdcopy", &[&url, output.to_str().expect("utf-8")]);
+    assert!(
+        std::fs::read(&output).expect("read") == data,
+        "nbdcopy read back differs"
+    );
+    let status = server.stop();
+    assert!(status.success(), "kura serve after SIGTERM: {status:?}");
+    let exported = c.rbd_ok(&["export", "rbd/served", "-"]).expect("export");
+    assert!(
+        exported == data,
+        "rbd export differs from what nbdcopy wrote"
+    );
+}
