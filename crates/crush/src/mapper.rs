@@ -70,7 +70,17 @@ impl Recip {
 struct Straw2Fast {
     ids: Vec<u32>,
     recips: Vec<Option<Recip>>,
+    /// The weight every item has, where all are equal, non-zero and at most
+    /// [`EQUAL_MAX_ITEMS`] (the draw is then decided without a logarithm per item).
+    equal: Option<u64>,
 }
+
+/// Buckets up to this size hash item by item (independent scalar chains the CPU overlaps)
+/// rather than in eight lanes.
+const SCALAR_MAX_ITEMS: usize = 4;
+
+/// Largest bucket [`straw2_equal`] takes (its hashes live in a stack array).
+const EQUAL_MAX_ITEMS: usize = 64;
 
 /// Maps inputs through one map's rules.
 #[derive(Debug, Clone)]
@@ -156,7 +166,11 @@ impl<'a> Mapper<'a> {
                     .iter()
                     .map(|&w| (w != 0).then(|| Recip::new(w)))
                     .collect();
-                Some(Straw2Fast { ids, recips })
+                let equal = (b.items.len() <= EQUAL_MAX_ITEMS
+                    && item_weights.first().is_some_and(|&w| w != 0)
+                    && item_weights.iter().all(|&w| w == item_weights[0]))
+                .then(|| item_weights[0] as u64);
+                Some(Straw2Fast { ids, recips, equal })
             })
             .collect();
         Mapper {
@@ -836,6 +850,9 @@ fn straw2_choose(hash: u8, x: u32, r: u32, weights: &[u32], ids: &[i32], items: 
 /// multiplication; the same draws, the same winner as [`straw2_choose`].
 #[inline(always)]
 fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
+    if let Some(w) = f.equal {
+        return straw2_equal(f, w, x, r, items);
+    }
     let mut high = 0usize;
     let mut high_draw = 0i64;
     for (c, chunk) in f.ids.chunks_exact(LANES).enumerate() {
@@ -868,6 +885,98 @@ fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
     items[high]
 }
 
+/// `crush_ln(0xffff)`: the one input where Ceph's table logarithm steps down (it is below
+/// `crush_ln(0xfffe)`); on `0..=0xfffe` it never decreases.
+fn ln_top() -> u64 {
+    static TOP: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOP.get_or_init(|| crush_ln(0xffff))
+}
+
+/// `2^48 - crush_ln(u)`: the magnitude straw2 divides by the weight (never negative).
+#[inline(always)]
+fn ln_gap(u: u32) -> u64 {
+    (1u64 << 48) - crush_ln(u)
+}
+
+/// straw2 over items of one weight `w`, without a logarithm and a division per item. The
+/// draw is `-floor(gap(u) / w)` with `gap(u) = 2^48 - crush_ln(u)` and `u` the hash's low 16
+/// bits, and the first item with the highest draw wins. `gap` never increases with `u` on
+/// `0..=0xfffe` (checked for every value by a test), so the smallest gap is that of the largest
+/// `u` (or of `0xffff`, taken on its own); the winning quotient `q` follows with one division,
+/// and an item wins exactly when `gap(u) < (q + 1) w`, which holds for every `u` from a
+/// threshold up, found by walking down from the largest `u` (a binary search past a few
+/// steps). The winner is then the first item at or over the threshold: the same item
+/// [`straw2_choose`] picks.
+#[inline(always)]
+fn straw2_equal(f: &Straw2Fast, w: u64, x: u32, r: u32, items: &[i32]) -> i32 {
+    let n = f.recips.len();
+    let mut u = [0u32; EQUAL_MAX_ITEMS];
+    if n <= SCALAR_MAX_ITEMS {
+        for (slot, &id) in u.iter_mut().zip(&f.ids[..n]) {
+            *slot = crate::hash::hash32_3(x, id, r) & 0xffff;
+        }
+    } else {
+        for (c, chunk) in f.ids.chunks_exact(LANES).enumerate() {
+            let mut ids = [0u32; LANES];
+            ids.copy_from_slice(chunk);
+            let h = hash32_3_lanes(x, &ids, r);
+            for (j, &hj) in h.iter().enumerate() {
+                if let Some(slot) = u.get_mut(c * LANES + j) {
+                    *slot = hj & 0xffff;
+                }
+            }
+        }
+    }
+    let u = &u[..n];
+    let mut umax: Option<u32> = None;
+    let mut has_top = false;
+    for &v in u {
+        if v == 0xffff {
+            has_top = true;
+        } else if umax.is_none_or(|m| v > m) {
+            umax = Some(v);
+        }
+    }
+    let gap_min = match (umax, has_top) {
+        (Some(m), true) => ln_gap(m).min((1u64 << 48) - ln_top()),
+        (Some(m), false) => ln_gap(m),
+        (None, _) => (1u64 << 48) - ln_top(),
+    };
+    let limit = (gap_min / w + 1) * w;
+    let top_wins = has_top && (1u64 << 48) - ln_top() < limit;
+    // The smallest u in 0..=0xfffe whose gap is under the limit (0x10000: none).
+    let mut thr = 0x1_0000u32;
+    if let Some(m) = umax {
+        if ln_gap(m) < limit {
+            thr = m;
+            let mut steps = 0;
+            while thr > 0 && ln_gap(thr - 1) < limit {
+                thr -= 1;
+                steps += 1;
+                if steps == 4 {
+                    // Binary search for the first u in 0..thr with gap < limit.
+                    let (mut lo, mut hi) = (0u32, thr);
+                    while lo < hi {
+                        let mid = lo + (hi - lo) / 2;
+                        if ln_gap(mid) < limit {
+                            hi = mid;
+                        } else {
+                            lo = mid + 1;
+                        }
+                    }
+                    thr = lo;
+                    break;
+                }
+            }
+        }
+    }
+    let winner = u
+        .iter()
+        .position(|&v| if v == 0xffff { top_wins } else { v >= thr })
+        .unwrap_or(0);
+    items[winner]
+}
+
 /// Whether device `item` is out for input `x`: weight 0 (or none) is out, 0x10000 and above is
 /// in, anything between is in for that fraction of inputs.
 #[inline]
@@ -886,7 +995,54 @@ fn is_out(weights: &[u32], item: i32, x: i32) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::Recip;
+    use super::{straw2_choose, straw2_fast, Recip, Straw2Fast, LANES};
+    use crate::ln::crush_ln;
+
+    #[test]
+    fn crush_ln_never_decreases_below_0xffff() {
+        // straw2_equal relies on it; 0xffff is the one step down, handled on its own.
+        for u in 1..=0xfffeu32 {
+            assert!(crush_ln(u) >= crush_ln(u - 1), "crush_ln drops at {u}");
+        }
+        assert!(crush_ln(0xffff) < crush_ln(0xfffe));
+    }
+
+    #[test]
+    fn equal_weight_straw2_picks_what_the_plain_draw_picks() {
+        let mut seed = 0x0bad_cafe_dead_beefu64;
+        let mut next = || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let weights = [1u32, 3, 0x8000, 0x10000, 0x3_0000, 0x64_0000, 0xffff_ffff];
+        for round in 0..600 {
+            let n = 1 + (next() % 64) as usize;
+            let w = if round % 5 == 4 {
+                (next() as u32) >> (next() % 32) | 1
+            } else {
+                weights[round % weights.len()]
+            };
+            let items: Vec<i32> = (0..n).map(|_| next() as i32).collect();
+            let mut ids: Vec<u32> = items.iter().map(|&i| i as u32).collect();
+            ids.resize(n.div_ceil(LANES) * LANES, 0);
+            let f = Straw2Fast {
+                ids,
+                recips: vec![Some(Recip::new(w)); n],
+                equal: Some(w as u64),
+            };
+            let ws = vec![w; n];
+            for _ in 0..40 {
+                let (x, r) = (next() as u32, (next() % 60) as u32);
+                assert_eq!(
+                    straw2_fast(&f, x, r, &items),
+                    straw2_choose(0, x, r, &ws, &items, &items),
+                    "n={n} w={w} x={x} r={r}"
+                );
+            }
+        }
+    }
 
     #[test]
     fn reciprocal_division_is_exact() {
