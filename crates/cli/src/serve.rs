@@ -1,8 +1,9 @@
 //! `kura serve NAME=SPEC[:ro]...`: exports kura devices over NBD (newstyle fixed handshake)
 //! until SIGINT, SIGTERM or SIGHUP, then stops accepting, lets in-flight requests finish (or
 //! cuts them after a grace period), flushes every export, prints each export's counters on
-//! stderr, one line per layer of its device stack (`BlockDevice::stats`), and exits 0; a second
-//! signal exits at once with status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
+//! stderr, one line per layer of its device stack (`BlockDevice::stats`; also every
+//! `--stats-interval` seconds while serving), and exits 0; a second signal exits at once with
+//! status 130. Binds to loopback unless `--listen` says otherwise, or to a Unix socket
 //! (mode 0600) with `--unix`. With `--tls-cert` and `--tls-key` every client must start TLS
 //! (`NBD_OPT_STARTTLS`) before anything else, and with `--tls-ca` also present a client
 //! certificate signed by that CA; with `--tls-psk` clients authenticate with a pre-shared key
@@ -11,7 +12,7 @@
 //! plaintext.
 
 use anyhow::{bail, Context};
-use kura_engine::{BlockDevice, BlockingIo};
+use kura_engine::{BlockingIo, DriveStats};
 use kura_nbd::psk::PskServer;
 use kura_nbd::{bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeOptions};
 use std::net::{SocketAddr, TcpListener};
@@ -85,6 +86,10 @@ pub struct ServeArgs {
     /// serialise everyone's I/O.
     #[arg(long)]
     byte_granular: bool,
+    /// Also print every export's counters (one stderr line per layer of its device stack, as on
+    /// stop) every SECS seconds while serving.
+    #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
+    stats_interval: Option<u64>,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -172,7 +177,20 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",
         args.exports.len(),
     );
-    let _ = rx.recv();
+    match args.stats_interval {
+        None => {
+            let _ = rx.recv();
+        }
+        Some(secs) => {
+            while let Err(mpsc::RecvTimeoutError::Timeout) =
+                rx.recv_timeout(Duration::from_secs(secs))
+            {
+                for (name, layers) in server.export_stats(STATS_WAIT) {
+                    print_stats(&name, &layers);
+                }
+            }
+        }
+    }
     eprintln!("kura: stopping; finishing requests in flight");
     let mut failed = Vec::new();
     for mut export in server.stop() {
@@ -181,7 +199,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             eprintln!("kura: flushing export {name}: {e}");
             failed.push(name.clone());
         }
-        print_stats(&name, export.device_mut());
+        print_stats(&name, &kura_engine::device::stats_of(export.device_mut()));
     }
     if !failed.is_empty() {
         bail!(
@@ -193,10 +211,14 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `--stats-interval` waits for an export's driver thread to report (it answers between
+/// two rounds of I/O, so only a stuck device takes this long).
+const STATS_WAIT: Duration = Duration::from_secs(5);
+
 /// One line on stderr per layer of the export's device stack, top-down, each indented two
 /// spaces per level below the top: `kura serve: export NAME: cache hits=.. misses=..`.
-fn print_stats(name: &str, device: &dyn BlockDevice) {
-    for layer in kura_engine::device::stats_of(device) {
+fn print_stats(name: &str, layers: &[DriveStats]) {
+    for layer in layers {
         eprintln!(
             "kura serve: export {name}: {:indent$}{layer}",
             "",

@@ -21,11 +21,18 @@
 use crate::protocol::ErrorCode;
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::{
-    BlockDevice, BlockingIo, BufferPool, Completion, DeviceError, DeviceResult, Geometry, IoBuf,
-    Rejected, Request,
+    BlockDevice, BlockingIo, BufferPool, Completion, DeviceError, DeviceResult, DriveStats,
+    Geometry, IoBuf, Rejected, Request,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+
+/// What the driver's channel carries: NBD requests, and requests for the device's counters
+/// (answered between two rounds of I/O; see [`BlockDevice::stats`]).
+pub(crate) enum ToDriver {
+    Job(Job),
+    Stats(Sender<Vec<DriveStats>>),
+}
 
 /// One NBD request, already checked against the export, on its way to the device.
 pub(crate) struct Job {
@@ -127,7 +134,7 @@ fn answer(job: Job, status: DeviceResult<()>) {
 
 /// Runs the driver of one export until every job sender is gone and all work is done, then
 /// hands the device back.
-pub(crate) fn run(device: Box<dyn BlockDevice>, jobs: Receiver<Job>) -> Box<dyn BlockDevice> {
+pub(crate) fn run(device: Box<dyn BlockDevice>, jobs: Receiver<ToDriver>) -> Box<dyn BlockDevice> {
     let geo = device.geometry();
     let mut d = Driver {
         dev: device,
@@ -144,13 +151,13 @@ pub(crate) fn run(device: Box<dyn BlockDevice>, jobs: Receiver<Job>) -> Box<dyn 
     loop {
         if open && d.idle() {
             match jobs.recv() {
-                Ok(job) => d.backlog.push_back(job),
+                Ok(msg) => d.take(msg),
                 Err(_) => open = false,
             }
         }
         while open {
             match jobs.try_recv() {
-                Ok(job) => d.backlog.push_back(job),
+                Ok(msg) => d.take(msg),
                 Err(TryRecvError::Empty) => break,
                 Err(TryRecvError::Disconnected) => open = false,
             }
@@ -179,6 +186,17 @@ struct Driver {
 }
 
 impl Driver {
+    /// Queues a job, or answers a request for the device's counters at once.
+    fn take(&mut self, msg: ToDriver) {
+        match msg {
+            ToDriver::Job(job) => self.backlog.push_back(job),
+            // The asker may have given up waiting; then nobody needs the answer.
+            ToDriver::Stats(reply) => {
+                let _ = reply.send(kura_engine::device::stats_of(&self.dev));
+            }
+        }
+    }
+
     fn idle(&self) -> bool {
         self.backlog.is_empty() && self.retry.is_empty() && self.pending.is_empty()
     }

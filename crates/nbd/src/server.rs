@@ -25,7 +25,7 @@
 //! their replies dropped. Nothing binds beyond loopback unless the caller's listener does
 //! ([`bind_loopback`], [`DEFAULT_ADDR`]).
 
-use crate::driver::{self, alloc_buf, Job, JobKind, Outgoing};
+use crate::driver::{self, alloc_buf, Job, JobKind, Outgoing, ToDriver};
 use crate::handshake::{
     self, ExportInfo, HandshakeEnd, HandshakeError, Negotiated, Resume, TlsMode,
 };
@@ -35,7 +35,7 @@ use crate::protocol::{
 };
 use crate::psk::{PskServer, PskStream};
 use crate::tls::TlsStream;
-use kura_engine::BlockDevice;
+use kura_engine::{BlockDevice, DriveStats};
 use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, BufReader, BufWriter, Read, Write};
@@ -448,6 +448,9 @@ impl fmt::Debug for StopHandle {
 pub struct Server {
     shared: Arc<Shared>,
     accept: Option<JoinHandle<Vec<Export>>>,
+    /// Each export's name and a way to its driver, for [`Server::export_stats`]; dropped before
+    /// joining, since a driver ends only once every sender is gone.
+    drivers: Vec<(String, Sender<ToDriver>)>,
 }
 
 impl Server {
@@ -493,6 +496,29 @@ impl Server {
         }
     }
 
+    /// Every export's name and the counters of each layer of its device stack, top-down
+    /// ([`BlockDevice::stats`]), asked of each export's driver thread, which answers between two
+    /// rounds of I/O. An export whose driver does not answer within `wait` is left out.
+    pub fn export_stats(&self, wait: Duration) -> Vec<(String, Vec<DriveStats>)> {
+        let asked: Vec<_> = self
+            .drivers
+            .iter()
+            .filter_map(|(name, jobs)| {
+                let (tx, rx) = mpsc::channel();
+                jobs.send(ToDriver::Stats(tx)).ok()?;
+                Some((name, rx))
+            })
+            .collect();
+        let deadline = Instant::now() + wait;
+        asked
+            .into_iter()
+            .filter_map(|(name, rx)| {
+                let left = deadline.saturating_duration_since(Instant::now());
+                Some((name.clone(), rx.recv_timeout(left).ok()?))
+            })
+            .collect()
+    }
+
     /// Stops the server and waits for it; hands back the exports with their devices.
     pub fn stop(self) -> Vec<Export> {
         self.stop_handle().stop();
@@ -501,6 +527,7 @@ impl Server {
 
     /// Waits until the server has been stopped (by a [`StopHandle`]) and has finished.
     pub fn join(mut self) -> Vec<Export> {
+        self.drivers.clear();
         self.accept
             .take()
             .and_then(|h| h.join().ok())
@@ -510,6 +537,7 @@ impl Server {
 
 impl Drop for Server {
     fn drop(&mut self) {
+        self.drivers.clear();
         if let Some(h) = self.accept.take() {
             self.stop_handle().stop();
             let _ = h.join();
@@ -533,7 +561,7 @@ struct ExportRt {
     block_size: u64,
     /// The device's block size (reads allocate whole device blocks).
     device_block_size: u64,
-    jobs: Sender<Job>,
+    jobs: Sender<ToDriver>,
 }
 
 /// Serves `exports` on `listener` until stopped. Every export gets a driver thread; the listener
@@ -723,6 +751,7 @@ fn serve_with(
 
     let mut rts = Vec::with_capacity(exports.len());
     let mut drivers = Vec::with_capacity(exports.len());
+    let mut stats_senders = Vec::with_capacity(exports.len());
     for (export, info) in exports.into_iter().zip(&infos) {
         let (tx, rx) = mpsc::channel();
         let device_block_size = export.device.geometry().block_size;
@@ -739,6 +768,7 @@ fn serve_with(
                 what: "spawning a device thread",
                 source,
             })?;
+        stats_senders.push((name.clone(), tx.clone()));
         drivers.push((name, description, read_only, handle));
         rts.push(ExportRt {
             limits: ExportLimits {
@@ -780,6 +810,7 @@ fn serve_with(
     Ok(Server {
         shared,
         accept: Some(accept),
+        drivers: stats_senders,
     })
 }
 
@@ -1328,8 +1359,8 @@ fn skip_payload<R: Read>(reader: &mut R, h: &RequestHeader) -> bool {
 }
 
 /// Hands a job to the export's driver; if the driver is gone the client hears ESHUTDOWN.
-fn dispatch(jobs: &Sender<Job>, job: Job) {
-    if let Err(mpsc::SendError(job)) = jobs.send(job) {
+fn dispatch(jobs: &Sender<ToDriver>, job: Job) {
+    if let Err(mpsc::SendError(ToDriver::Job(job))) = jobs.send(ToDriver::Job(job)) {
         let _ = job.reply.send(Outgoing {
             cookie: job.cookie,
             error: ErrorCode::Shutdown.code(),

@@ -1,6 +1,7 @@
 //! `BlockDevice::stats` across NBD: a `remote:` drive reports its reconnect counters and then its
-//! connection, and the server hands an export's device back from its driver thread with the
-//! counters of everything served.
+//! connection; a running server asks each export's driver thread for its device's counters
+//! (`Server::export_stats`), and hands the device back on stop with the counters of everything
+//! served.
 
 mod common;
 
@@ -9,6 +10,7 @@ use kura_engine::device::stats_of;
 use kura_engine::fault::{FaultDevice, FaultPlan};
 use kura_engine::{BlockingIo, Spec};
 use kura_nbd::Export;
+use std::time::Duration;
 
 #[test]
 fn remote_reports_its_connection_and_the_export_keeps_its_counters() {
@@ -27,6 +29,15 @@ fn remote_reports_its_connection_and_the_export_keeps_its_counters() {
     assert_eq!(stats[0].counter("reconnects"), Some(0));
     assert_eq!(stats[0].counter("replayed"), Some(0));
     drop(dev);
+
+    // The driver thread answers while the server runs (the wait only bounds a hang).
+    let running = server.export_stats(Duration::from_secs(60));
+    assert_eq!(running.len(), 1);
+    assert_eq!(running[0].0, "disk");
+    let live = &running[0].1;
+    assert_eq!(live.len(), 2);
+    assert_eq!(live[0].counter("writes"), Some(1), "{}", live[0]);
+    assert_eq!(live[0].counter("reads"), Some(1), "{}", live[0]);
 
     let mut exports = server.stop();
     let stats = stats_of(exports[0].device_mut());
