@@ -21,6 +21,38 @@ pub enum CrushCommand {
     /// Place an object: name hash -> PG -> placement seed -> rule -> devices, as
     /// `osdmaptool --test-map-object` prints it (every device up and in).
     Map(MapArgs),
+    /// What changes from OLD to NEW: the inputs whose mapping differs and the placements a
+    /// rebalance would copy, against the least any placement could move (`--compare`: print
+    /// what `crushtool -i OLD --compare NEW` prints instead).
+    Diff(DiffArgs),
+}
+
+/// Options of `kura crush diff`.
+#[derive(Debug, Args)]
+pub struct DiffArgs {
+    /// The map before (compiled or text).
+    old: PathBuf,
+    /// The map after (compiled or text).
+    new: PathBuf,
+    /// Rule (default 0; with --compare, every rule).
+    #[arg(long)]
+    rule: Option<u32>,
+    /// Replicas (default 3; with --compare, each rule's min_size..max_size).
+    #[arg(long = "num-rep")]
+    num_rep: Option<usize>,
+    /// First input (default 0).
+    #[arg(long = "min-x")]
+    min_x: Option<i32>,
+    /// Last input (default 9999; with --compare, 1023 as crushtool).
+    #[arg(long = "max-x")]
+    max_x: Option<i32>,
+    /// Print each device's placements before and after.
+    #[arg(long = "show-devices")]
+    show_devices: bool,
+    /// Print exactly `crushtool -i OLD --compare NEW`'s lines (the old map's test weights for
+    /// both maps; exit status 1 when they differ).
+    #[arg(long)]
+    compare: bool,
 }
 
 /// Options of `kura crush test`, named as crushtool names them.
@@ -114,6 +146,7 @@ pub fn run(cmd: CrushCommand) -> anyhow::Result<()> {
     match cmd {
         CrushCommand::Test(a) => test(&a),
         CrushCommand::Map(a) => map(&a),
+        CrushCommand::Diff(a) => diff(&a),
     }
 }
 
@@ -205,6 +238,95 @@ fn map(a: &MapArgs) -> anyhow::Result<()> {
             a.pool,
             osds.join(",")
         );
+    }
+    Ok(())
+}
+
+fn diff(a: &DiffArgs) -> anyhow::Result<()> {
+    let old = load(&a.old)?;
+    let new = load(&a.new)?;
+    let min_x = a.min_x.unwrap_or(0);
+    if a.compare {
+        let max_x = a.max_x.unwrap_or(1023);
+        let (lo, hi) = match a.rule {
+            Some(r) => (r, r),
+            None => (0, (old.rules.len() as u32).saturating_sub(1)),
+        };
+        let mut differ = false;
+        for r in lo..=hi.min((old.rules.len() as u32).saturating_sub(1)) {
+            let Some(rule) = old.rule(r) else { continue };
+            let reps = match a.num_rep {
+                Some(n) => n..=n,
+                None => rule.min_size as usize..=rule.max_size as usize,
+            };
+            let (bad, total) = kura_crush::diff::compare(&old, &new, r, reps, min_x..=max_x)?;
+            differ |= bad > 0;
+            println!(
+                "rule {r} had {bad}/{total} mismatched mappings ({})",
+                kura_crush::tester::cpp_double(bad as f64 / total.max(1) as f64)
+            );
+        }
+        if differ {
+            eprintln!("warning: maps are NOT equivalent");
+            std::process::exit(1);
+        }
+        println!("maps appear equivalent");
+        return Ok(());
+    }
+    let max_x = a.max_x.unwrap_or(9999);
+    if max_x < min_x {
+        bail!("--max-x {max_x} is below --min-x {min_x}");
+    }
+    let rule = a.rule.unwrap_or(0);
+    let replicas = a.num_rep.unwrap_or(3);
+    let m = kura_crush::diff::movement(&old, &new, rule, replicas, min_x..=max_x)
+        .with_context(|| format!("mapping rule {rule}"))?;
+    let pct = |v: f64| format!("{:.2}%", 100.0 * v);
+    let per = |v: u64| v as f64 / m.new_placements.max(1) as f64;
+    println!(
+        "rule {rule} ({}), {replicas} replicas, x = {min_x}..{max_x}: {} placements before, {} after",
+        old.rule_name(rule),
+        m.old_placements,
+        m.new_placements
+    );
+    println!(
+        "inputs changed:      {} of {} ({})",
+        m.inputs_changed,
+        m.inputs,
+        pct(m.inputs_changed as f64 / m.inputs.max(1) as f64)
+    );
+    println!(
+        "placements moved:    {} ({} of placements)",
+        m.moved,
+        pct(m.moved_fraction())
+    );
+    let ratio = |bound: f64| {
+        if bound > 0.0 {
+            format!("{:.3}", m.moved as f64 / bound)
+        } else {
+            "-".to_string()
+        }
+    };
+    println!(
+        "minimum (counts):    {} ({})  moved/minimum {}",
+        m.min_moves,
+        pct(per(m.min_moves)),
+        ratio(m.min_moves as f64)
+    );
+    println!(
+        "minimum (weights):   {:.1} ({})  moved/minimum {}",
+        m.ideal_moves,
+        pct(m.ideal_fraction()),
+        ratio(m.ideal_moves)
+    );
+    if a.show_devices {
+        println!(
+            "{:>8} {:>10} {:>10} {:>10}",
+            "device", "before", "after", "change"
+        );
+        for (d, (o, n)) in &m.per_device {
+            println!("{d:>8} {o:>10} {n:>10} {:>+10}", *n as i64 - *o as i64);
+        }
     }
     Ok(())
 }

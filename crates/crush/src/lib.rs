@@ -11,7 +11,8 @@
 //!   their definition;
 //! * [`mapper`] runs rules (`take`, `choose`/`chooseleaf` `firstn`/`indep`, `emit`, `set_*`);
 //! * [`batch`] maps ranges of inputs on several threads;
-//! * [`tester`] prints what `crushtool --test` prints;
+//! * [`tester`] prints what `crushtool --test` prints, [`diff`] what changes between two maps
+//!   (`crushtool --compare`'s count, and data movement against its lower bounds);
 //! * [`pg`] maps object names to placement groups and inputs, as Ceph's OSD map does.
 // No unsafe code but one call: the AVX2 build of straw2's fast path, `mapper::simd`, behind
 // a CPU feature check (the workspace denies unsafe code everywhere else).
@@ -20,6 +21,7 @@
 pub mod batch;
 pub mod builder;
 pub mod decode;
+pub mod diff;
 pub mod encode;
 pub mod error;
 pub mod hash;

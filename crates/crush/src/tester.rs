@@ -126,7 +126,11 @@ fn maximum_affected_by_rule(map: &CrushMap, rule: u32) -> i32 {
 
 /// Formats a float the way a default C++ `ostream` does (`%g`, 6 significant digits).
 pub fn cpp_float(v: f32) -> String {
-    let v = v as f64;
+    cpp_double(v as f64)
+}
+
+/// Formats a double the way a default C++ `ostream` does (`%g`, 6 significant digits).
+pub fn cpp_double(v: f64) -> String {
     if v == 0.0 {
         return if v.is_sign_negative() {
             "-0".into()
