@@ -4,8 +4,8 @@
 //! and calls a method of the mounted state; paths are split by `path.rs`.
 //!
 //! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. The state
-//! lock is a read-write lock: reads of cached data, `stat` of inodes in memory and handle
-//! checks take it shared and run side by side; every change takes it exclusively. Nothing waits
+//! lock is a read-write lock: reads of cached data, `stat` of inodes in memory, handle checks
+//! and path lookups through directories in memory take it shared and run side by side; every change takes it exclusively. Nothing waits
 //! for the device holding it on the paths that matter: commits, cache misses, large reads,
 //! streams and large writes do their device I/O under the disk lock alone. Which lock protects
 //! what, the order they are taken in (state, then disk, then the commit counter) and why that
@@ -638,7 +638,7 @@ impl FileSystem {
 
     /// The target of the symbolic link at `path`.
     pub fn read_link(&self, path: &str) -> Result<Vec<u8>, FsError> {
-        let ino = self.lock().resolve(path)?;
+        let ino = self.resolve(path)?;
         self.read_link_ino(ino).map_err(|e| with_path(e, path))
     }
 
@@ -670,17 +670,26 @@ impl FileSystem {
 
     /// Entries of a directory, sorted by name.
     pub fn read_dir(&self, path: &str) -> Result<Vec<DirEntryInfo>, FsError> {
-        let ino = self.lock().resolve(path)?;
+        let ino = self.resolve(path)?;
         self.list(ino).map_err(|e| with_path(e, path))
     }
 
     pub fn metadata(&self, path: &str) -> Result<Metadata, FsError> {
-        let ino = self.lock().resolve(path)?;
+        let ino = self.resolve(path)?;
         self.metadata_of(ino)
     }
 
     pub fn exists(&self, path: &str) -> bool {
-        self.lock().resolve(path).is_ok()
+        self.resolve(path).is_ok()
+    }
+
+    /// The inode `path` names: under the shared lock when every directory on the way is in
+    /// memory, else under the exclusive lock (which loads them, or gives the error).
+    fn resolve(&self, path: &str) -> Result<u64, FsError> {
+        if let Some(ino) = self.read_lock().resolve_loaded(path) {
+            return Ok(ino);
+        }
+        self.lock().resolve(path)
     }
 
     /// Makes every change so far durable, every file's dirty data included (one journal
@@ -709,15 +718,20 @@ impl FileSystem {
 
     /// The entry `name` in directory `parent`.
     pub fn lookup(&self, parent: u64, name: &[u8]) -> Result<Metadata, FsError> {
-        let e = self
-            .lock()
-            .lookup(parent, name)?
-            .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
+        let found = self.read_lock().lookup_loaded(parent, name);
+        let e = match found {
+            Some(e) => e,
+            None => self.lock().lookup(parent, name)?,
+        }
+        .ok_or_else(|| FsError::NotFound(String::from_utf8_lossy(name).into_owned()))?;
         self.metadata_of(e.ino)
     }
 
     /// Entries of directory `ino`, sorted by name.
     pub fn list(&self, ino: u64) -> Result<Vec<DirEntryInfo>, FsError> {
+        if let Some(entries) = self.read_lock().list_loaded(ino) {
+            return Ok(entries);
+        }
         self.lock().list(ino)
     }
 

@@ -26,7 +26,9 @@
 //!    it. **Shared** (`&Mounted`) for what only looks: a read whose blocks are all cached
 //!    ([`Mounted::read_cached`]: the inode's size and generation, the cache's per-file table,
 //!    a copy), `stat` of an inode already in memory ([`Mounted::loaded_metadata`]), a handle
-//!    check ([`Mounted::check_loaded_handle`]), `statfs`. Those never load anything (loading
+//!    check ([`Mounted::check_loaded_handle`]), path resolution, lookups and listings through
+//!    directories in memory ([`Mounted::resolve_loaded`], [`Mounted::lookup_loaded`],
+//!    [`Mounted::list_loaded`]), `statfs`. Those never load anything (loading
 //!    changes the state): when the inode is not in memory or a block is missing they return
 //!    `None`, release the shared lock and the caller starts again under the exclusive lock.
 //!    **Exclusive** for everything else (every change, cache misses, loading metadata). The few

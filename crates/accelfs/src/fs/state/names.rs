@@ -197,6 +197,45 @@ impl Mounted {
         Ok(ino)
     }
 
+    /// [`Mounted::resolve`] under the shared state lock: `Some` only when every directory on
+    /// the way is in memory and the path resolves; `None` for anything else (not loaded, not
+    /// found, a bad path), which the caller redoes under the exclusive lock for the loading or
+    /// the exact error.
+    pub(crate) fn resolve_loaded(&self, path: &str) -> Option<u64> {
+        let mut ino = ROOT_INODE;
+        for c in components(path).ok()? {
+            let node = self.nodes.get(&ino)?;
+            if node.inode.kind != Kind::Directory {
+                return None;
+            }
+            ino = if c == b".." {
+                if ino == ROOT_INODE {
+                    ROOT_INODE
+                } else {
+                    node.inode.parent
+                }
+            } else {
+                self.dirs.get(&ino)?.get(c)?.ino
+            };
+        }
+        Some(ino)
+    }
+
+    /// [`Mounted::lookup`] under the shared state lock: `None` when the directory is not in
+    /// memory (or the name is too long: the exclusive path gives that error).
+    pub(crate) fn lookup_loaded(&self, parent: u64, name: &[u8]) -> Option<Option<DirEntry>> {
+        if name.len() > dir::MAX_NAME {
+            return None;
+        }
+        Some(self.dirs.get(&parent)?.get(name).cloned())
+    }
+
+    /// [`Mounted::list`] under the shared state lock: `None` when the directory is not in
+    /// memory.
+    pub(crate) fn list_loaded(&self, ino: u64) -> Option<Vec<DirEntryInfo>> {
+        Some(Self::entries_sorted(self.dirs.get(&ino)?))
+    }
+
     /// The directory holding the last component of `path`, and that name.
     pub(crate) fn resolve_parent(&mut self, path: &str) -> Result<(u64, Vec<u8>), FsError> {
         let mut parts = components(path)?;
@@ -621,8 +660,11 @@ impl Mounted {
 
     /// Entries of directory `ino`, sorted by name.
     pub(crate) fn list(&mut self, ino: u64) -> Result<Vec<DirEntryInfo>, FsError> {
-        let mut out: Vec<DirEntryInfo> = self
-            .dir(ino)?
+        Ok(Self::entries_sorted(self.dir(ino)?))
+    }
+
+    fn entries_sorted(d: &Dir) -> Vec<DirEntryInfo> {
+        let mut out: Vec<DirEntryInfo> = d
             .entries()
             .map(|e| DirEntryInfo {
                 name: e.name.clone(),
@@ -631,7 +673,7 @@ impl Mounted {
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+        out
     }
 
     // ---- the directories' part of the running transaction ------------------------------------
