@@ -92,7 +92,7 @@ pub struct ServeArgs {
     #[arg(long, default_value_t = 64)]
     pub buffers: usize,
     /// 1 MiB receive buffers one sender may hold.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 32)]
     pub per_stream: usize,
     /// Largest record accepted (at most --per-stream MiB).
     #[arg(long, default_value = "16M")]
