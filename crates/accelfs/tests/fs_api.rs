@@ -253,6 +253,27 @@ fn bad_input_is_a_typed_error_and_changes_nothing() {
 }
 
 #[test]
+fn sync_by_inode_number_takes_files_and_directories_and_refuses_removed_inodes() {
+    let (fs, storage) = fresh(8 << 20, MountOptions::default());
+    fs.mkdir("/d").expect("mkdir");
+    fs.write("/d/f", b"kept").expect("write");
+    let (dir, file) = (
+        fs.metadata("/d").expect("stat").ino,
+        fs.metadata("/d/f").expect("stat").ino,
+    );
+    fs.sync_ino(file, true).expect("fdatasync");
+    fs.sync_ino(file, false).expect("fsync");
+    fs.sync_ino(dir, false).expect("fsync of a directory");
+    fs.remove_file("/d/f").expect("remove");
+    assert!(matches!(
+        fs.sync_ino(file, false),
+        Err(FsError::NotFound(_))
+    ));
+    fs.unmount().expect("unmount");
+    assert_fsck_clean(&storage);
+}
+
+#[test]
 fn mounting_what_is_not_accelfs_fails_clearly() {
     let dev = MemDevice::new(8 << 20, QueueOptions::default());
     let e = FileSystem::mount(Box::new(dev), MountOptions::default()).expect_err("blank");

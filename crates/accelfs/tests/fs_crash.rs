@@ -784,6 +784,19 @@ fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
 /// its new data.
 #[test]
 fn an_fsync_makes_its_own_file_durable_without_writing_other_files_data() {
+    fsync_is_per_file(|_, a| a.sync_all().expect("fsync a"));
+}
+
+/// The same through the inode-number API a FUSE adapter uses (`FileSystem::sync_ino`), as
+/// fsync and as fdatasync.
+#[test]
+fn an_fsync_by_inode_number_is_per_file_too() {
+    fsync_is_per_file(|fs, a| fs.sync_ino(a.ino(), false).expect("fsync a"));
+    fsync_is_per_file(|fs, a| fs.sync_ino(a.ino(), true).expect("fdatasync a"));
+}
+
+/// The body of the two tests above: `fsync` makes file /a durable.
+fn fsync_is_per_file(fsync: impl Fn(&FileSystem, &kura_accelfs::File)) {
     const B_BYTES: usize = 512 << 10;
     let storage = formatted_storage(DEVICE_BYTES);
     let fs = mount_storage(&storage);
@@ -811,7 +824,7 @@ fn an_fsync_makes_its_own_file_durable_without_writing_other_files_data() {
         .expect("open");
     a.write_at(0, &a_new).expect("write a");
     let before = control.trace().len();
-    a.sync_all().expect("fsync a");
+    fsync(&fs, &a);
     let fsynced = control.trace().len();
     let written: usize = control.trace()[before..fsynced]
         .iter()

@@ -473,6 +473,20 @@ impl FileSystem {
         Ok(g.stream_end(&s))
     }
 
+    /// fsync (`data_only`: fdatasync) of inode `ino` by number, for adapters that hold inode
+    /// numbers (FUSE): what [`File::sync_all`] (or [`File::sync_data`]) does on a handle of it,
+    /// so it writes that file's dirty data and not other files' ([`File::sync_all`]). For a
+    /// directory (or any other kind) it commits the running transaction, which holds its
+    /// entries. A removed inode is [`FsError::NotFound`].
+    pub fn sync_ino(&self, ino: u64, data_only: bool) -> Result<(), FsError> {
+        let m = self.metadata_of(ino)?;
+        if data_only && m.is_file() {
+            self.sync_data_of(ino, m.generation)
+        } else {
+            self.group_commit(Some((ino, m.generation)))
+        }
+    }
+
     /// fdatasync of file `ino`: after an overwrite, its dirty blocks are written home and
     /// flushed with only the disk lock held; when its size or block map changed, a group
     /// commit.
