@@ -345,7 +345,7 @@ fn crush_diff_compares_like_crushtool_and_reports_movement() {
     );
     for new in [&added, &reweighted, &old] {
         for range in [
-            &["--min-x", "0", "--max-x", "700"][..],
+            &["--min-x", "0", "--max-x", "150"][..],
             &["--num-rep", "3"][..],
         ] {
             let mut args = vec!["-i", old.as_str(), "--compare", new.as_str()];
