@@ -124,10 +124,11 @@ pub struct CrushReport {
     pub maps: Vec<MapPoint>,
 }
 
-/// The `--build` layers for `osds` devices: hosts of `osds/10` devices (at least 2), racks
-/// of up to 10 hosts, one root; returns (arguments, hosts).
+/// The `--build` layers for `osds` devices: hosts of `osds/10` devices (2 to 40: a tree
+/// bucket holds at most 64 items, and crushtool aborts building a larger one), racks of up to
+/// 10 hosts, one root; returns (arguments, hosts).
 pub fn build_layers(alg: &str, osds: usize) -> (Vec<String>, usize) {
-    let per_host = (osds / 10).max(2);
+    let per_host = (osds / 10).clamp(2, 40);
     let hosts = osds.div_ceil(per_host);
     let per_rack = if hosts >= 30 { 10 } else { 2.max(hosts / 3) };
     let args = [
@@ -510,7 +511,7 @@ mod tests {
             let per_rack: usize = args[5].parse().unwrap();
             assert!(hosts >= 3, "{osds}: {hosts} hosts");
             assert!(per_host * hosts >= osds);
-            assert!(per_host <= 500 && per_rack <= 10, "{args:?}");
+            assert!(per_host <= 40 && per_rack <= 10, "{args:?}");
             assert!(hosts.div_ceil(per_rack) <= 64, "tree buckets hold 64 items");
         }
     }
