@@ -266,7 +266,7 @@ fn serve(a: &ServeArgs) -> anyhow::Result<()> {
     let stats = &handle.stats;
     eprintln!(
         "kura: ingest stopped: {} records ({} bytes) stored this run, {} rejected, {} commits; \
-         {} records on the target; peak {} of {} buffers",
+         {} records on the target; peak {} of {} buffers; stages {:.3} ms per record",
         stats.records.load(Ordering::Relaxed),
         stats.bytes.load(Ordering::Relaxed),
         stats.rejected.load(Ordering::Relaxed),
@@ -274,6 +274,9 @@ fn serve(a: &ServeArgs) -> anyhow::Result<()> {
         after,
         handle.credits.peak(),
         handle.credits.capacity(),
+        stats.stage_ns.load(Ordering::Relaxed) as f64
+            / 1e6
+            / stats.records.load(Ordering::Relaxed).max(1) as f64,
     );
     Ok(())
 }
