@@ -540,3 +540,32 @@ fn describe_gives_a_spec_that_opens_the_same_drive() {
         assert_eq!(again.geometry(), dev.geometry(), "{described}");
     }
 }
+
+/// The rebalance target on placed's own default map: adding one leg to N moves at most
+/// 1.2x the theoretical minimum of chunk copies (the share of weight the new leg takes), for
+/// 2 and 3 replicas, measured over 10000 chunks with `kura_crush::diff::movement`. (What a
+/// rebalance would copy once legs carry a slot table; see docs/placed-format.md.)
+#[test]
+fn adding_a_leg_to_the_flat_map_moves_within_1_2x_of_the_minimum() {
+    for replicas in [2usize, 3] {
+        for legs in [replicas + 1, 5, 8, 12] {
+            let old = kura_vdrive::placed::flat_map(legs);
+            let new = kura_vdrive::placed::flat_map(legs + 1);
+            let m =
+                kura_crush::diff::movement(&old, &new, 0, replicas, 0..=9_999).expect("movement");
+            let bound = 1.0 / (legs + 1) as f64;
+            assert!(
+                (m.ideal_fraction() - bound).abs() < 1e-9,
+                "{legs}+1 legs: weight bound {}",
+                m.ideal_fraction()
+            );
+            assert!(m.moved >= m.min_moves, "{m:?}");
+            assert!(
+                m.moved_fraction() <= 1.2 * bound,
+                "{legs} -> {} legs, {replicas} replicas: moved {:.4} > 1.2 x {bound:.4}",
+                legs + 1,
+                m.moved_fraction()
+            );
+        }
+    }
+}
