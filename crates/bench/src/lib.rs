@@ -15,4 +15,5 @@ pub mod io;
 pub mod kv;
 pub mod output;
 pub mod paper;
+pub mod rbd;
 pub mod stats;

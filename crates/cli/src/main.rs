@@ -98,6 +98,9 @@ enum BenchCommand {
     /// Streaming ingest over loopback TCP: against fio's sequential write on the same image and
     /// a naive recv()+write()+fdatasync path; CPU per GB, peak RSS, in- vs out-of-order, stages.
     Ingest(kura_bench::ingest::IngestBenchArgs),
+    /// Ceph RBD: kura's rbd: against rbd bench (4 KiB random QD 1/32, 1 MiB sequential),
+    /// DeLiBA's stack (cache, coalesce) against pass-through, kura serve against qemu-nbd.
+    Rbd(kura_bench::rbd::RbdBenchArgs),
     /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
     /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
     All(kura_bench::all::AllArgs),
@@ -128,6 +131,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Bench(BenchCommand::Crush(args)) => kura_bench::crush::run(&args),
         Command::Bench(BenchCommand::Ingest(args)) => kura_bench::ingest::run(&args),
+        Command::Bench(BenchCommand::Rbd(args)) => kura_bench::rbd::run(&args),
         Command::Bench(BenchCommand::All(args)) => kura_bench::all::run(&args, &dev::open_dev),
         Command::Demo(args) => demo::run(&args),
         Command::Mkfs(args) => mkfs_fsck::run_mkfs(&args),

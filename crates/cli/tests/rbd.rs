@@ -2,7 +2,7 @@
 //! binary (`kura_rbd::testing`, `scripts/ceph/start.sh`): AccelFS (`kura mkfs`, `fs put|cat`,
 //! `fsck`) and the genome pipeline on it, the LevelDB port, and DeLiBA's stack served over NBD
 //! (`kura serve` of `cache(coalesce(rbd:…))`, written and read with nbdcopy, sized by nbdinfo,
-//! then checked with `rbd export`).
+//! then checked with `rbd export`), and a short `kura bench rbd` on the same cluster.
 //!
 //! As in `crates/rbd/tests/cluster.rs`, every check runs inside one `#[test]` so the cluster is
 //! stopped by its guard when the test ends, passes or fails.
@@ -39,6 +39,7 @@ fn kura_layers_on_rbd() {
         ("AccelFS and the genome pipeline", accelfs_and_genome),
         ("LevelDB on AccelFS", leveldb),
         ("DeLiBA's stack served over NBD", deliba_stack_over_nbd),
+        ("kura bench rbd --quick", bench_rbd_quick),
     ];
     let mut failed = Vec::new();
     for (name, check) in checks {
@@ -293,4 +294,45 @@ fn deliba_stack_over_nbd(c: &TestCluster) {
         exported == data,
         "rbd export differs from what nbdcopy wrote"
     );
+}
+
+fn bench_rbd_quick(c: &TestCluster) {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let json = tmp.path().join("rbd.json");
+    let conf = c.conf().to_str().expect("utf-8");
+    ok(&[
+        "bench",
+        "rbd",
+        "--quick",
+        "--conf",
+        conf,
+        "--size",
+        "32M",
+        "--hot",
+        "8M",
+        "--ops",
+        "1024",
+        "--json",
+        json.to_str().expect("utf-8"),
+        "--plot",
+        tmp.path().join("rbd.png").to_str().expect("utf-8"),
+    ]);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&json).expect("read JSON")).expect("parse JSON");
+    let points = |part: &str| report[part].as_array().cloned().unwrap_or_default();
+    assert_eq!(points("interface").len(), 5, "{report}");
+    assert_eq!(points("deliba").len(), 4, "{report}");
+    for p in points("interface").iter().chain(&points("deliba")) {
+        let kura = p["compared"]["kura"]["median"].as_f64().unwrap_or(0.0);
+        let peer = p["compared"]["peer"]["median"].as_f64().unwrap_or(0.0);
+        assert!(kura > 0.0 && peer > 0.0, "{p}");
+    }
+    assert!(report["cache_hits"].as_u64().unwrap_or(0) > 0, "{report}");
+    assert!(
+        report["coalesce_merged"].as_u64().unwrap_or(0) > 0,
+        "{report}"
+    );
+    // The bench removes its image.
+    let images = c.rbd_ok(&["ls", "rbd"]).expect("rbd ls");
+    assert!(!String::from_utf8_lossy(&images).contains("kura-bench"));
 }
