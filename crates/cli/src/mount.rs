@@ -161,6 +161,17 @@ impl Fuse {
         }
     }
 
+    /// fsync/fdatasync of one inode: POSIX promises that file's data and metadata, so only its
+    /// own dirty data is written (plus the running transaction). A file unlinked while still
+    /// open has no name left to find after a crash, yet programs fsync such temporary files and
+    /// expect success, so a vanished inode falls back to syncing everything.
+    fn sync_one(&self, ino: u64, datasync: bool) -> Result<(), FsError> {
+        match self.fs.sync_ino(ino, datasync) {
+            Err(FsError::NotFound(_)) => self.fs.sync(),
+            other => other,
+        }
+    }
+
     fn empty(r: Result<(), FsError>, reply: ReplyEmpty) {
         match r {
             Ok(()) => reply.ok(),
@@ -476,23 +487,23 @@ impl Filesystem for Fuse {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.sync(), reply);
+        Self::empty(self.sync_one(ino.0, datasync), reply);
     }
 
     fn fsyncdir(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         _fh: FileHandle,
-        _datasync: bool,
+        datasync: bool,
         reply: ReplyEmpty,
     ) {
-        Self::empty(self.fs.sync(), reply);
+        Self::empty(self.sync_one(ino.0, datasync), reply);
     }
 
     fn readdir(
