@@ -2,7 +2,10 @@
 //! binary (`kura_rbd::testing`, `scripts/ceph/start.sh`): AccelFS (`kura mkfs`, `fs put|cat`,
 //! `fsck`) and the genome pipeline on it, the LevelDB port, and DeLiBA's stack served over NBD
 //! (`kura serve` of `cache(coalesce(rbd:…))`, written and read with nbdcopy, sized by nbdinfo,
-//! then checked with `rbd export`), and a short `kura bench rbd` on the same cluster.
+//! then checked with `rbd export`), ext4 on that stack through `nbdfuse` + a loop device (the
+//! host kernel has no NBD driver; `kura_nbd`'s kernel_fs test does the same on `mem:`), with
+//! `e2fsck` clean on the device and on the `rbd export` of the image afterwards, and a short
+//! `kura bench rbd` on the same cluster.
 //!
 //! As in `crates/rbd/tests/cluster.rs`, every check runs inside one `#[test]` so the cluster is
 //! stopped by its guard when the test ends, passes or fails.
@@ -39,6 +42,7 @@ fn kura_layers_on_rbd() {
         ("AccelFS and the genome pipeline", accelfs_and_genome),
         ("LevelDB on AccelFS", leveldb),
         ("DeLiBA's stack served over NBD", deliba_stack_over_nbd),
+        ("ext4 on DeLiBA's stack via nbdfuse", ext4_via_nbdfuse),
         ("kura bench rbd --quick", bench_rbd_quick),
     ];
     let mut failed = Vec::new();
@@ -335,4 +339,127 @@ fn bench_rbd_quick(c: &TestCluster) {
     // The bench removes its image.
     let images = c.rbd_ok(&["ls", "rbd"]).expect("rbd ls");
     assert!(!String::from_utf8_lossy(&images).contains("kura-bench"));
+}
+
+/// Runs `cmd`, or says what it printed.
+fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
+    let o = Command::new(cmd)
+        .args(args)
+        .output()
+        .map_err(|e| format!("{cmd}: {e}"))?;
+    if o.status.success() {
+        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+    } else {
+        Err(format!(
+            "{cmd} {args:?}: {}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ))
+    }
+}
+
+fn ext4_via_nbdfuse(c: &TestCluster) {
+    let missing = kura_testkit::loop_unavailable()
+        .or_else(kura_testkit::fuse_unavailable)
+        .or_else(|| kura_testkit::missing_tool("nbdfuse", "apt-get install libnbd-bin"))
+        .or_else(|| kura_testkit::missing_tool("mkfs.ext4", "apt-get install e2fsprogs"))
+        .or_else(|| kura_testkit::missing_tool("e2fsck", "apt-get install e2fsprogs"));
+    if let Some(m) = missing {
+        m.skip("kura_layers_on_rbd (ext4 via nbdfuse)");
+        return;
+    }
+    let rbd = c.spec("ext4", "create=64M");
+    // Served in this process, byte-granular, as crates/nbd/tests/kernel_fs.rs does: mkfs.ext4
+    // picks 1 KiB blocks for 64 MiB, below the 4 KiB minimum `kura serve` advertises unless
+    // given --byte-granular, and nbdfuse then fails the journal's 1 KiB writes.
+    let listener = kura_nbd::bind_loopback(0).expect("bind");
+    let url = format!("nbd://{}", listener.local_addr().expect("addr"));
+    let stack = registry()
+        .open(&format!("cache(coalesce({rbd}))?size=32M"))
+        .expect("open the stack");
+    let server = kura_nbd::serve(
+        listener,
+        vec![kura_nbd::Export::new("disk", stack)],
+        kura_nbd::ServeOptions::default(),
+    )
+    .expect("serve");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let fuse_dir = tmp.path().join("fuse");
+    let mnt = tmp.path().join("mnt");
+    std::fs::create_dir(&fuse_dir).expect("mkdir");
+    std::fs::create_dir(&mnt).expect("mkdir");
+    let mut nbdfuse = Command::new("nbdfuse")
+        .arg(&fuse_dir)
+        .arg(format!("{url}/disk"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nbdfuse");
+    let image = fuse_dir.join("nbd");
+    let t0 = Instant::now();
+    while !image.exists() {
+        if let Ok(Some(st)) = nbdfuse.try_wait() {
+            panic!("nbdfuse exited ({st}) although FUSE and the tools are here");
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "nbdfuse shows no file"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let image_s = image.to_str().expect("utf-8").to_string();
+    let fuse_s = fuse_dir.to_str().expect("utf-8").to_string();
+    let loopdev = match try_run("losetup", &["-f", "--show", &image_s]) {
+        Ok(l) => l.trim().to_string(),
+        Err(e) => {
+            let _ = try_run("fusermount3", &["-u", &fuse_s]);
+            let _ = nbdfuse.wait();
+            panic!("losetup failed although root and /dev/loop-control are here: {e}");
+        }
+    };
+    let m = mnt.to_str().expect("utf-8");
+    let outcome = (|| -> Result<String, String> {
+        try_run("mkfs.ext4", &["-q", "-F", &loopdev])?;
+        try_run("mount", &[&loopdev, m])?;
+        let filled = (|| -> std::io::Result<()> {
+            for d in 0..4 {
+                let sub = mnt.join(format!("d{d}"));
+                std::fs::create_dir(&sub)?;
+                for f in 0..16 {
+                    std::fs::write(
+                        sub.join(format!("f{f}")),
+                        vec![(d * 16 + f) as u8; 4096 * (f + 1)],
+                    )?;
+                }
+            }
+            Ok(())
+        })();
+        let back = std::fs::read(mnt.join("d3/f15")).map_err(|e| e.to_string());
+        try_run("sync", &[])?;
+        try_run("umount", &[m])?;
+        filled.map_err(|e| e.to_string())?;
+        if back? != vec![63u8; 4096 * 16] {
+            return Err("d3/f15 reads back wrong".into());
+        }
+        try_run("e2fsck", &["-f", "-n", &loopdev])
+    })();
+    let _ = try_run("losetup", &["-d", &loopdev]);
+    let _ = try_run("fusermount3", &["-u", &fuse_s]);
+    let _ = nbdfuse.wait();
+    let report = outcome.expect("ext4 round trip");
+    assert!(
+        report.contains("clean") || report.contains("files"),
+        "e2fsck: {report}"
+    );
+    // Stopping the server flushes the stack and closes the image.
+    drop(server.stop());
+    // What reached the cluster is the same clean file system.
+    let exported = tmp.path().join("exported.img");
+    c.rbd_ok(&["export", "rbd/ext4", exported.to_str().expect("utf-8")])
+        .expect("rbd export");
+    let report = try_run("e2fsck", &["-f", "-n", exported.to_str().expect("utf-8")])
+        .unwrap_or_else(|e| panic!("e2fsck of rbd export: {e}"));
+    assert!(
+        report.contains("clean") || report.contains("files"),
+        "e2fsck: {report}"
+    );
 }
