@@ -28,7 +28,8 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
-  nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra)
+  nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra
+  iproute2)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
