@@ -211,10 +211,17 @@ impl Client {
         }
     }
 
-    /// Says `BYE`, then collects every answer until the server closes.
+    /// Says `BYE`, then collects every answer until the server closes. A server that closed
+    /// first (it is stopping, or it answered an error) cannot take the `BYE`; what it said
+    /// before closing is still collected.
     pub fn finish(mut self) -> Result<Answers, ClientError> {
-        self.out.write_all(&Frame::Bye.encode())?;
-        self.out.flush()?;
+        let bye = self
+            .out
+            .write_all(&Frame::Bye.encode())
+            .and_then(|()| self.out.flush());
+        if bye.is_err() {
+            let _ = self.out.get_ref().shutdown(std::net::Shutdown::Write);
+        }
         while let Ok(f) = self.answers.recv() {
             self.seen.note(f);
         }

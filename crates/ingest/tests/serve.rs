@@ -587,3 +587,50 @@ fn a_crash_at_any_point_of_a_served_stream_shows_only_whole_records() {
     }
     assert!(checked > 20, "{checked} images checked");
 }
+
+#[test]
+fn a_stop_in_the_middle_of_a_record_finishes_stores_and_acknowledges_it() {
+    let (dev, storage) = formatted(32 << 20);
+    let running = start(dev, config(Order::In), &tcp());
+    let mut c = Client::connect(&running.addr, &opts()).expect("connect");
+    let bytes = data(5, 2 << 20);
+    let (head, tail) = bytes.split_at(1 << 20);
+    let mut first = Frame::Begin {
+        seq: 0,
+        size: bytes.len() as u64,
+    }
+    .encode();
+    first.extend(frame::header(FrameType::Data, 0, head));
+    first.extend(head);
+    c.send_raw(&first).expect("first half");
+    // The server is asked to stop while the record is half sent: it accepts no one new but
+    // finishes this record, stores it and acknowledges it before its reader lets go.
+    running.handle.stop();
+    let mut rest = frame::header(FrameType::Data, 0, tail).to_vec();
+    rest.extend(tail);
+    rest.extend(
+        Frame::End {
+            record_crc: frame::record_crc(&bytes),
+            ack: true,
+        }
+        .encode(),
+    );
+    rest.extend(Frame::Sync { upto: 0 }.encode());
+    c.send_raw(&rest).expect("second half");
+    let answers = c.finish().expect("answers");
+    assert!(answers.errors.is_empty(), "{answers:?}");
+    assert_eq!(answers.acks, vec![(0, 0)]);
+    assert_eq!(answers.synced, Some((0, 1)));
+    let store = running
+        .thread
+        .join()
+        .expect("server thread")
+        .expect("server");
+    drop(store);
+    let mut ro = Store::open_read_only(Box::new(MemDevice::with_storage(
+        storage,
+        QueueOptions::default(),
+    )))
+    .expect("reopen");
+    assert!(ro.read(0).expect("read") == bytes);
+}
