@@ -429,13 +429,33 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
         None,
     ));
     let cold = job(Pattern::SeqRead, 1 << 20, 16, size >> 20);
+    let cache_only = format!("cache({rbd})?size=32M");
+    let coalesce_only = format!("coalesce({rbd})");
     let samples = interleave(
         rounds,
         &mut [
             &mut |_| kura_point(&rbd, &cold, u64::MAX).map(|o| o.mib_per_s()),
             &mut |_| kura_point(&stack, &cold, u64::MAX).map(|o| o.mib_per_s()),
+            &mut |_| kura_point(&cache_only, &cold, u64::MAX).map(|o| o.mib_per_s()),
+            &mut |_| kura_point(&coalesce_only, &cold, u64::MAX).map(|o| o.mib_per_s()),
         ],
     )?;
+    // Which layer costs what on a stream: each alone against the same pass-through rounds.
+    for (i, (name, spec)) in [
+        (2, ("cache alone", &cache_only)),
+        (3, ("coalesce alone", &coalesce_only)),
+    ] {
+        let c = compare(&samples[i], &samples[0], lower_by, None);
+        report.deliba.push(point(
+            &format!("cold 1M seqread QD16, {name} (fraction lower)"),
+            "MiB/s",
+            spec,
+            "rbd: pass-through",
+            rbd.clone(),
+            c,
+            None,
+        ));
+    }
     let c = compare(&samples[1], &samples[0], lower_by, Some(Goal::AtMost(0.05)));
     eprintln!(
         "cold 1M seqread: stack {} vs pass-through {} MiB/s",

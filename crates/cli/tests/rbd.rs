@@ -325,7 +325,7 @@ fn bench_rbd_quick(c: &TestCluster) {
         serde_json::from_slice(&std::fs::read(&json).expect("read JSON")).expect("parse JSON");
     let points = |part: &str| report[part].as_array().cloned().unwrap_or_default();
     assert_eq!(points("interface").len(), 5, "{report}");
-    assert_eq!(points("deliba").len(), 4, "{report}");
+    assert_eq!(points("deliba").len(), 6, "{report}");
     for p in points("interface").iter().chain(&points("deliba")) {
         let kura = p["compared"]["kura"]["median"].as_f64().unwrap_or(0.0);
         let peer = p["compared"]["peer"]["median"].as_f64().unwrap_or(0.0);
