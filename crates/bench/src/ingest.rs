@@ -43,6 +43,11 @@ pub struct IngestBenchArgs {
     /// Rounds (default 3; --quick 1).
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// Also run 9 MB ingest between two hosts made of network namespaces joined by a veth
+    /// pair (the sender, `kura ingest send`, in one; the server in the other), created and
+    /// removed by the bench (needs root and `ip`).
+    #[arg(long)]
+    pub netns: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -132,8 +137,22 @@ struct ServerChild {
 
 impl ServerChild {
     fn start(args: &[String]) -> anyhow::Result<ServerChild> {
+        ServerChild::start_in(None, args)
+    }
+
+    /// Starts `kura ARGS`, inside network namespace `netns` when given (`ip netns exec`
+    /// executes it in place, so the child is the server itself).
+    fn start_in(netns: Option<&str>, args: &[String]) -> anyhow::Result<ServerChild> {
         let exe = std::env::current_exe().context("finding the kura binary")?;
-        let mut child = Command::new(exe)
+        let mut cmd = match netns {
+            Some(ns) => {
+                let mut c = Command::new("ip");
+                c.args(["netns", "exec", ns]).arg(&exe);
+                c
+            }
+            None => Command::new(exe),
+        };
+        let mut child = cmd
             .args(args)
             .stderr(Stdio::piped())
             .stdout(Stdio::null())
@@ -460,6 +479,12 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
             command: commands[plans.len()].clone(),
         });
     }
+    if args.netns {
+        match two_hosts(&image, &key_path, &format, total, conns, rounds, buffers) {
+            Ok(case) => cases.push(case),
+            Err(e) => notes.push(format!("two-host (netns + veth) case not run: {e:#}")),
+        }
+    }
     let med = |i: usize| cases[i].mb_per_s.median;
     let cpu_med = |i: usize| cases[i].cpu_s_per_gb.as_ref().map_or(0.0, |s| s.median);
     let report = IngestReport {
@@ -477,6 +502,182 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
     };
     print_report(&report);
     args.run.output.emit("ingest", PLOT_SCRIPT, &report)
+}
+
+/// Two "hosts": network namespaces joined by a veth pair, removed again on drop.
+struct TwoHosts {
+    sender: String,
+    server: String,
+}
+
+/// The server's address inside its namespace.
+const SERVER_IP: &str = "10.77.17.2";
+
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running ip")?;
+    if !out.status.success() {
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+impl TwoHosts {
+    fn create() -> anyhow::Result<TwoHosts> {
+        let id = std::process::id();
+        let hosts = TwoHosts {
+            sender: format!("kura-ingest-a-{id}"),
+            server: format!("kura-ingest-b-{id}"),
+        };
+        ip(&["netns", "add", &hosts.sender])?;
+        ip(&["netns", "add", &hosts.server])?;
+        let (va, vb) = (
+            format!("kia{}", id % 100_000),
+            format!("kib{}", id % 100_000),
+        );
+        ip(&[
+            "link",
+            "add",
+            &va,
+            "netns",
+            &hosts.sender,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &vb,
+            "netns",
+            &hosts.server,
+        ])?;
+        ip(&[
+            "-n",
+            &hosts.sender,
+            "addr",
+            "add",
+            "10.77.17.1/24",
+            "dev",
+            &va,
+        ])?;
+        ip(&[
+            "-n",
+            &hosts.server,
+            "addr",
+            "add",
+            &format!("{SERVER_IP}/24"),
+            "dev",
+            &vb,
+        ])?;
+        for (ns, dev) in [(&hosts.sender, &va), (&hosts.server, &vb)] {
+            ip(&["-n", ns, "link", "set", dev, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(hosts)
+    }
+}
+
+impl Drop for TwoHosts {
+    fn drop(&mut self) {
+        // Deleting a namespace removes its end of the veth pair, and with it the other end.
+        let _ = ip(&["netns", "del", &self.sender]);
+        let _ = ip(&["netns", "del", &self.server]);
+    }
+}
+
+/// 9 MB ingest from a sender namespace to a server namespace over veth: `kura ingest send` in
+/// one, `kura ingest serve` in the other; the sender's own MB/s figure (it ends at SYNCED).
+fn two_hosts(
+    image: &Path,
+    key: &Path,
+    format: &dyn Fn() -> anyhow::Result<()>,
+    total: u64,
+    conns: usize,
+    rounds: usize,
+    buffers: usize,
+) -> anyhow::Result<Case> {
+    let hosts = TwoHosts::create()?;
+    let exe = std::env::current_exe()?;
+    let count = (total / 9_000_000).max(1).to_string();
+    let mut bw = Vec::new();
+    let mut cpu = Vec::new();
+    let mut rss = Vec::new();
+    let mut command = String::new();
+    for _ in 0..rounds {
+        format()?;
+        let args: Vec<String> = vec![
+            "ingest".into(),
+            "serve".into(),
+            format!("uring:{}", image.display()),
+            "--listen".into(),
+            format!("{SERVER_IP}:0"),
+            "--key".into(),
+            key.display().to_string(),
+            "--buffers".into(),
+            buffers.to_string(),
+        ];
+        let server = ServerChild::start_in(Some(&hosts.server), &args)?;
+        let send_args = [
+            "netns".to_string(),
+            "exec".into(),
+            hosts.sender.clone(),
+            exe.display().to_string(),
+            "ingest".into(),
+            "send".into(),
+            server.addr.clone(),
+            "--key".into(),
+            key.display().to_string(),
+            "--synthetic".into(),
+            "9000000".into(),
+            "--count".into(),
+            count.clone(),
+            "--conns".into(),
+            conns.to_string(),
+            "--batch-acks".into(),
+        ];
+        let out = Command::new("ip").args(&send_args).output()?;
+        let (cpu_s, rss_mib) = server.usage()?;
+        server.stop()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if !out.status.success() {
+            bail!(
+                "sender failed: {}{}",
+                text,
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        // "... in S s (X MB/s) ..."
+        let mbs: f64 = text
+            .split('(')
+            .nth(1)
+            .and_then(|t| t.split_whitespace().next())
+            .and_then(|v| v.parse().ok())
+            .with_context(|| format!("no MB/s in the sender's line {text:?}"))?;
+        let bytes = 9_000_000.0 * count.parse::<f64>().unwrap_or(1.0);
+        bw.push(mbs);
+        cpu.push(cpu_s / (bytes / 1e9));
+        rss.push(rss_mib);
+        eprintln!("two hosts (netns + veth), 9 MB: {mbs:.0} MB/s");
+        command = format!(
+            "kura {} (in netns {}) <- ip {}",
+            args.join(" "),
+            hosts.server,
+            send_args.join(" ")
+        );
+    }
+    Ok(Case {
+        name: "kura ingest, 9 MB, two hosts (veth)".into(),
+        server: "kura".into(),
+        records: "9 MB".into(),
+        mb_per_s: Spread::of(&bw),
+        cpu_s_per_gb: Some(Spread::of(&cpu)),
+        peak_rss_mib: Some(Spread::of(&rss)),
+        command,
+    })
 }
 
 /// Each stage's cost per record on the records a sender would send: crc32c and zstd on a
