@@ -105,6 +105,10 @@ pub struct MapPoint {
     pub simd_all_vs_statistics: Compared,
     /// kura's `--show-mappings` lines against crushtool's.
     pub lines_vs_show_mappings: Compared,
+    /// kura's one-thread SIMD mapper against crushtool's statistics loop in CPU time (this
+    /// process's and the child's user + system seconds, 10 ms ticks; crushtool's start-up CPU
+    /// taken out): what a loaded machine's wall clock hides.
+    pub simd_1t_vs_statistics_cpu: Compared,
 }
 
 /// The whole report.
@@ -162,6 +166,31 @@ fn crushtool_ok(tool: &Path, args: &[String]) -> anyhow::Result<Vec<u8>> {
         );
     }
     Ok(out.stdout)
+}
+
+/// CPU seconds (user + system) used so far by this process and by its waited-for children,
+/// from `/proc/self/stat` (in USER_HZ ticks, 100 a second on Linux); zeros where it cannot be
+/// read.
+fn cpu_seconds() -> (f64, f64) {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // The fields after the parenthesised command name start with field 3 (state), so utime
+    // (field 14) is index 11, stime 12, cutime 13, cstime 14.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    let get = |i: usize| f.get(i).copied().unwrap_or(0.0) / 100.0;
+    (get(11) + get(12), get(13) + get(14))
+}
+
+/// `n` over `seconds`, or NaN (left out of the spread) when the CPU clock did not tick.
+fn cpu_rate(n: i32, seconds: f64) -> f64 {
+    if seconds > 0.0 {
+        n as f64 / seconds
+    } else {
+        f64::NAN
+    }
 }
 
 /// Seconds one crushtool process takes, its output discarded.
@@ -314,8 +343,14 @@ fn measure_map(
         agree(s)?;
         Ok(r)
     };
+    let simd_cpu = std::cell::RefCell::new(Vec::new());
+    let stats_cpu = std::cell::RefCell::new(Vec::new());
     let mut simd_1t = |_| -> anyhow::Result<f64> {
+        let c0 = cpu_seconds().0;
         let (r, s) = one_thread(&simd, n, replicas, &weights)?;
+        simd_cpu
+            .borrow_mut()
+            .push(cpu_rate(n, cpu_seconds().0 - c0));
         agree(s)?;
         Ok(r)
     };
@@ -337,14 +372,20 @@ fn measure_map(
     // crushtool as a whole process, less the same process for one input (its start-up and
     // map load) timed next to it; at least a millisecond of mapping is assumed, so a start-up
     // slower than usual in one round cannot give an absurd rate.
-    let ct = |show: &[String]| -> anyhow::Result<f64> {
+    let ct = |show: &[String], cpu: Option<&std::cell::RefCell<Vec<f64>>>| -> anyhow::Result<f64> {
+        let c0 = cpu_seconds().1;
         let base = time_process(tool, &startup_args)?;
+        let c1 = cpu_seconds().1;
         let whole = time_process(tool, show)?;
+        let c2 = cpu_seconds().1;
         startup.borrow_mut().push(base);
+        if let Some(cpu) = cpu {
+            cpu.borrow_mut().push(cpu_rate(n, (c2 - c1) - (c1 - c0)));
+        }
         Ok(n as f64 / (whole - base).max(1e-3))
     };
-    let mut ct_mappings = |_| ct(&mappings_args);
-    let mut ct_stats = |_| ct(&stats_args);
+    let mut ct_mappings = |_| ct(&mappings_args, None);
+    let mut ct_stats = |_| ct(&stats_args, Some(&stats_cpu));
     let taken = interleave(
         rounds,
         &mut [
@@ -358,6 +399,7 @@ fn measure_map(
         ],
     )?;
     let startup_spread = Spread::of(&startup.take());
+    let (simd_cpu, stats_cpu) = (simd_cpu.take(), stats_cpu.take());
     let sides: Vec<SidePoint> = SIDES
         .iter()
         .zip(&taken)
@@ -378,6 +420,7 @@ fn measure_map(
         scalar_1t_vs_statistics: compare(&taken[0], &taken[6], quotient, None),
         simd_all_vs_statistics: compare(&taken[3], &taken[6], quotient, None),
         lines_vs_show_mappings: compare(&taken[4], &taken[5], quotient, None),
+        simd_1t_vs_statistics_cpu: compare(&simd_cpu, &stats_cpu, quotient, None),
     })
 }
 
@@ -420,7 +463,7 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
         if avx2 { "yes" } else { "no" }
     );
     println!(
-        "{:<8} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>15} {:>15}",
+        "{:<8} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>15} {:>15} {:>15}",
         "alg",
         "osds",
         "scalar 1T",
@@ -431,7 +474,8 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
         "ct mappings",
         "ct stats",
         "simd1T/ct stats",
-        "lines/ct mapp."
+        "lines/ct mapp.",
+        "simd1T/stats cpu"
     );
     let mut maps = Vec::new();
     for &o in &osds {
@@ -439,7 +483,7 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
             let p = measure_map(args, dir.path(), alg, o, n, rounds, threads)?;
             let m = |i: usize| p.sides[i].mappings_per_s.scaled(1e-6).show(2);
             println!(
-                "{:<8} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>15} {:>15}",
+                "{:<8} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>15} {:>15} {:>15}",
                 alg,
                 o,
                 m(0),
@@ -450,7 +494,8 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
                 m(5),
                 m(6),
                 p.simd_1t_vs_statistics.ratio.show(2),
-                p.lines_vs_show_mappings.ratio.show(2)
+                p.lines_vs_show_mappings.ratio.show(2),
+                p.simd_1t_vs_statistics_cpu.ratio.show(2)
             );
             if let Some(v) = p.simd_1t_vs_statistics.verdict {
                 println!(
