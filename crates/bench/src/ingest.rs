@@ -66,7 +66,7 @@ lo = [c["mb_per_s"]["median"] - c["mb_per_s"]["min"] for c in cases]
 hi = [c["mb_per_s"]["max"] - c["mb_per_s"]["median"] for c in cases]
 ax.barh(names, vals, xerr=[lo, hi], color="#4a7")
 ax.set_xlabel("MB/s (median, min-max over rounds)")
-ax.set_title("kura bench ingest: loopback TCP into one image")
+ax.set_title("kura bench ingest: records over TCP into one image (loopback; veth between netns)")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=120)
 "##;
