@@ -10,9 +10,10 @@
 //!   (target ≥ 2x), and a cold 1 MiB sequential read of the whole image (target ≤ 5 % lower);
 //!   the cache's hits and misses, and how many 4 KiB sequential writes at QD 32 the coalescing
 //!   scheduler merged on its own.
-//! - **NBD**: `nbdcopy` reading the whole image from kura's export of `rbd:` and from
-//!   `qemu-nbd -f raw rbd:POOL/IMAGE:conf=…` (Debian's qemu-block-extra), with the same
-//!   connection count. Target ≥ 1.0x.
+//! - **NBD**: kura's export of `rbd:` against `qemu-nbd -f raw rbd:POOL/IMAGE:conf=…` (Debian's
+//!   qemu-block-extra) on the same image: `nbdcopy` reading the whole image (same connection
+//!   count), and `fio --ioengine=nbd` 4 KiB random read at QD 1 and 32 and random write at
+//!   QD 32. Target ≥ 1.0x.
 //!
 //! Every pair alternates in rounds (`--rounds`, 3 by default) and reports median [min–max]
 //! ([`crate::stats`]); every peer's command line is in the JSON.
@@ -184,6 +185,79 @@ fn nbdcopy_read(url: &str, bytes: u64) -> anyhow::Result<f64> {
         bail!("nbdcopy {url}: {}", String::from_utf8_lossy(&out.stderr));
     }
     Ok(bytes as f64 / 1048576.0 / t0.elapsed().as_secs_f64())
+}
+
+/// IOPS of `fio --ioengine=nbd` on `url` for `seconds`.
+fn fio_nbd(url: &str, rw: &str, depth: usize, seconds: u32) -> anyhow::Result<f64> {
+    let out = Command::new("fio")
+        .args([
+            "--name=nbd",
+            "--ioengine=nbd",
+            &format!("--uri={url}"),
+            &format!("--rw={rw}"),
+            "--bs=4k",
+            &format!("--iodepth={depth}"),
+            "--time_based",
+            &format!("--runtime={seconds}"),
+            "--output-format=json",
+        ])
+        .output()
+        .context("running fio")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("fio on {url}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    // fio's nbd engine prints a line before the JSON.
+    let json: serde_json::Value = serde_json::from_str(&text[text.find('{').unwrap_or(0)..])
+        .with_context(|| format!("fio's JSON: {text}"))?;
+    let side = if rw.contains("write") {
+        "write"
+    } else {
+        "read"
+    };
+    json["jobs"][0][side]["iops"]
+        .as_f64()
+        .with_context(|| format!("no {side} IOPS in fio's JSON"))
+}
+
+/// One NBD point: `(test, unit, [kura samples, qemu samples], client)`.
+type NbdSamples = (&'static str, &'static str, Vec<Vec<f64>>, &'static str);
+
+/// The NBD points, each interleaved between kura's export and qemu-nbd's.
+fn nbd_points(
+    rounds: usize,
+    kura: &str,
+    qemu: &str,
+    size: u64,
+    seconds: u32,
+) -> anyhow::Result<Vec<NbdSamples>> {
+    let mut out = vec![(
+        "read of the whole image",
+        "MiB/s",
+        interleave(
+            rounds,
+            &mut [&mut |_| nbdcopy_read(kura, size), &mut |_| {
+                nbdcopy_read(qemu, size)
+            }],
+        )?,
+        "nbdcopy --connections=4",
+    )];
+    if installed("fio") {
+        for (test, rw, depth) in [
+            ("4K randread QD1", "randread", 1),
+            ("4K randread QD32", "randread", 32),
+            ("4K randwrite QD32", "randwrite", 32),
+        ] {
+            let samples = interleave(
+                rounds,
+                &mut [&mut |_| fio_nbd(kura, rw, depth, seconds), &mut |_| {
+                    fio_nbd(qemu, rw, depth, seconds)
+                }],
+            )?;
+            out.push((test, "IOPS", samples, "fio --ioengine=nbd"));
+        }
+    }
+    Ok(out)
 }
 
 fn free_port() -> anyhow::Result<u16> {
@@ -524,7 +598,6 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
         let qemu_args = vec![
             "-f".to_string(),
             "raw".into(),
-            "-r".into(),
             "-t".into(),
             "-e".into(),
             "4".into(),
@@ -552,31 +625,33 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        let result = interleave(
+        let result = nbd_points(
             rounds,
-            &mut [&mut |_| nbdcopy_read(&kura_url, size), &mut |_| {
-                nbdcopy_read(&qemu_url, size)
-            }],
+            &kura_url,
+            &qemu_url,
+            size,
+            if args.run.quick { 1 } else { 3 },
         );
         let _ = qemu.kill();
         let _ = qemu.wait();
         server.stop();
-        let samples = result?;
-        let c = compare(&samples[0], &samples[1], quotient, Some(Goal::AtLeast(1.0)));
-        eprintln!(
-            "NBD nbdcopy read: kura serve {} vs qemu-nbd {} MiB/s",
-            c.kura.show(0),
-            c.peer.show(0)
-        );
-        report.nbd.push(point(
-            "nbdcopy --connections=4 read of the image",
-            "MiB/s",
-            &rbd,
-            "qemu-nbd",
-            qemu_cmd,
-            c,
-            Some("kura ≥ 1.0x"),
-        ));
+        for (test, unit, samples, client) in result? {
+            let c = compare(&samples[0], &samples[1], quotient, Some(Goal::AtLeast(1.0)));
+            eprintln!(
+                "NBD {test}: kura serve {} vs qemu-nbd {} {unit}",
+                c.kura.show(0),
+                c.peer.show(0)
+            );
+            report.nbd.push(point(
+                &format!("{test} ({client})"),
+                unit,
+                &rbd,
+                "qemu-nbd",
+                qemu_cmd.clone(),
+                c,
+                Some("kura ≥ 1.0x"),
+            ));
+        }
     } else {
         report
             .notes
