@@ -13,6 +13,7 @@
 //! | `atomic(CHILD)?log=4M` | [`atomic`] | all-or-nothing multi-block writes through a redo log at the child's end (capacity shrinks by `log`) |
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
 //! | `placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M&read=primary\|balanced` | [`placed`] | chunks placed on the legs (leg i = OSD id i) by a CRUSH map and rule, `replicas` copies each; survives `replicas`-1 failed legs |
+//! | `throttle(CHILD)?mbps=N&lat_us=N&slow_us=N&slow_pct=P&seed=S` | [`throttle`] | the child slowed on purpose: a modeled link of `mbps` MB/s and per-command latencies, some slow (tests and benches) |
 //! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
 //!
 //! Children are any spec, of this crate or of the engine, so
@@ -39,6 +40,7 @@ pub mod priority;
 pub mod snapshot;
 pub mod spill;
 pub mod stripe;
+pub mod throttle;
 
 pub use atomic::{AtomicDrive, AtomicError, AtomicStats};
 pub use cache::{Cache, CacheMode, CacheStats};
@@ -52,6 +54,7 @@ pub use priority::{ClassHandle, ClassStats, Priority, PriorityOptions};
 pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
 pub use stripe::Stripe;
+pub use throttle::{Throttle, ThrottleOptions, ThrottleStats};
 
 use kura_engine::open::ChildOpener;
 use kura_engine::registry::ReadOnly;
@@ -159,6 +162,15 @@ pub fn register(registry: &mut Registry) {
                    manage with `kura drive`)",
             read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(snapshot::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "throttle",
+            group: DRIVES,
+            usage: "throttle(CHILD)?mbps=N&lat_us=N&slow_us=N&slow_pct=P",
+            help: "the child slowed on purpose: a link of mbps MB/s, every command\n\
+                   lat_us late, slow_pct % of them slow_us late (seed=S)",
+            read_only: ReadOnly::ThroughChildren,
+            open: |spec, r| boxed(throttle::open(spec, &children_of(r))),
         },
     ] {
         registry.add(kind);
