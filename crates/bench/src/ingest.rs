@@ -108,6 +108,10 @@ pub struct IngestReport {
     pub cpu_naive_over_ingest: f64,
     pub out_over_in_random: f64,
     pub buffers_mib: usize,
+    /// The throttled case: the device's rate (a tenth of the round's 9 MB ingest) and the most
+    /// buffers the server had in use (its own count, from its closing line).
+    pub throttled_device_mbps: Spread,
+    pub throttled_peak_buffers: Option<usize>,
     pub notes: Vec<String>,
 }
 
@@ -133,6 +137,8 @@ impl Sizes {
 struct ServerChild {
     child: Child,
     addr: String,
+    /// The server's stderr after its banner (its closing line names the peak buffers in use).
+    rest: Option<std::thread::JoinHandle<Vec<String>>>,
 }
 
 impl ServerChild {
@@ -167,13 +173,19 @@ impl ServerChild {
             .nth(1)
             .map(str::to_string)
             .with_context(|| format!("no address in the server's banner {line:?}"))?;
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            while err.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {
-                rest.clear();
+        let rest = std::thread::spawn(move || {
+            let mut lines = Vec::new();
+            let mut line = String::new();
+            while err.read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+                lines.push(std::mem::take(&mut line));
             }
+            lines
         });
-        Ok(ServerChild { child, addr })
+        Ok(ServerChild {
+            child,
+            addr,
+            rest: Some(rest),
+        })
     }
 
     /// CPU seconds (user + system) and peak RSS in MiB so far, from /proc.
@@ -197,7 +209,9 @@ impl ServerChild {
         Ok((ticks / hz, hwm_kib / 1024.0))
     }
 
-    fn stop(mut self) -> anyhow::Result<()> {
+    /// Stops the server with SIGTERM; returns the peak buffers in use its closing line reports
+    /// (`peak N of M buffers`; `None` for a server that prints none, the naive one).
+    fn stop(mut self) -> anyhow::Result<Option<usize>> {
         Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status()?;
@@ -209,7 +223,16 @@ impl ServerChild {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        Ok(())
+        let lines = self
+            .rest
+            .take()
+            .map(|t| t.join().unwrap_or_default())
+            .unwrap_or_default();
+        Ok(lines.iter().find_map(|l| {
+            let after = l.split_once("peak ")?.1;
+            let (n, tail) = after.split_once(' ')?;
+            tail.starts_with("of ").then(|| n.parse().ok())?
+        }))
     }
 }
 
@@ -385,6 +408,7 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
     let mut rss: Vec<Vec<f64>> = vec![Vec::new(); plans.len()];
     let mut commands: Vec<String> = vec![String::new(); plans.len() + 1];
     let mut notes = Vec::new();
+    let mut throttled = Throttled::default();
     for round in 0..rounds {
         for (i, p) in plans.iter().enumerate() {
             // 4 KiB records move less per second; a tenth of the bytes keeps the case short.
@@ -444,6 +468,21 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
             commands[plans.len()] = cmd;
             eprintln!("round {}: fio sequential write: {mbs:.0} MB/s", round + 1);
         }
+        // A sender 10x faster than the device: the device throttled to a tenth of what this
+        // round's 9 MB case moved.
+        let sender_mbs = bw[0].last().copied().unwrap_or(1000.0);
+        throttled.run(
+            &image, &key_path, &key, &format, sender_mbs, total, conns, buffers,
+        )?;
+        eprintln!(
+            "round {}: throttled device ({:.0} MB/s): {:.0} MB/s, peak RSS {:.0} MiB, peak {:?} \
+             buffers of {buffers}",
+            round + 1,
+            throttled.device_mbps.last().copied().unwrap_or(0.0),
+            throttled.bw.last().copied().unwrap_or(0.0),
+            throttled.rss.last().copied().unwrap_or(0.0),
+            throttled.peak_buffers.last().copied().flatten(),
+        );
     }
     if !fio_present {
         notes.push("fio is not installed: no device baseline".into());
@@ -479,6 +518,15 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
             command: commands[plans.len()].clone(),
         });
     }
+    cases.push(Case {
+        name: "kura ingest, 9 MB, device throttled to 1/10 of the sender".into(),
+        server: "kura".into(),
+        records: Sizes::Fixed(9_000_000).describe(),
+        mb_per_s: Spread::of(&throttled.bw),
+        cpu_s_per_gb: Some(Spread::of(&throttled.cpu)),
+        peak_rss_mib: Some(Spread::of(&throttled.rss)),
+        command: throttled.command.clone(),
+    });
     if args.netns {
         match two_hosts(&image, &key_path, &format, total, conns, rounds, buffers) {
             Ok(case) => cases.push(case),
@@ -497,11 +545,77 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
         cpu_naive_over_ingest: cpu_med(1) / cpu_med(0).max(1e-9),
         out_over_in_random: med(3) / med(2),
         buffers_mib: buffers,
+        throttled_device_mbps: Spread::of(&throttled.device_mbps),
+        throttled_peak_buffers: throttled.peak_buffers.iter().flatten().copied().max(),
         notes,
         cases,
     };
     print_report(&report);
     args.run.output.emit("ingest", PLOT_SCRIPT, &report)
+}
+
+/// The case of a sender 10x faster than the device: `throttle(uring:IMAGE)?mbps=R` with R a
+/// tenth of the sender's rate, figures of every round.
+#[derive(Default)]
+struct Throttled {
+    device_mbps: Vec<f64>,
+    bw: Vec<f64>,
+    cpu: Vec<f64>,
+    rss: Vec<f64>,
+    peak_buffers: Vec<Option<usize>>,
+    command: String,
+}
+
+impl Throttled {
+    #[allow(clippy::too_many_arguments)]
+    fn run(
+        &mut self,
+        image: &Path,
+        key_path: &Path,
+        key: &[u8],
+        format: &dyn Fn() -> anyhow::Result<()>,
+        sender_mbs: f64,
+        total: u64,
+        conns: usize,
+        buffers: usize,
+    ) -> anyhow::Result<()> {
+        let mbps = (sender_mbs / 10.0).max(1.0);
+        // A tenth of the bytes at a tenth of the rate: as long as the unthrottled case.
+        let bytes = (total / 10).max(64 << 20);
+        format()?;
+        let args: Vec<String> = vec![
+            "ingest".into(),
+            "serve".into(),
+            format!("throttle(uring:{})?mbps={mbps:.0}", image.display()),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--key".into(),
+            key_path.display().to_string(),
+            "--qd".into(),
+            "64".into(),
+            "--order".into(),
+            "in".into(),
+            "--buffers".into(),
+            buffers.to_string(),
+        ];
+        self.command = format!("kura {}", args.join(" "));
+        let server = ServerChild::start(&args)?;
+        let secs = send(
+            &server.addr,
+            Some(key),
+            Sizes::Fixed(9_000_000),
+            bytes,
+            conns,
+        )?;
+        let (cpu_s, rss_mib) = server.usage()?;
+        let peak = server.stop()?;
+        self.device_mbps.push(mbps);
+        self.bw.push(bytes as f64 / 1e6 / secs);
+        self.cpu.push(cpu_s / (bytes as f64 / 1e9));
+        self.rss.push(rss_mib);
+        self.peak_buffers.push(peak);
+        Ok(())
+    }
 }
 
 /// Two "hosts": network namespaces joined by a veth pair, removed again on drop.
@@ -730,12 +844,12 @@ fn print_report(r: &IngestReport) {
         r.conns
     );
     println!(
-        "{:<36} {:>24} {:>20} {:>18}",
+        "{:<58} {:>24} {:>20} {:>18}",
         "case", "MB/s", "CPU s/GB", "peak RSS MiB"
     );
     for c in &r.cases {
         println!(
-            "{:<36} {:>24} {:>20} {:>18}",
+            "{:<58} {:>24} {:>20} {:>18}",
             c.name,
             c.mb_per_s.show(0),
             c.cpu_s_per_gb.as_ref().map_or("-".into(), |s| s.show(2)),
@@ -757,6 +871,14 @@ fn print_report(r: &IngestReport) {
         r.out_over_in_random
     );
     println!("configured receive buffers: {} MiB", r.buffers_mib);
+    println!(
+        "device throttled to {} MB/s (a tenth of the sender): peak {} of {} buffers in use (the \
+         server's count)",
+        r.throttled_device_mbps.show(0),
+        r.throttled_peak_buffers
+            .map_or("unknown".into(), |n| n.to_string()),
+        r.buffers_mib
+    );
     for s in &r.stages {
         println!(
             "stage {:<9} {:>8.2} ms per {:.1} MB record ({:.0} MB/s)",

@@ -1299,6 +1299,134 @@ fn release(credits: &Credits, r: &RecordJob) {
     credits.release(n);
 }
 
+/// What [`write_local`] measured.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LocalRun {
+    pub records: u64,
+    pub bytes: u64,
+    /// From the first record handed to the device thread to its return, every record
+    /// committed (flush, index, flush).
+    pub seconds: f64,
+}
+
+/// Writes records of `sizes` bytes into `store` through the server's device thread — the same
+/// issue window, retirement order and group commits as [`Server::run`] — with no network: the
+/// records are filled in pool buffers here and handed over as a reader would after `END`
+/// (credits taken first, `crc32c` stage, batch acknowledgements, whose frames go to a socket
+/// pair that is drained and thrown away). For measuring retirement orders at the device.
+pub fn write_local(
+    store: Store,
+    cfg: &ServerConfig,
+    pool: &BufferPool,
+    sizes: &[usize],
+    seed: u64,
+) -> Result<(Store, LocalRun), ServerError> {
+    use std::os::unix::net::UnixStream;
+    if sizes
+        .iter()
+        .any(|&n| n == 0 || n as u64 > cfg.limits.max_record)
+    {
+        return Err(ServerError::Config(format!(
+            "record sizes must be from 1 byte to max_record ({})",
+            cfg.limits.max_record
+        )));
+    }
+    if sizes.iter().any(|&n| n.div_ceil(CHUNK) > cfg.buffers) {
+        return Err(ServerError::Config(
+            "a record needs more buffers than configured".into(),
+        ));
+    }
+    let (ours, theirs) = UnixStream::pair()?;
+    let drain = std::thread::spawn(move || {
+        let mut theirs = theirs;
+        let _ = io::copy(&mut theirs, &mut io::sink());
+    });
+    let conn = Arc::new(Conn {
+        id: 1,
+        out: Mutex::new(Stream::Unix(ours)),
+        credits: Credits::new(cfg.buffers),
+        stored: AtomicU64::new(0),
+        dead: AtomicBool::new(false),
+        failed: AtomicBool::new(false),
+    });
+    let credits = Arc::new(Credits::new(cfg.buffers));
+    let (tx, rx) = mpsc::sync_channel::<Job>(JOB_QUEUE);
+    let started = std::time::Instant::now();
+    let device = {
+        let (cfg, credits) = (cfg.clone(), Arc::clone(&credits));
+        let stats = Arc::new(Stats::default());
+        std::thread::Builder::new()
+            .name("ingest-device".into())
+            .spawn(move || DeviceLoop::new(store, cfg, stats, credits).run(rx))?
+    };
+    let mut state = seed | 1;
+    let mut bytes = 0u64;
+    for (seq, &size) in sizes.iter().enumerate() {
+        let n = size.div_ceil(CHUNK);
+        conn.credits.acquire(n);
+        credits.acquire(n);
+        let mut crc = Crc32c::new();
+        let mut chunks = Vec::with_capacity(n);
+        for c in 0..n {
+            let want = (size - c * CHUNK).min(CHUNK);
+            let len = want.div_ceil(crate::layout::UNIT as usize) * crate::layout::UNIT as usize;
+            let mut buf = pool
+                .alloc_wait(CHUNK, Duration::from_secs(30))
+                .map_err(|e| ServerError::Config(e.to_string()))?;
+            buf.set_len(len);
+            for word in buf[..want].chunks_mut(8) {
+                // xorshift64: cheap bytes that are not all alike.
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                word.copy_from_slice(&state.to_le_bytes()[..word.len()]);
+            }
+            buf[want..].fill(0);
+            crc.update(&buf[..want]);
+            chunks.push(buf);
+        }
+        let job = RecordJob {
+            conn: Arc::clone(&conn),
+            seq: seq as u64,
+            len: size as u64,
+            stored_len: size as u64,
+            crc: crc.finalize(),
+            ack: false,
+            stage: Stage::Crc32c,
+            label: NO_LABEL,
+            chunks,
+        };
+        bytes += size as u64;
+        if tx.send(Job::Record(job)).is_err() {
+            break;
+        }
+    }
+    let _ = tx.send(Job::Sync {
+        conn: Arc::clone(&conn),
+        upto: sizes.len().saturating_sub(1) as u64,
+    });
+    let _ = tx.send(Job::Bye {
+        conn: Arc::clone(&conn),
+    });
+    let _ = tx.send(Job::Stop);
+    drop(tx);
+    let store = device
+        .join()
+        .map_err(|_| ServerError::Config("the device thread panicked".into()))?;
+    let seconds = started.elapsed().as_secs_f64();
+    conn.close();
+    drop(conn);
+    let _ = drain.join();
+    Ok((
+        store,
+        LocalRun {
+            records: sizes.len() as u64,
+            bytes,
+            seconds,
+        },
+    ))
+}
+
 /// `ERROR` frames' text for a code.
 pub fn describe_code(code: u16) -> &'static str {
     match ErrorCode::from_u16(code) {

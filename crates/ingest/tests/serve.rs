@@ -448,6 +448,95 @@ fn a_sender_faster_than_the_device_is_held_to_the_configured_buffers() {
 }
 
 #[test]
+fn a_sender_ten_times_faster_than_a_throttled_device_never_holds_more_than_the_buffers() {
+    // A real device made slow: `throttle(...)` hands completions back no faster than a 40 MB/s
+    // link, while the sender pushes 48 MiB over loopback as fast as the server reads it. The
+    // bound is checked on the server's own credit counter (peak buffers in use), not on time.
+    let (_, storage) = formatted(96 << 20);
+    let dev = kura_vdrive::Throttle::new(
+        Box::new(MemDevice::with_storage(
+            storage.clone(),
+            QueueOptions::default(),
+        )),
+        kura_vdrive::ThrottleOptions {
+            mbps: Some(40.0),
+            ..kura_vdrive::ThrottleOptions::default()
+        },
+    )
+    .expect("throttle");
+    let cfg = ServerConfig {
+        buffers: 8,
+        per_stream: 4,
+        ..config(Order::Out)
+    };
+    let running = start(Box::new(dev), cfg, &tcp());
+    let senders: Vec<_> = (0..3u64)
+        .map(|s| {
+            let addr = running.addr.clone();
+            std::thread::spawn(move || send_all(&addr, 60 + s, &[1 << 20; 16]))
+        })
+        .collect();
+    let results: Vec<_> = senders
+        .into_iter()
+        .map(|t| t.join().expect("sender"))
+        .collect();
+    let credits = Arc::clone(&running.handle.credits);
+    let mut store = running.stop();
+    assert_eq!(store.entries().len(), 48);
+    for (sent, acks) in &results {
+        check_stored(&mut store, sent, acks);
+    }
+    assert_eq!(credits.in_use(), 0, "every buffer given back");
+    assert!(
+        (1..=8).contains(&credits.peak()),
+        "peak {} buffers of 8 configured",
+        credits.peak()
+    );
+}
+
+#[test]
+fn records_written_without_the_network_are_stored_whole_in_both_orders() {
+    // `write_local` drives the server's device thread directly; on a device whose commands
+    // take unequal times (a tenth of them 50x slower) both retirement orders store every record
+    // whole: its CRC is checked on read.
+    for order in [Order::In, Order::Out] {
+        let (_, storage) = formatted(64 << 20);
+        let dev = kura_vdrive::Throttle::new(
+            Box::new(MemDevice::with_storage(
+                storage.clone(),
+                QueueOptions::default(),
+            )),
+            kura_vdrive::ThrottleOptions {
+                lat: std::time::Duration::from_micros(20),
+                slow: std::time::Duration::from_micros(1000),
+                slow_pct: 10.0,
+                ..kura_vdrive::ThrottleOptions::default()
+            },
+        )
+        .expect("throttle");
+        let mut rng = SmallRng::seed_from_u64(9);
+        let sizes: Vec<usize> = (0..40).map(|_| rng.gen_range(1..=(2 << 20))).collect();
+        let cfg = config(order);
+        let pool = BufferPool::new(cfg.buffers << 20).expect("pool");
+        let store = Store::open(Box::new(dev)).expect("open");
+        let (store, run) =
+            kura_ingest::server::write_local(store, &cfg, &pool, &sizes, 3).expect("write");
+        assert_eq!(run.records, 40);
+        assert_eq!(run.bytes, sizes.iter().sum::<usize>() as u64);
+        drop(store);
+        let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+        let mut store = Store::open_read_only(Box::new(dev)).expect("reopen");
+        let mut seqs: Vec<u64> = store.entries().iter().map(|e| e.seq).collect();
+        seqs.sort_unstable();
+        assert_eq!(seqs, (0..40).collect::<Vec<u64>>(), "{order:?}");
+        for e in store.entries().to_vec() {
+            let bytes = store.read(e.id).expect("a whole record");
+            assert_eq!(bytes.len(), sizes[e.seq as usize]);
+        }
+    }
+}
+
+#[test]
 fn an_accelfs_target_keeps_records_as_files_and_the_index_in_leveldb() {
     use kura_ingest::fstarget::FsStore;
     let storage = kura_accelfs::testing::formatted_storage(64 << 20);
