@@ -47,7 +47,7 @@ fn a_crash_anywhere_in_an_accelfs_target_keeps_every_acknowledged_record_whole()
         let n = rng.gen_range(1..=3);
         let first = sent.len() as u64;
         for i in 0..n {
-            let len = rng.gen_range(1..(1_500_000usize));
+            let len = rng.gen_range(1..1_500_000usize);
             sent.push(data(first + i, len));
         }
         let bufs: Vec<Vec<IoBuf>> = sent[first as usize..].iter().map(|b| chunks(b)).collect();
