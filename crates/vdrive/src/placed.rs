@@ -1,17 +1,27 @@
-//! `placed(LEG0,LEG1,...)?map=PATH&rule=0&replicas=2&chunk=4M&size=SIZE&read=primary|balanced` — fixed-size chunks
+//! `placed(LEG0,LEG1,...)?map=PATH&rule=0&replicas=2&chunk=4M&size=SIZE&read=primary|balanced&layout=1|dense` — fixed-size chunks
 //! placed on legs by a CRUSH map and rule, each kept as `replicas` copies on distinct legs.
 //!
-//! It owns the placement table and the legs' health.
+//! It owns the placement table, the legs' health and (in [`layout`] and [`mod@rebalance`]) the
+//! on-leg format and its rebalance.
 //!
 //! **Placement.** Leg `i` is OSD id `i` of the map. Chunk `c` (the drive's bytes
 //! `c*chunk..(c+1)*chunk`) is mapped with CRUSH input `x = c`, the given rule and `replicas`
 //! results, every device weighted 1.0 and the map's test `choose_args` (exactly what
-//! `crushtool --test --rule R --num-rep N --x c --show-mappings` prints for it). Its copy on leg
-//! `l` sits in *slot* `s` of that leg, at byte `s*chunk`, where `s` is the number of chunks
-//! before `c` that CRUSH also placed on `l` (legs are filled densely, in chunk order). Without
-//! `map=` the map is [`flat_map`]: one straw2 bucket holding every leg with equal weight and
-//! rule 0 choosing distinct legs. The layout lives in the spec alone (nothing is written on the
-//! legs): reopening with another map, rule, replica count, chunk or leg order reads other data.
+//! `crushtool --test --rule R --num-rep N --x c --show-mappings` prints for it). Without `map=`
+//! the map is [`flat_map`]: one straw2 bucket holding every leg with equal weight and rule 0
+//! choosing distinct legs.
+//!
+//! **Format 1 (the default, `docs/placed-format.md`).** Every leg carries a header and a slot
+//! table (chunk and rank per slot, A/B copies with CRC-32C; [`layout`]) before its chunk-aligned
+//! data area. Opening a drive whose legs are all blank (zero in both header copies) formats
+//! it: CRUSH's legs for each chunk, slots packed densely, written to every leg's table. Later
+//! opens read the tables, so where a chunk lives is what the legs say, not what the map would
+//! compute; the spec's map must be the one the legs record (by CRC), its chunk, replicas and
+//! rule those of the header. [`rebalance()`](fn@rebalance) (`kura drive rebalance`) moves the chunks a new map
+//! places elsewhere. A leg with data but no header (a drive from before format 1) is refused;
+//! `layout=dense` opens such a drive the old way: no metadata, chunk `c`'s copy on leg `l` in
+//! slot `s` = the number of chunks before `c` that CRUSH also placed on `l`, a pure function of
+//! the spec.
 //!
 //! **Capacity.** `size=` (a multiple of `chunk`) when given, and it is an error if some leg has no
 //! room for the chunks CRUSH puts on it. Otherwise the nominal `smallest leg × legs / replicas`
@@ -46,7 +56,13 @@ use kura_engine::open::ChildOpener;
 use kura_engine::{
     BlockDevice, Completion, DeviceError, DeviceResult, Geometry, Opcode, OpenError, Spec,
 };
+use layout::Geometry as LegGeometry;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+pub mod layout;
+pub mod rebalance;
+
+pub use rebalance::{rebalance, RebalanceReport};
 
 /// Chunk size when the spec names none.
 pub const DEFAULT_CHUNK: u64 = 4 << 20;
@@ -73,6 +89,8 @@ pub struct PlacedOptions {
     pub size: Option<u64>,
     /// Reads go to the in-service replica with the least load instead of the first one.
     pub balanced_reads: bool,
+    /// The layout before format 1: no metadata, slots a function of the spec (`layout=dense`).
+    pub dense: bool,
 }
 
 impl Default for PlacedOptions {
@@ -83,6 +101,7 @@ impl Default for PlacedOptions {
             chunk: DEFAULT_CHUNK,
             size: None,
             balanced_reads: false,
+            dense: false,
         }
     }
 }
@@ -126,8 +145,12 @@ struct Group {
 pub struct Placed {
     fan: Fanout<Piece>,
     geo: Geometry,
-    /// `replicas` entries per chunk, in CRUSH order.
+    /// Every chunk's copies, by rank (CRUSH order) then leg; chunk `c`'s are
+    /// `table[starts[c]..starts[c + 1]]`.
     table: Vec<Replica>,
+    starts: Vec<u32>,
+    /// Each leg's data area, in blocks from its start (0 with `layout=dense`).
+    base: Vec<u64>,
     replicas: usize,
     chunk_blocks: u64,
     rule: u32,
@@ -206,8 +229,420 @@ fn reachable_devices(map: &CrushMap, rule: &Rule) -> BTreeSet<i32> {
     devices
 }
 
-fn invalid(m: String) -> OpenError {
+pub(crate) fn invalid(m: String) -> OpenError {
     OpenError::Invalid(format!("placed: {m}"))
+}
+
+/// Checks that `rule` exists and that every OSD id it can emit has one of the `n` legs.
+fn check_rule(map: &CrushMap, rule_id: u32, n: usize) -> Result<(), OpenError> {
+    let Some(rule) = map.rule(rule_id) else {
+        let have: Vec<String> = (0..map.rules.len() as u32)
+            .filter(|&i| map.rule(i).is_some())
+            .map(|i| format!("{i} ({})", map.rule_name(i)))
+            .collect();
+        return Err(invalid(format!(
+            "the CRUSH map has no rule {rule_id} (it has: {})",
+            if have.is_empty() {
+                "none".to_string()
+            } else {
+                have.join(", ")
+            }
+        )));
+    };
+    let missing: Vec<String> = reachable_devices(map, rule)
+        .into_iter()
+        .filter(|&d| d as usize >= n)
+        .map(|d| match map.item_names.get(&d) {
+            Some(name) => format!("{d} ({name})"),
+            None => d.to_string(),
+        })
+        .collect();
+    if !missing.is_empty() {
+        return Err(invalid(format!(
+            "rule {rule_id} can place chunks on OSD id {}, but only {n} legs are given (leg i is OSD id i)",
+            missing.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// CRUSH's legs for chunks `0..chunks` (`replicas` per chunk, in CRUSH order), every leg at
+/// weight 1.0; refuses a chunk that does not get `replicas` distinct legs.
+pub(crate) fn crush_sets(
+    map: &CrushMap,
+    rule: u32,
+    r: usize,
+    n: usize,
+    chunks: u64,
+) -> Result<Vec<u16>, OpenError> {
+    check_rule(map, rule, n)?;
+    if chunks == 0 {
+        return Ok(Vec::new());
+    }
+    if chunks.saturating_mul(r as u64) > MAX_TABLE_ENTRIES || chunks > i32::MAX as u64 {
+        return Err(invalid(format!(
+            "{chunks} chunks with {r} replicas is more than the {MAX_TABLE_ENTRIES} placements kept in memory; use a larger chunk"
+        )));
+    }
+    let mapper = Mapper::for_test(map);
+    let weights = vec![IN; n];
+    let mapped = kura_crush::map_range(&mapper, rule, 0..=(chunks - 1) as i32, r, &weights, 0)
+        .map_err(|e| invalid(format!("mapping with rule {rule}: {e}")))?;
+    let mut out = Vec::with_capacity(chunks as usize * r);
+    for c in 0..chunks as usize {
+        let got = &mapped.items[c * r..c * r + mapped.lens[c] as usize];
+        let distinct: BTreeSet<i32> = got.iter().copied().collect();
+        let bad = got
+            .iter()
+            .any(|&d| d == ITEM_NONE || d < 0 || d as usize >= n);
+        if got.len() != r || distinct.len() != r || bad {
+            return Err(invalid(format!(
+                "rule {rule} gives chunk {c} (x={c}) the OSDs {got:?}, not {r} distinct legs; the map has too few failure domains for replicas={r}"
+            )));
+        }
+        out.extend(got.iter().map(|&d| d as u16));
+    }
+    Ok(out)
+}
+
+/// Dense assignment: each chunk's copies in CRUSH order, slot = rank among the chunks CRUSH
+/// put on that leg. Returns the rows and the chunk count (`size=`, or the longest run of
+/// chunks that fits when no size is given).
+fn assign(
+    map: &CrushMap,
+    opts: &PlacedOptions,
+    slots: &[u64],
+    legs: &[Box<dyn BlockDevice>],
+) -> Result<(Vec<Vec<Replica>>, u64), OpenError> {
+    let (n, r) = (slots.len(), opts.replicas);
+    let smallest = slots.iter().copied().min().unwrap_or(0);
+    let chunks = match opts.size {
+        Some(size) => {
+            if size == 0 || !size.is_multiple_of(opts.chunk) {
+                return Err(invalid(format!(
+                    "size {size} is not a non-zero multiple of chunk {}",
+                    opts.chunk
+                )));
+            }
+            size / opts.chunk
+        }
+        None => smallest.saturating_mul(n as u64) / r as u64,
+    };
+    if chunks == 0 {
+        return Err(invalid(format!(
+            "the smallest leg holds {smallest} chunks of {}, less than one chunk",
+            opts.chunk
+        )));
+    }
+    let sets = crush_sets(map, opts.rule, r, n, chunks)?;
+    let mut rows = Vec::with_capacity(chunks as usize);
+    let mut used = vec![0u64; n];
+    for c in 0..chunks as usize {
+        let got = &sets[c * r..c * r + r];
+        if let Some(&d) = got.iter().find(|&&d| used[d as usize] >= slots[d as usize]) {
+            if opts.size.is_some() {
+                return Err(invalid(format!(
+                    "size {} does not fit: CRUSH puts more than {} chunks on leg {d} ({}), which holds {}; use a smaller size",
+                    opts.size.unwrap_or(0),
+                    used[d as usize],
+                    legs[d as usize].describe(),
+                    slots[d as usize]
+                )));
+            }
+            break;
+        }
+        rows.push(
+            got.iter()
+                .map(|&d| {
+                    used[d as usize] += 1;
+                    Replica {
+                        leg: d,
+                        slot: (used[d as usize] - 1) as u32,
+                    }
+                })
+                .collect(),
+        );
+    }
+    if rows.is_empty() {
+        return Err(invalid(format!(
+            "no chunk of {} fits: leg {} is full before chunk 0",
+            opts.chunk,
+            slots.iter().position(|&s| s == 0).unwrap_or(0)
+        )));
+    }
+    let chunks = rows.len() as u64;
+    Ok((rows, chunks))
+}
+
+/// Copies per chunk (by rank, then leg), each leg's data offset in blocks, and the chunk count.
+type Layout = (Vec<Vec<Replica>>, Vec<u64>, u64);
+
+/// A spec's legs, map, map source (empty for the flat map) and options.
+pub type Parsed = (Vec<Box<dyn BlockDevice>>, CrushMap, String, PlacedOptions);
+
+/// CRC-32C of the map's compiled encoding: what the legs record as the map they follow.
+pub(crate) fn map_crc(map: &CrushMap) -> u32 {
+    kura_engine::crc32c::crc32c(&kura_crush::encode(map))
+}
+
+/// Checks that every leg with a header belongs to the same drive, at its position, as `first`.
+pub(crate) fn check_agree(
+    metas: &[Option<rebalance::LegMeta>],
+    legs: &[Box<dyn BlockDevice>],
+    first: &layout::Header,
+) -> Result<(), OpenError> {
+    for (i, m) in metas.iter().enumerate() {
+        let Some(m) = m else { continue };
+        let h = &m.header;
+        let differs = [
+            ("drive id", h.drive_id != first.drive_id),
+            ("chunk bytes", h.chunk_bytes != first.chunk_bytes),
+            ("chunks", h.chunks != first.chunks),
+            ("replicas", h.replicas != first.replicas),
+            ("leg index", h.leg as usize != i),
+        ];
+        if let Some((what, _)) = differs.iter().find(|(_, d)| *d) {
+            return Err(invalid(format!(
+                "leg {i} ({}) does not belong here: its header's {what} differs (leg index {}, {} chunks of {}, drive id {}); legs must be listed in their order, all from one drive",
+                legs[i].describe(),
+                h.leg,
+                h.chunks,
+                h.chunk_bytes,
+                hex(&h.drive_id)
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// A random drive id (from the standard library's per-process random hash keys, without a
+/// dependency on a random-number crate).
+fn drive_id() -> [u8; 16] {
+    use std::hash::{BuildHasher, Hasher};
+    let mut id = [0u8; 16];
+    for half in id.chunks_mut(8) {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        half.copy_from_slice(&h.finish().to_le_bytes());
+    }
+    id
+}
+
+fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// The persistent layout (format 1): formats blank legs, or reads every leg's header and
+/// table. Returns the rows (copies per chunk, by rank then leg), each leg's data offset in
+/// blocks and the chunk count.
+fn persistent(
+    legs: &mut [Box<dyn BlockDevice>],
+    map: &CrushMap,
+    opts: &PlacedOptions,
+    bs: u64,
+) -> Result<Layout, OpenError> {
+    let n = legs.len();
+    let crc = map_crc(map);
+    let mut metas = Vec::with_capacity(n);
+    let mut blank = Vec::new();
+    for (i, leg) in legs.iter_mut().enumerate() {
+        match rebalance::read_meta(leg.as_mut()) {
+            Ok(m) => metas.push(Some(m)),
+            Err(rebalance::ReadMeta::Layout(layout::LayoutError::Blank)) => {
+                blank.push(i);
+                metas.push(None);
+            }
+            Err(rebalance::ReadMeta::Io(e)) => {
+                return Err(invalid(format!(
+                    "leg {i} ({}): reading its header: {e}",
+                    leg.describe()
+                )))
+            }
+            Err(rebalance::ReadMeta::Layout(e @ layout::LayoutError::Foreign)) => {
+                return Err(invalid(format!(
+                    "leg {i} ({}): {e}. Open a drive written before format 1 with `layout=dense`, and copy its data to a new placed drive",
+                    leg.describe()
+                )))
+            }
+            Err(rebalance::ReadMeta::Layout(e)) => {
+                return Err(invalid(format!("leg {i} ({}): {e}", leg.describe())))
+            }
+        }
+    }
+    if blank.len() == n {
+        return format(legs, map, opts, bs, crc);
+    }
+    if let Some(&i) = blank.first() {
+        return Err(invalid(format!(
+            "leg {i} ({}) is blank but the other legs carry a placed drive; a new leg joins with `kura drive rebalance`",
+            legs[i].describe()
+        )));
+    }
+    let metas: Vec<Option<rebalance::LegMeta>> = metas;
+    let first = metas
+        .iter()
+        .flatten()
+        .next()
+        .map(|m| m.header.clone())
+        .ok_or_else(|| invalid("no leg".into()))?;
+    check_agree(&metas, legs, &first)?;
+    let given = [
+        ("chunk", opts.chunk, first.chunk_bytes),
+        ("replicas", opts.replicas as u64, first.replicas.into()),
+        ("rule", opts.rule.into(), first.rule.into()),
+    ];
+    if let Some((what, spec, legs_say)) = given.iter().find(|(_, a, b)| a != b) {
+        return Err(invalid(format!(
+            "the legs were formatted with {what}={legs_say}, the spec says {what}={spec}"
+        )));
+    }
+    if let Some(size) = opts.size {
+        if size != first.chunks * first.chunk_bytes {
+            return Err(invalid(format!(
+                "size={size} differs from the drive's {} bytes recorded on the legs",
+                first.chunks * first.chunk_bytes
+            )));
+        }
+    }
+    let all: Vec<&rebalance::LegMeta> = metas.iter().flatten().collect();
+    if let Some(m) = all
+        .iter()
+        .find(|m| m.header.flags & layout::FLAG_REBALANCING != 0)
+    {
+        let whose = if m.header.target_crc == crc {
+            "to this spec's map"
+        } else {
+            "to another map"
+        };
+        return Err(invalid(format!(
+            "a rebalance {whose} was interrupted (leg {}); rerun `kura drive rebalance` with the new spec to finish it",
+            m.header.leg
+        )));
+    }
+    if let Some(m) = all.iter().find(|m| m.header.map_crc != crc) {
+        return Err(invalid(format!(
+            "the legs follow a CRUSH map with CRC {:#010x} (leg {}), this spec's map has CRC {crc:#010x}; open with the map the drive was formatted or rebalanced to, or move the data with `kura drive rebalance`",
+            m.header.map_crc, m.header.leg
+        )));
+    }
+    if all.iter().any(|m| m.header.legs as usize != n) {
+        return Err(invalid(format!(
+            "the legs record {} legs, the spec lists {n}",
+            all[0].header.legs
+        )));
+    }
+    let chunks = first.chunks;
+    let mut rows: Vec<Vec<(u16, Replica)>> = vec![Vec::new(); chunks as usize];
+    for (l, m) in all.iter().enumerate() {
+        for (s, e) in m.entries.iter().enumerate() {
+            if let Some(e) = e {
+                rows[e.chunk as usize].push((
+                    e.rank,
+                    Replica {
+                        leg: l as u16,
+                        slot: s as u32,
+                    },
+                ));
+            }
+        }
+    }
+    let mut out = Vec::with_capacity(rows.len());
+    for (c, mut row) in rows.into_iter().enumerate() {
+        if row.is_empty() {
+            return Err(invalid(format!(
+                "chunk {c} has no copy in any leg's slot table"
+            )));
+        }
+        if row.len() > layout::MAX_COPIES {
+            return Err(invalid(format!(
+                "chunk {c} has {} copies, more than {}",
+                row.len(),
+                layout::MAX_COPIES
+            )));
+        }
+        row.sort_by_key(|&(rank, p)| (rank, p.leg));
+        out.push(row.into_iter().map(|(_, p)| p).collect());
+    }
+    let base = all.iter().map(|m| m.geo.data / bs).collect();
+    Ok((out, base, chunks))
+}
+
+/// Formats blank legs: CRUSH places chunks densely on the slots each leg has after its
+/// metadata, and every leg gets a header and slot table saying so.
+fn format(
+    legs: &mut [Box<dyn BlockDevice>],
+    map: &CrushMap,
+    opts: &PlacedOptions,
+    bs: u64,
+    crc: u32,
+) -> Result<Layout, OpenError> {
+    let n = legs.len();
+    let mut geos = Vec::with_capacity(n);
+    for (i, leg) in legs.iter().enumerate() {
+        let g = leg.geometry();
+        geos.push(
+            LegGeometry::of(g.capacity_bytes(), bs, opts.chunk).ok_or_else(|| {
+                invalid(format!(
+                    "leg {i} ({}) of {} bytes holds less than one chunk of {} after its metadata",
+                    leg.describe(),
+                    g.capacity_bytes(),
+                    opts.chunk
+                ))
+            })?,
+        );
+    }
+    let slots: Vec<u64> = geos.iter().map(|g| g.slots).collect();
+    let (rows, chunks) = assign(map, opts, &slots, legs)?;
+    let id = drive_id();
+    for (l, leg) in legs.iter_mut().enumerate() {
+        let geo = geos[l];
+        let mut entries = vec![None; geo.slots as usize];
+        for (c, row) in rows.iter().enumerate() {
+            for (rank, p) in row.iter().enumerate() {
+                if p.leg as usize == l {
+                    entries[p.slot as usize] = Some(layout::Entry {
+                        chunk: c as u32,
+                        rank: rank as u16,
+                    });
+                }
+            }
+        }
+        let mut meta = rebalance::LegMeta {
+            geo,
+            header: layout::Header {
+                block_size: bs as u32,
+                drive_id: id,
+                leg: l as u32,
+                legs: n as u32,
+                generation: 0,
+                chunk_bytes: opts.chunk,
+                replicas: opts.replicas as u32,
+                rule: opts.rule,
+                chunks,
+                slots: geo.slots,
+                data: geo.data,
+                table_bytes: geo.table,
+                map_crc: crc,
+                flags: 0,
+                map_epoch: 0,
+                target_crc: 0,
+                table_crc: 0,
+            },
+            entries,
+        };
+        rebalance::write_meta(leg.as_mut(), &mut meta).map_err(|e| {
+            invalid(format!(
+                "leg {l} ({}): writing its header: {e}",
+                leg.describe()
+            ))
+        })?;
+    }
+    let base = geos.iter().map(|g| g.data / bs).collect();
+    Ok((rows, base, chunks))
 }
 
 impl Placed {
@@ -215,7 +650,7 @@ impl Placed {
     /// checks and the layout. `source` names the map in `describe()` (its path; empty for
     /// [`flat_map`], which a spec gets by naming no map).
     pub fn new(
-        legs: Vec<Box<dyn BlockDevice>>,
+        mut legs: Vec<Box<dyn BlockDevice>>,
         map: &CrushMap,
         source: &str,
         opts: &PlacedOptions,
@@ -241,119 +676,27 @@ impl Placed {
             )));
         }
         let chunk_blocks = opts.chunk / bs;
-        let Some(rule) = map.rule(opts.rule) else {
-            let have: Vec<String> = (0..map.rules.len() as u32)
-                .filter(|&i| map.rule(i).is_some())
-                .map(|i| format!("{i} ({})", map.rule_name(i)))
-                .collect();
-            return Err(invalid(format!(
-                "the CRUSH map has no rule {} (it has: {})",
-                opts.rule,
-                if have.is_empty() {
-                    "none".to_string()
-                } else {
-                    have.join(", ")
-                }
-            )));
+        check_rule(map, opts.rule, n)?;
+        let (rows, base, chunks) = if opts.dense {
+            let slots: Vec<u64> = geos.iter().map(|g| g.num_blocks / chunk_blocks).collect();
+            let (rows, chunks) = assign(map, opts, &slots, &legs)?;
+            (rows, vec![0; n], chunks)
+        } else {
+            persistent(&mut legs, map, opts, bs)?
         };
-        let missing: Vec<String> = reachable_devices(map, rule)
-            .into_iter()
-            .filter(|&d| d as usize >= n)
-            .map(|d| match map.item_names.get(&d) {
-                Some(name) => format!("{d} ({name})"),
-                None => d.to_string(),
-            })
-            .collect();
-        if !missing.is_empty() {
-            return Err(invalid(format!(
-                "rule {} can place chunks on OSD id {}, but only {n} legs are given (leg i is OSD id i)",
-                opts.rule,
-                missing.join(", ")
-            )));
+        let mut table = Vec::new();
+        let mut starts = Vec::with_capacity(rows.len() + 1);
+        for row in rows {
+            starts.push(table.len() as u32);
+            table.extend(row);
         }
-        // Slots per leg, and the chunks the table covers.
-        let slots: Vec<u64> = geos.iter().map(|g| g.num_blocks / chunk_blocks).collect();
-        let smallest = slots.iter().copied().min().unwrap_or(0);
-        let chunks = match opts.size {
-            Some(size) => {
-                if size == 0 || !size.is_multiple_of(opts.chunk) {
-                    return Err(invalid(format!(
-                        "size {size} is not a non-zero multiple of chunk {}",
-                        opts.chunk
-                    )));
-                }
-                size / opts.chunk
-            }
-            None => smallest.saturating_mul(n as u64) / r as u64,
-        };
-        if chunks == 0 {
-            return Err(invalid(format!(
-                "the smallest leg holds {} blocks, less than one chunk of {}",
-                geos.iter().map(|g| g.num_blocks).min().unwrap_or(0),
-                opts.chunk
-            )));
-        }
-        if chunks.saturating_mul(r as u64) > MAX_TABLE_ENTRIES || chunks > i32::MAX as u64 {
-            return Err(invalid(format!(
-                "{chunks} chunks of {} with {r} replicas is more than the {MAX_TABLE_ENTRIES} placements kept in memory; use a larger chunk",
-                opts.chunk
-            )));
-        }
-        let mapper = Mapper::for_test(map);
-        let weights = vec![IN; n];
-        let mapped =
-            kura_crush::map_range(&mapper, opts.rule, 0..=(chunks - 1) as i32, r, &weights, 0)
-                .map_err(|e| invalid(format!("mapping with rule {}: {e}", opts.rule)))?;
-        let mut table = Vec::with_capacity(chunks as usize * r);
-        let mut used = vec![0u64; n];
-        let mut fits = chunks;
-        'chunks: for c in 0..chunks as usize {
-            let got = &mapped.items[c * r..c * r + mapped.lens[c] as usize];
-            let distinct: BTreeSet<i32> = got.iter().copied().collect();
-            let bad = got
-                .iter()
-                .any(|&d| d == ITEM_NONE || d < 0 || d as usize >= n);
-            if got.len() != r || distinct.len() != r || bad {
-                return Err(invalid(format!(
-                    "rule {} gives chunk {c} (x={c}) the OSDs {got:?}, not {r} distinct legs; the map has too few failure domains for replicas={r}",
-                    opts.rule
-                )));
-            }
-            for &d in got {
-                if used[d as usize] >= slots[d as usize] {
-                    if opts.size.is_some() {
-                        return Err(invalid(format!(
-                            "size {} does not fit: CRUSH puts more than {} chunks on leg {d} ({}), which holds {}; use a smaller size",
-                            opts.size.unwrap_or(0),
-                            used[d as usize],
-                            legs[d as usize].describe(),
-                            slots[d as usize]
-                        )));
-                    }
-                    fits = c as u64;
-                    break 'chunks;
-                }
-            }
-            for &d in got {
-                table.push(Replica {
-                    leg: d as u16,
-                    slot: used[d as usize] as u32,
-                });
-                used[d as usize] += 1;
-            }
-        }
-        if fits == 0 {
-            return Err(invalid(format!(
-                "no chunk of {} fits: leg {} is full before chunk 0",
-                opts.chunk,
-                slots.iter().position(|&s| s == 0).unwrap_or(0)
-            )));
-        }
-        table.truncate(fits as usize * r);
+        starts.push(table.len() as u32);
         Ok(Placed {
             fan: Fanout::new(legs),
-            geo: combined_geometry(&geos, fits * chunk_blocks),
+            geo: combined_geometry(&geos, chunks * chunk_blocks),
             table,
+            starts,
+            base,
             replicas: r,
             chunk_blocks,
             rule: opts.rule,
@@ -368,7 +711,7 @@ impl Placed {
 
     /// Number of chunks.
     pub fn chunks(&self) -> u64 {
-        (self.table.len() / self.replicas) as u64
+        (self.starts.len() - 1) as u64
     }
 
     /// Chunk size in blocks.
@@ -378,12 +721,16 @@ impl Placed {
 
     /// Where chunk `chunk`'s copies live: `(leg, first block on the leg)` in CRUSH order.
     pub fn placement(&self, chunk: u64) -> Option<Vec<(usize, u64)>> {
-        let r = self.replicas;
         let c = usize::try_from(chunk).ok()?;
-        let row = self.table.get(c * r..c * r + r)?;
+        let row = self.row(c)?;
         Some(
             row.iter()
-                .map(|p| (p.leg as usize, u64::from(p.slot) * self.chunk_blocks))
+                .map(|p| {
+                    (
+                        p.leg as usize,
+                        self.base[p.leg as usize] + u64::from(p.slot) * self.chunk_blocks,
+                    )
+                })
                 .collect(),
         )
     }
@@ -464,7 +811,7 @@ impl Placed {
                 self.fan.send(id, leg, req, meta);
                 continue;
             }
-            let targets: Vec<usize> = (0..self.replicas)
+            let targets: Vec<usize> = (0..self.copies(chunk))
                 .filter(|&i| self.in_service(self.replica(chunk, i).leg as usize))
                 .collect();
             let group = self.next_group;
@@ -522,14 +869,27 @@ impl Placed {
         }
     }
 
+    fn row(&self, c: usize) -> Option<&[Replica]> {
+        let (a, b) = (*self.starts.get(c)?, *self.starts.get(c + 1)?);
+        self.table.get(a as usize..b as usize)
+    }
+
+    /// Copies of `chunk` (usually `replicas`; more while a rebalance is half done).
+    fn copies(&self, chunk: u64) -> usize {
+        self.row(chunk as usize).map_or(0, <[Replica]>::len)
+    }
+
     fn replica(&self, chunk: u64, idx: usize) -> Replica {
-        self.table[chunk as usize * self.replicas + idx]
+        self.table[self.starts[chunk as usize] as usize + idx]
     }
 
     /// Leg and LBA there of block `off` of replica `idx` of `chunk`.
     fn locate(&self, chunk: u64, idx: usize, off: u64) -> (usize, u64) {
         let p = self.replica(chunk, idx);
-        (p.leg as usize, u64::from(p.slot) * self.chunk_blocks + off)
+        (
+            p.leg as usize,
+            self.base[p.leg as usize] + u64::from(p.slot) * self.chunk_blocks + off,
+        )
     }
 
     fn in_service(&self, leg: usize) -> bool {
@@ -538,7 +898,7 @@ impl Placed {
 
     /// The first replica of `chunk` whose leg is in service.
     fn next_replica(&self, chunk: u64, from: usize) -> Option<usize> {
-        (from..self.replicas).find(|&i| self.in_service(self.replica(chunk, i).leg as usize))
+        (from..self.copies(chunk)).find(|&i| self.in_service(self.replica(chunk, i).leg as usize))
     }
 
     /// The replica of `chunk` a read goes to first: the first in service in CRUSH order, or
@@ -548,14 +908,14 @@ impl Placed {
         if !self.balanced {
             return self.next_replica(chunk, 0);
         }
-        (0..self.replicas)
+        (0..self.copies(chunk))
             .filter(|&i| self.in_service(self.replica(chunk, i).leg as usize))
             .min_by_key(|&i| self.fan.legs[self.replica(chunk, i).leg as usize].load())
     }
 
     /// The first in-service replica of `chunk`, in CRUSH order, not in `tried`.
     fn untried_replica(&self, chunk: u64, tried: u32) -> Option<usize> {
-        (0..self.replicas).find(|&i| {
+        (0..self.copies(chunk)).find(|&i| {
             tried & (1 << i) == 0 && self.in_service(self.replica(chunk, i).leg as usize)
         })
     }
@@ -685,8 +1045,9 @@ impl Placed {
         if !self.in_service(leg) {
             return true;
         }
-        let orphans = self.table.chunks(self.replicas).any(|row| {
-            row.iter()
+        let orphans = self.starts.windows(2).any(|w| {
+            self.table[w[0] as usize..w[1] as usize]
+                .iter()
                 .all(|p| p.leg as usize == leg || !self.in_service(p.leg as usize))
         });
         if orphans {
@@ -733,11 +1094,16 @@ impl BlockDevice for Placed {
             format!("map={}&", self.source)
         };
         let mut s = format!(
-            "placed({})?{map}rule={}&replicas={}&chunk={chunk}{}",
+            "placed({})?{map}rule={}&replicas={}&chunk={chunk}{}{}",
             legs.join(","),
             self.rule,
             self.replicas,
-            if self.balanced { "&read=balanced" } else { "" }
+            if self.balanced { "&read=balanced" } else { "" },
+            if self.base.iter().all(|&b| b == 0) {
+                "&layout=dense"
+            } else {
+                ""
+            }
         );
         let health = self.describe_health();
         if !health.is_empty() {
@@ -764,7 +1130,22 @@ impl BlockDevice for Placed {
 
 /// Opens `placed(LEG0,LEG1,...)?map=PATH&rule=R&replicas=N&chunk=SIZE&size=SIZE&read=POLICY`.
 pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError> {
-    spec.check_options(&["map", "rule", "replicas", "chunk", "size", "read"])?;
+    let (legs, map, source, opts) = parse(spec, children)?;
+    Placed::new(legs, &map, &source, &opts).map_err(|e| crate::in_spec(spec, e))
+}
+
+/// Opens the legs of a `placed(...)` spec and reads its map and options.
+pub fn parse(spec: &Spec, children: ChildOpener<'_>) -> Result<Parsed, OpenError> {
+    spec.check_options(&["map", "rule", "replicas", "chunk", "size", "read", "layout"])?;
+    let dense = match spec.option("layout") {
+        None | Some("1") => false,
+        Some("dense") => true,
+        Some(other) => {
+            return Err(invalid(format!(
+                "layout `{other}` is not a layout (1, the default, or dense)"
+            )))
+        }
+    };
     let balanced_reads = match spec.option("read") {
         None | Some("primary") => false,
         Some("balanced") => true,
@@ -802,6 +1183,7 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError>
         chunk: spec.size_option("chunk")?.unwrap_or(DEFAULT_CHUNK),
         size: spec.size_option("size")?,
         balanced_reads,
+        dense,
     };
-    Placed::new(legs, &map, &source, &opts).map_err(|e| crate::in_spec(spec, e))
+    Ok((legs, map, source, opts))
 }

@@ -181,6 +181,8 @@ fn every_chunk_lands_on_exactly_the_legs_crush_names() {
         chunk: (chunk_blocks * bs) as u64,
         size: None,
         balanced_reads: false,
+        // The pre-format-1 layout, whose slots this test computes by hand.
+        dense: true,
     };
     let mut dev = Placed::new(devs, &map, "test", &opts).unwrap();
     let blocks = dev.geometry().num_blocks as usize;
@@ -308,9 +310,11 @@ fn drive_with_fault(
             }
         })
         .collect();
+    // Dense layout: the fault plans count this test's I/O, not the metadata's at open.
     let opts = PlacedOptions {
         chunk: 16 << 10,
         balanced_reads,
+        dense: true,
         ..PlacedOptions::default()
     };
     let dev = Placed::new(legs, &map, "test", &opts).expect("open the drive");
@@ -427,6 +431,7 @@ fn the_last_copy_of_a_chunk_is_never_taken_out() {
     let opts = PlacedOptions {
         replicas: 1,
         chunk: 4096,
+        dense: true,
         ..PlacedOptions::default()
     };
     let mut dev = Placed::new(vec![Box::new(a), Box::new(b)], &map, "test", &opts).unwrap();
