@@ -488,14 +488,23 @@ impl Image {
     /// error means the eventfd itself failed.
     pub fn reap(&mut self, out: &mut Vec<Finished>, min: usize) -> Result<usize, Errno> {
         let mut moved = 0;
+        let mut take = |image: &mut Image, out: &mut Vec<Finished>| {
+            moved += image.finished_early.len();
+            out.append(&mut image.finished_early);
+            moved >= min || image.pieces_in_flight == 0
+        };
         loop {
-            moved += self.finished_early.len();
-            out.append(&mut self.finished_early);
+            // librbd's queue first: no system call when what is wanted is already there (the
+            // eventfd then stays raised, and a later wait only returns at once and looks again).
+            self.collect()?;
+            if take(self, out) {
+                return Ok(moved);
+            }
+            // About to sleep: reset the eventfd, then look again, so a completion queued in
+            // between is either seen now or raises the eventfd again.
             self.clear_eventfd()?;
             self.collect()?;
-            moved += self.finished_early.len();
-            out.append(&mut self.finished_early);
-            if moved >= min || self.pieces_in_flight == 0 {
+            if take(self, out) {
                 return Ok(moved);
             }
             self.wait_eventfd()?;
