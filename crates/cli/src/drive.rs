@@ -1,5 +1,5 @@
 //! `kura drive`: the snapshot drive's control operations — format, snapshot, list, rollback,
-//! clone, delete — on a device named by a spec string.
+//! clone, delete — on a device named by a spec string, and `rebalance` for placed drives.
 
 use anyhow::{bail, Context};
 use kura_vdrive::snapshot::{FormatOptions, VersionKind};
@@ -23,7 +23,10 @@ Example:
   kura dev write 'snapshot(file:/tmp/a.img)' --pattern 5
   kura drive snapshot file:/tmp/a.img before
   kura dev verify 'snapshot(file:/tmp/a.img)?at=before' --seed 5
-  kura drive rollback file:/tmp/a.img before";
+  kura drive rollback file:/tmp/a.img before
+
+Placed drives (`placed(LEGS)?...`): `kura drive rebalance SPEC` moves the chunks whose replica
+set SPEC's map changes (a leg added at the end of LEGS, reweighted or emptied in `map=`).";
 
 /// Operations on a snapshot drive; see [`ABOUT`].
 #[derive(Debug, clap::Subcommand)]
@@ -64,6 +67,16 @@ pub enum DriveCommand {
     },
     /// Delete snapshot or clone NAME, freeing the chunks no other version uses.
     Delete { spec: String, name: String },
+    /// Move a placed drive's chunks to where SPEC's map puts them: only the chunks whose
+    /// replica set changed are copied. SPEC is `placed(LEGS)?map=NEW&...`; new legs go at the
+    /// end of LEGS and must be blank; a leg being emptied stays listed with weight 0 in NEW.
+    /// Rerun the same command after a crash to finish.
+    Rebalance {
+        spec: String,
+        /// No progress bar.
+        #[arg(long)]
+        quiet: bool,
+    },
 }
 
 /// The child spec inside `SPEC`: `snapshot(CHILD)` is unwrapped, anything else is the child.
@@ -171,6 +184,7 @@ pub fn run(cmd: DriveCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cloning `{from}` as `{new}`"))?;
             println!("clone `{new}` made from `{from}`; open it as snapshot(...)?branch={new}");
         }
+        DriveCommand::Rebalance { spec, quiet } => rebalance(&spec, quiet)?,
         DriveCommand::Delete { spec, name } => {
             open_volume(&spec)?
                 .delete(&name)
@@ -178,5 +192,59 @@ pub fn run(cmd: DriveCommand) -> anyhow::Result<()> {
             println!("`{name}` deleted");
         }
     }
+    Ok(())
+}
+
+/// `kura drive rebalance SPEC`: progress bar over the chunks, then what moved against the
+/// fewest copies any rebalance must make.
+fn rebalance(spec: &str, quiet: bool) -> anyhow::Result<()> {
+    use indicatif::{ProgressBar, ProgressStyle};
+    let parsed = kura_engine::Spec::parse(spec)
+        .with_context(|| format!("reading `{spec}` (see `kura specs` for the syntax)"))?;
+    let bar = if quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} chunks {elapsed_precise} eta {eta}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let registry = crate::dev::registry();
+    let opener = |child: &kura_engine::Spec| registry.open_spec(child);
+    let report = kura_vdrive::placed::rebalance_spec(&parsed, &opener, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })
+    .with_context(|| format!("rebalancing `{spec}`"))?;
+    bar.finish_and_clear();
+    let ratio = if report.minimum == 0 {
+        if report.copies == 0 {
+            "nothing to move".to_string()
+        } else {
+            "minimum 0".to_string()
+        }
+    } else {
+        format!(
+            "{:.3}x the minimum",
+            report.copies as f64 / report.minimum as f64
+        )
+    };
+    println!(
+        "rebalanced {} chunks: {} chunks moved, {} copies made ({:.2}% of {} placements), {} old copies dropped; minimum {} copies ({:.2}%): {ratio}{}",
+        report.chunks,
+        report.chunks_moved,
+        report.copies,
+        100.0 * report.moved_fraction(),
+        report.placements,
+        report.dropped,
+        report.minimum,
+        100.0 * report.minimum_fraction(),
+        if report.formatted > 0 {
+            format!("; {} new legs formatted", report.formatted)
+        } else {
+            String::new()
+        }
+    );
     Ok(())
 }

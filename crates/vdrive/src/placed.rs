@@ -1134,6 +1134,31 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError>
     Placed::new(legs, &map, &source, &opts).map_err(|e| crate::in_spec(spec, e))
 }
 
+/// `kura drive rebalance SPEC`: opens the legs of the `placed(...)` spec `spec` through
+/// `children` and moves the drive's chunks to where the spec's map places them (see
+/// [`rebalance()`](fn@rebalance)); legs listed after the drive's present ones must be blank.
+pub fn rebalance_spec(
+    spec: &Spec,
+    children: ChildOpener<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<RebalanceReport, OpenError> {
+    if spec.kind != "placed" {
+        return Err(OpenError::Invalid(format!(
+            "{spec}: not a placed(...) spec"
+        )));
+    }
+    let (mut legs, map, _, opts) = parse(spec, children)?;
+    if opts.dense {
+        return Err(crate::in_spec(
+            spec,
+            invalid(
+                "layout=dense keeps no slot tables, so it cannot be rebalanced; copy its data to a format-1 drive".into(),
+            ),
+        ));
+    }
+    rebalance(&mut legs, &map, &opts, progress).map_err(|e| crate::in_spec(spec, e))
+}
+
 /// Opens the legs of a `placed(...)` spec and reads its map and options.
 pub fn parse(spec: &Spec, children: ChildOpener<'_>) -> Result<Parsed, OpenError> {
     spec.check_options(&["map", "rule", "replicas", "chunk", "size", "read", "layout"])?;
