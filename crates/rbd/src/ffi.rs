@@ -148,8 +148,8 @@ unsafe impl Sync for Cluster {}
 
 impl Cluster {
     /// Creates a client for cephx user `id` (without `client.`), reads `conf` (None: librados's
-    /// default search, `$CEPH_CONF` then `/etc/ceph/ceph.conf`), applies `options` in order and
-    /// connects.
+    /// default search, `$CEPH_CONF` then `/etc/ceph/ceph.conf`, where finding none is no error),
+    /// applies `options` in order and connects.
     pub fn connect(
         id: &str,
         conf: Option<&str>,
@@ -170,8 +170,12 @@ impl Cluster {
         let conf_ptr = conf_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
         // SAFETY: the handle is live and not yet connected; `conf_ptr` is NULL (default search)
         // or a NUL-terminated path that outlives the call.
-        check(unsafe { rados_conf_read_file(cluster.handle, conf_ptr) })
-            .map_err(|e| (ConnectStep::ReadConf, e))?;
+        match check(unsafe { rados_conf_read_file(cluster.handle, conf_ptr) }) {
+            // No file on the default search path: the options (mon_host, keyring) may suffice.
+            Err(e) if conf.is_none() && e.0 == libc::ENOENT => {}
+            Err(e) => return Err((ConnectStep::ReadConf, e)),
+            Ok(_) => {}
+        }
         for (key, value) in options {
             let step = || ConnectStep::Set(format!("{key}={value}"));
             let k = c_string(key).map_err(|e| (step(), e))?;

@@ -10,6 +10,7 @@
 use kura_engine::{conformance, BlockDevice, BlockingIo, DeviceError, OpenError, Registry};
 use kura_rbd::testing::{daemons_installed, TestCluster};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 const BS: usize = 4096;
@@ -62,6 +63,7 @@ fn rbd_on_a_real_cluster() {
         ("rbd import reads back", import_reads_back),
         ("snapshot reads and refuses writes", snapshot),
         ("missing image and pool", missing_image_and_pool),
+        ("no ceph.conf: mon_host and keyring", no_conf_file),
         ("wrong keyring", wrong_keyring),
         ("unreachable monitor", unreachable_monitor),
         ("OSD killed during a write stream", osd_killed_during_writes),
@@ -196,6 +198,29 @@ fn missing_image_and_pool(c: &TestCluster) {
     );
     let e = open_err(&format!("rbd:nopool/x?conf={}", c.conf().display())).to_string();
     assert!(e.contains("pool `nopool` does not exist"), "{e}");
+}
+
+fn no_conf_file(c: &TestCluster) {
+    let conf = std::fs::read_to_string(c.conf()).expect("read ceph.conf");
+    // `mon host = [v2:127.0.0.1:P2,v1:127.0.0.1:P1]`: the v2 address alone (no comma, which
+    // would end the option in a spec).
+    let mon_host = conf
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("mon host = [")?.split(',').next())
+        .expect("mon host line");
+    let keyring = c.root().join("keyring");
+    // No conf=, and no /etc/ceph/ceph.conf or $CEPH_CONF needed: the options say it all.
+    let spec = format!(
+        "rbd:rbd/exported?mon_host={mon_host}&keyring={}&ro=1",
+        keyring.display()
+    );
+    if std::env::var_os("CEPH_CONF").is_some() || Path::new("/etc/ceph/ceph.conf").exists() {
+        eprintln!("     (a default ceph.conf exists here; mon_host and keyring still override it)");
+    }
+    let mut dev = open(&spec);
+    let mut back = vec![0u8; BS];
+    dev.read_blocks(0, &mut back).expect("read");
+    assert!(back == pattern(1, 7), "block 0 of the exported image");
 }
 
 fn wrong_keyring(c: &TestCluster) {
