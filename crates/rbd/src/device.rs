@@ -51,10 +51,11 @@ impl RbdDevice {
     pub fn open(spec: &RbdSpec) -> Result<RbdDevice, RbdError> {
         let options = spec.rados_options();
         let user = format!("client.{}", spec.id);
-        let conf_name = spec
-            .conf
-            .clone()
-            .unwrap_or_else(|| "the default ceph.conf ($CEPH_CONF or /etc/ceph)".into());
+        let conf_name = match (&spec.conf, &spec.mon_host) {
+            (_, Some(mon_host)) => format!("mon_host {mon_host}"),
+            (Some(conf), None) => conf.clone(),
+            (None, None) => "the default ceph.conf ($CEPH_CONF or /etc/ceph)".into(),
+        };
         let cluster = Cluster::connect(&spec.id, spec.conf.as_deref(), &options).map_err(
             |(step, errno)| match step {
                 ConnectStep::Create => RbdError::User {

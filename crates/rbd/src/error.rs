@@ -19,7 +19,7 @@ pub enum RbdError {
     #[error("librados refused the option {option}: {errno}")]
     Option { option: String, errno: Errno },
     /// No monitor answered, or a request got no answer, within the timeout.
-    #[error("no answer from the cluster of {conf} within {secs} s ({errno}): are its monitors and OSDs running and mon_host right? (timeout=SECS sets the bound)")]
+    #[error("no answer from the cluster ({conf}) within {secs} s ({errno}): are its monitors and OSDs running and mon_host right? (timeout=SECS sets the bound)")]
     Timeout {
         conf: String,
         secs: u32,
@@ -29,7 +29,7 @@ pub enum RbdError {
     #[error("the cluster refused {user}'s cephx credentials ({errno}): check id= and keyring=")]
     Auth { user: String, errno: Errno },
     /// Connecting failed otherwise.
-    #[error("cannot connect to the cluster of {conf} as {user}: {errno}")]
+    #[error("cannot connect to the cluster ({conf}) as {user}: {errno}")]
     Connect {
         conf: String,
         user: String,
