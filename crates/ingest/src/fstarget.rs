@@ -8,7 +8,8 @@
 //! LevelDB write of all entries and the next id with `sync` — only then are they acknowledged.
 //! A crash before the LevelDB write leaves files nobody indexes; a writable open removes files
 //! whose id is at or above the next id. Where `kura-kv` was built without LevelDB the open says
-//! so (there is no second index format).
+//! so before it mounts anything ([`FsTargetError::NoLevelDb`]; there is no second index
+//! format).
 
 use crate::layout::Entry;
 use crate::session::Stage;
@@ -29,6 +30,12 @@ pub enum FsTargetError {
     NoSuchRecord(u64),
     #[error("damaged index or record: {0}")]
     Damaged(String),
+    #[error(
+        "an AccelFS ingest target keeps its index in LevelDB, and this build's kura-kv has none \
+         (libleveldb-dev was missing at build time, or KURA_NO_LEVELDB was set): install \
+         libleveldb-dev and rebuild, or use a raw device target"
+    )]
+    NoLevelDb,
 }
 
 const NEXT_KEY: &[u8] = b"n";
@@ -72,6 +79,9 @@ impl FsStore {
     /// Mounts the AccelFS on `dev` (formatted with `kura mkfs`), opens or creates the target
     /// in directory `dir`, and removes record files a crash left unindexed.
     pub fn open(dev: Box<dyn BlockDevice>, dir: &str) -> Result<FsStore, FsTargetError> {
+        if !kura_kv::leveldb_available() {
+            return Err(FsTargetError::NoLevelDb);
+        }
         let fs = FileSystem::mount(dev, MountOptions::default())?;
         let dir = format!("/{}", dir.trim_matches('/'));
         let dir = if dir == "/" { String::new() } else { dir };

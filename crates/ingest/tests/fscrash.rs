@@ -122,3 +122,32 @@ fn a_crash_anywhere_in_an_accelfs_target_keeps_every_acknowledged_record_whole()
         "no cut showed a state between the first and the last batch"
     );
 }
+
+#[test]
+fn without_leveldb_an_accelfs_target_says_so_and_writes_nothing() {
+    // Built normally the target opens; built with KURA_NO_LEVELDB=1 the open fails with a
+    // message that names the cause and the fix, before anything on the device changes.
+    let storage = formatted_storage(16 << 20);
+    let before = storage.lock().expect("storage").clone();
+    let opened = FsStore::open(
+        Box::new(MemDevice::with_storage(
+            storage.clone(),
+            QueueOptions::default(),
+        )),
+        "/ingest",
+    );
+    if kura_kv::leveldb_available() {
+        opened.expect("open").close().expect("close");
+        assert!(fsck_problems(&storage).is_empty());
+    } else {
+        let err = opened.expect_err("no LevelDB, no index").to_string();
+        assert!(
+            err.contains("LevelDB") && err.contains("libleveldb-dev"),
+            "{err}"
+        );
+        assert!(
+            *storage.lock().expect("storage") == before,
+            "the failed open wrote to the device"
+        );
+    }
+}
