@@ -112,6 +112,8 @@ pub struct IngestReport {
     /// buffers the server had in use (its own count, from its closing line).
     pub throttled_device_mbps: Spread,
     pub throttled_peak_buffers: Option<usize>,
+    /// In-order against out-of-order retirement at the device, without the network.
+    pub at_device: Vec<AtDevice>,
     pub notes: Vec<String>,
 }
 
@@ -540,6 +542,7 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
         rounds,
         conns,
         stages: stage_costs(quick),
+        at_device: at_device(&image, total, rounds)?,
         ingest_over_fio: fio_present.then(|| med(0) / med(plans.len())),
         ingest_over_naive: med(0) / med(1),
         cpu_naive_over_ingest: cpu_med(1) / cpu_med(0).max(1e-9),
@@ -616,6 +619,88 @@ impl Throttled {
         self.peak_buffers.push(peak);
         Ok(())
     }
+}
+
+/// Retirement orders compared at one device with no network: random 4 KiB–1 MiB records
+/// through the server's device thread ([`kura_ingest::server::write_local`]) at QD 64.
+#[derive(Debug, Clone, Serialize)]
+pub struct AtDevice {
+    pub device: String,
+    pub in_order_mb_per_s: Spread,
+    pub out_of_order_mb_per_s: Spread,
+    /// Median out-of-order over median in-order.
+    pub out_over_in: f64,
+}
+
+/// The devices of [`AtDevice`]: the bench image through io_uring, a RAM disk, and the RAM disk
+/// behind `throttle` with equal latencies and with a share of the commands 20x to 50x slower
+/// (short latencies, where the RAM disk's copies bound the rate, and long ones, where the
+/// latencies do).
+fn at_device(image: &Path, total: u64, rounds: usize) -> anyhow::Result<Vec<AtDevice>> {
+    use kura_ingest::server::{write_local, Order, ServerConfig};
+    use kura_ingest::store::{FormatOptions, Store};
+    let ram = 320u64 << 20;
+    let devices = [
+        format!("uring:{}", image.display()),
+        format!("mem:{ram}"),
+        format!("throttle(mem:{ram})?lat_us=100"),
+        format!("throttle(mem:{ram})?lat_us=100&slow_us=2000&slow_pct=10&seed=1"),
+        format!("throttle(mem:{ram})?lat_us=100&slow_us=5000&slow_pct=5&seed=1"),
+        // Latencies long enough that they, not the RAM disk's copies, bound the rate.
+        format!("throttle(mem:{ram})?lat_us=1000&slow_us=20000&slow_pct=10&seed=1"),
+        format!("throttle(mem:{ram})?lat_us=2000&slow_us=50000&slow_pct=10&seed=1"),
+        format!("throttle(mem:{ram})?lat_us=2000"),
+    ];
+    let buffers = 64usize;
+    let pool = kura_engine::BufferPool::new(buffers << 20)?;
+    let mut rng = SmallRng::seed_from_u64(17);
+    let mut out = Vec::new();
+    for spec in &devices {
+        // RAM disks hold 256 MiB of records; the image a case's bytes.
+        let bytes = if spec.starts_with("uring") {
+            total
+        } else {
+            total.min(256 << 20)
+        };
+        let mut sizes = Vec::new();
+        let mut sum = 0u64;
+        while sum < bytes {
+            let n = rng.gen_range(4096..=(1usize << 20));
+            sizes.push(n);
+            sum += n as u64;
+        }
+        let mut mbs = [Vec::new(), Vec::new()];
+        for round in 0..rounds {
+            for (k, order) in [Order::In, Order::Out].into_iter().enumerate() {
+                let dev = kura_vdrive::open(spec).with_context(|| format!("opening {spec}"))?;
+                let mut store = Store::format(dev, FormatOptions::default())
+                    .with_context(|| format!("formatting {spec}"))?;
+                store.set_queue_depth(64);
+                let cfg = ServerConfig {
+                    qd: 64,
+                    order,
+                    buffers,
+                    per_stream: buffers,
+                    ..ServerConfig::default()
+                };
+                let (_, run) = write_local(store, &cfg, &pool, &sizes, round as u64)?;
+                let rate = run.bytes as f64 / 1e6 / run.seconds;
+                eprintln!(
+                    "round {}: at the device, {spec}, {order:?}-order: {rate:.0} MB/s",
+                    round + 1
+                );
+                mbs[k].push(rate);
+            }
+        }
+        let (a, b) = (Spread::of(&mbs[0]), Spread::of(&mbs[1]));
+        out.push(AtDevice {
+            device: spec.clone(),
+            out_over_in: b.median / a.median.max(1e-9),
+            in_order_mb_per_s: a,
+            out_of_order_mb_per_s: b,
+        });
+    }
+    Ok(out)
 }
 
 /// Two "hosts": network namespaces joined by a veth pair, removed again on drop.
@@ -879,6 +964,16 @@ fn print_report(r: &IngestReport) {
             .map_or("unknown".into(), |n| n.to_string()),
         r.buffers_mib
     );
+    for d in &r.at_device {
+        println!(
+            "at the device, no network, random 4 KiB-1 MiB, QD 64, {}: in-order {} MB/s, \
+             out-of-order {} MB/s, out/in {:.2}x",
+            d.device,
+            d.in_order_mb_per_s.show(0),
+            d.out_of_order_mb_per_s.show(0),
+            d.out_over_in
+        );
+    }
     for s in &r.stages {
         println!(
             "stage {:<9} {:>8.2} ms per {:.1} MB record ({:.0} MB/s)",
