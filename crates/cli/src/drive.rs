@@ -76,6 +76,11 @@ pub enum DriveCommand {
         /// No progress bar.
         #[arg(long)]
         quiet: bool,
+        /// Leg index whose copies may be stale (a host that was down while the drive took
+        /// writes): its table is emptied and its chunks copied back from the other legs.
+        /// Repeatable.
+        #[arg(long)]
+        resync: Vec<usize>,
     },
 }
 
@@ -184,7 +189,11 @@ pub fn run(cmd: DriveCommand) -> anyhow::Result<()> {
                 .with_context(|| format!("cloning `{from}` as `{new}`"))?;
             println!("clone `{new}` made from `{from}`; open it as snapshot(...)?branch={new}");
         }
-        DriveCommand::Rebalance { spec, quiet } => rebalance(&spec, quiet)?,
+        DriveCommand::Rebalance {
+            spec,
+            quiet,
+            resync,
+        } => rebalance(&spec, quiet, &resync)?,
         DriveCommand::Delete { spec, name } => {
             open_volume(&spec)?
                 .delete(&name)
@@ -197,7 +206,7 @@ pub fn run(cmd: DriveCommand) -> anyhow::Result<()> {
 
 /// `kura drive rebalance SPEC`: progress bar over the chunks, then what moved against the
 /// fewest copies any rebalance must make.
-fn rebalance(spec: &str, quiet: bool) -> anyhow::Result<()> {
+fn rebalance(spec: &str, quiet: bool, resync: &[usize]) -> anyhow::Result<()> {
     use indicatif::{ProgressBar, ProgressStyle};
     let parsed = kura_engine::Spec::parse(spec)
         .with_context(|| format!("reading `{spec}` (see `kura specs` for the syntax)"))?;
@@ -212,11 +221,12 @@ fn rebalance(spec: &str, quiet: bool) -> anyhow::Result<()> {
     );
     let registry = crate::dev::registry();
     let opener = |child: &kura_engine::Spec| registry.open_spec(child);
-    let report = kura_vdrive::placed::rebalance_spec(&parsed, &opener, &mut |done, total| {
-        bar.set_length(total);
-        bar.set_position(done);
-    })
-    .with_context(|| format!("rebalancing `{spec}`"))?;
+    let report =
+        kura_vdrive::placed::rebalance_spec(&parsed, &opener, resync, &mut |done, total| {
+            bar.set_length(total);
+            bar.set_position(done);
+        })
+        .with_context(|| format!("rebalancing `{spec}`"))?;
     bar.finish_and_clear();
     let ratio = if report.minimum == 0 {
         if report.copies == 0 {
@@ -246,5 +256,11 @@ fn rebalance(spec: &str, quiet: bool) -> anyhow::Result<()> {
             String::new()
         }
     );
+    if !resync.is_empty() {
+        println!(
+            "resync of legs {resync:?}: {} stale copies forgotten, refilled from the other legs",
+            report.forgotten
+        );
+    }
     Ok(())
 }

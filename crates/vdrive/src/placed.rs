@@ -1140,6 +1140,7 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Placed, OpenError>
 pub fn rebalance_spec(
     spec: &Spec,
     children: ChildOpener<'_>,
+    resync: &[usize],
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RebalanceReport, OpenError> {
     if spec.kind != "placed" {
@@ -1156,7 +1157,7 @@ pub fn rebalance_spec(
             ),
         ));
     }
-    rebalance(&mut legs, &map, &opts, progress).map_err(|e| crate::in_spec(spec, e))
+    rebalance(&mut legs, &map, &opts, resync, progress).map_err(|e| crate::in_spec(spec, e))
 }
 
 /// Opens the legs of a `placed(...)` spec and reads its map and options.

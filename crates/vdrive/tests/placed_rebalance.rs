@@ -129,7 +129,7 @@ fn check(disks: &[MemDevice], map: &CrushMap, replicas: usize, chunks: u64) {
 fn run(disks: &[MemDevice], map: &CrushMap, replicas: usize) -> RebalanceReport {
     let mut legs = boxed(disks);
     let mut calls = 0u64;
-    let rep = rebalance(&mut legs, map, &opts(replicas), &mut |done, total| {
+    let rep = rebalance(&mut legs, map, &opts(replicas), &[], &mut |done, total| {
         assert!(done <= total);
         calls += 1;
     })
@@ -316,7 +316,7 @@ fn a_crash_anywhere_in_a_rebalance_loses_nothing_and_a_rerun_finishes() {
         })
         .collect();
     let new = flat_map(legs + 1);
-    rebalance(&mut rec, &new, &opts(replicas), &mut |_, _| {}).expect("rebalance");
+    rebalance(&mut rec, &new, &opts(replicas), &[], &mut |_, _| {}).expect("rebalance");
     let log = log.lock().expect("lock").clone();
     assert!(log.len() > 20, "{} events", log.len());
     let mut rng = SmallRng::seed_from_u64(0x5eed);
@@ -462,5 +462,97 @@ fn the_decoder_never_panics() {
         }
         let _ = layout::pick([&hj, &hj], [&tb0, &junk], rng.gen(), BS as u32);
         let _ = layout::Geometry::of(leg_bytes, 512, u64::from(flip) * 512);
+    }
+}
+
+/// Fills every chunk with `round`'s data through `dev`.
+fn write_round(dev: &mut Placed, round: u64) {
+    for c in 0..dev.chunks() {
+        dev.write_blocks(c * CHUNK / BS as u64, &chunk_data(c + round * 1000))
+            .expect("write acknowledged");
+    }
+    dev.flush_all().expect("flush");
+}
+
+#[test]
+fn a_leg_that_missed_writes_is_resynced_from_the_others() {
+    let disks = blank(3);
+    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
+    let chunks = dev.chunks();
+    write_round(&mut dev, 0);
+    drop(dev);
+    // Leg 1 fails its first write: out of service, round 1 lands on the other copies only.
+    let mut legs = boxed(&disks);
+    legs[1] = Box::new(kura_engine::fault::FaultDevice::new(
+        Box::new(disks[1].new_queue()),
+        kura_engine::fault::FaultPlan {
+            write_eio: Some(1),
+            ..Default::default()
+        },
+    ));
+    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
+    write_round(&mut dev, 1);
+    assert!(
+        dev.describe().contains("leg 1 out of service"),
+        "{}",
+        dev.describe()
+    );
+    drop(dev);
+    // Reopened as it is, leg 1's stale copies would be served.
+    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
+    let mut buf = vec![0u8; CHUNK as usize];
+    let stale = (0..chunks)
+        .filter(|&c| {
+            dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
+                .expect("read");
+            buf != chunk_data(c + 1000)
+        })
+        .count();
+    assert!(
+        stale > 0,
+        "leg 1 is primary for some chunk, so it serves stale data"
+    );
+    drop(dev);
+    // Resync needs a copy elsewhere of every chunk.
+    let err = rebalance(
+        &mut boxed(&disks),
+        &flat_map(3),
+        &opts(2),
+        &[0, 1, 2],
+        &mut |_, _| {},
+    )
+    .expect_err("nothing left to copy from");
+    assert!(err.to_string().contains("no copy outside"), "{err}");
+    let err = rebalance(
+        &mut boxed(&disks),
+        &flat_map(3),
+        &opts(2),
+        &[7],
+        &mut |_, _| {},
+    )
+    .expect_err("no leg 7");
+    assert!(err.to_string().contains("legs 0 to 2"), "{err}");
+    let rep = rebalance(
+        &mut boxed(&disks),
+        &flat_map(3),
+        &opts(2),
+        &[1],
+        &mut |_, _| {},
+    )
+    .expect("resync");
+    assert!(rep.forgotten > 0 && rep.copies == rep.forgotten, "{rep:?}");
+    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
+    for c in 0..chunks {
+        dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
+            .expect("read");
+        assert!(buf == chunk_data(c + 1000), "chunk {c} after the resync");
+        // Every copy holds the new data, leg 1's included.
+        for (leg, lba) in dev.placement(c).expect("placed") {
+            dev.leg_mut(leg)
+                .expect("idle")
+                .read_blocks(lba, &mut buf)
+                .expect("read a copy");
+            assert!(buf == chunk_data(c + 1000), "chunk {c}'s copy on leg {leg}");
+        }
     }
 }

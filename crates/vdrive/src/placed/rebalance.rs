@@ -99,6 +99,8 @@ pub struct RebalanceReport {
     pub minimum: u64,
     /// Legs that were blank and got formatted.
     pub formatted: usize,
+    /// Copies forgotten on the legs named for resync (refilled from the other copies).
+    pub forgotten: u64,
 }
 
 impl RebalanceReport {
@@ -122,10 +124,15 @@ fn io(leg: usize, what: &str, e: DeviceError) -> OpenError {
 /// Moves `legs`' chunks to where `map` (rule and replicas from `opts`) places them. Legs past
 /// those carrying a header must be blank (all zero at the start) and are formatted. The map's
 /// CRC becomes the one the legs follow. `progress(done, total)` is called as chunks are done.
+///
+/// `resync` names legs whose copies may be stale (a host that was out of service while the
+/// drive took writes): their tables are emptied first — refused unless every chunk keeps a copy
+/// on another leg — so the chunks CRUSH puts there are copied back from the other legs.
 pub fn rebalance(
     legs: &mut [Box<dyn BlockDevice>],
     map: &CrushMap,
     opts: &PlacedOptions,
+    resync: &[usize],
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<RebalanceReport, OpenError> {
     let n = legs.len();
@@ -202,6 +209,17 @@ pub fn rebalance(
         }
         out
     };
+    for &l in resync {
+        let Some(m) = metas.get_mut(l) else {
+            return Err(invalid(format!(
+                "rebalance: resync of leg {l}, but the drive has legs 0 to {}",
+                n - 1
+            )));
+        };
+        for e in m.entries.iter_mut() {
+            report.forgotten += u64::from(e.take().is_some());
+        }
+    }
     // Current copies per chunk: (leg, slot).
     let mut where_: Vec<Vec<(usize, u64)>> = vec![Vec::new(); chunks as usize];
     for (l, m) in metas.iter().enumerate() {
@@ -210,6 +228,11 @@ pub fn rebalance(
                 where_[e.chunk as usize].push((l, s as u64));
             }
         }
+    }
+    if let Some(c) = where_.iter().position(Vec::is_empty) {
+        return Err(invalid(format!(
+            "rebalance: chunk {c} has no copy outside the legs to resync ({resync:?}); nothing was changed"
+        )));
     }
     // The count bound, and whether every leg has room for what it will hold.
     let mut before = vec![0u64; n];
