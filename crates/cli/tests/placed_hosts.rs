@@ -1,12 +1,15 @@
 //! `placed(...)` over several hosts: three network namespaces, each joined to this one by a
 //! veth pair and running `kura serve` of its own image, are the legs (`remote:` NBD exports) of
 //! one placed drive with two replicas. One host's server is killed in the middle of a stream of
-//! writes; every write the drive acknowledged must read back, from the surviving replicas.
+//! writes; every write the drive acknowledged must read back, from the surviving replicas. Then
+//! the host is restarted (its image holds stale copies), a fourth host is added, and
+//! `kura drive rebalance --resync 1` moves chunks onto the new host and refills the restarted
+//! one from the others; every acknowledged write reads back through the four-host spec, and a
+//! kill of the restarted host afterwards still loses nothing.
 //! Everything (servers, namespaces, links) is torn down when the test ends, pass or fail.
 //!
-//! Needs root and iproute2's `ip netns`; skips otherwise. Not yet covered (see
-//! docs/placed-format.md): a restarted host rejoining (placed has no resync), rebalance onto a
-//! fourth host.
+//! Needs root and iproute2's `ip netns`; skips otherwise. Not covered: the client in its own
+//! namespace (it runs in the test's).
 
 mod common;
 
@@ -55,15 +58,25 @@ impl Drop for Hosts {
 impl Hosts {
     /// `HOSTS` namespaces `kura-ph<pid>-<i>`, host `i` at 10.<net>.<i>.2 (this side .1).
     fn new(dir: &Path) -> Hosts {
-        let pid = std::process::id();
-        let net = 100 + pid % 100;
         let mut h = Hosts {
             namespaces: Vec::new(),
             links: Vec::new(),
             servers: Vec::new(),
             addrs: Vec::new(),
         };
-        for i in 0..HOSTS {
+        for _ in 0..HOSTS {
+            h.add(dir);
+        }
+        h
+    }
+
+    /// One more host: namespace, veth pair, a 64 MiB image and its server.
+    fn add(&mut self, dir: &Path) {
+        let pid = std::process::id();
+        let net = 100 + pid % 100;
+        let h = self;
+        {
+            let i = h.namespaces.len();
             let ns = format!("kura-ph{pid}-{i}");
             let (near, far) = (format!("vk{pid}h{i}"), format!("vp{pid}h{i}"));
             ip(&["netns", "add", &ns]);
@@ -96,7 +109,6 @@ impl Hosts {
             h.servers.push(None);
             h.start(i, &img);
         }
-        h
     }
 
     /// Starts host `i`'s server in its namespace and waits until it accepts connections.
@@ -200,6 +212,48 @@ fn a_host_killed_mid_write_loses_no_acknowledged_write() {
             "block {b} lost its round-{round} data"
         );
     }
+    drop(dev);
+    // Host 1 comes back with its stale image; host 3 joins; the rebalance refills host 1 from
+    // the others and moves host 3's share onto it.
+    hosts.start(1, &dir.path().join("host1.img"));
+    hosts.add(dir.path());
+    let four: Vec<String> = hosts
+        .addrs
+        .iter()
+        .map(|a| format!("remote:{a}/disk"))
+        .collect();
+    let spec4 = format!("placed({})?replicas=2&chunk=1M", four.join(","));
+    let out = common::ok(&["drive", "rebalance", &spec4, "--resync", "1", "--quiet"]);
+    assert!(out.contains("1 new legs formatted"), "{out}");
+    assert!(out.contains("stale copies forgotten"), "{out}");
+    eprintln!("{out}");
+    let check = |dev: &mut Box<dyn BlockDevice>, when: &str| {
+        for (k, &b) in written.iter().enumerate() {
+            let mut out = vec![0u8; 4096];
+            dev.read_blocks(b, &mut out)
+                .unwrap_or_else(|e| panic!("{when}: read of block {b}: {e}"));
+            let round = last_round[k].expect("every write was acknowledged");
+            assert!(
+                out == pattern(b, round),
+                "{when}: block {b} lost its round-{round} data"
+            );
+        }
+    };
+    let mut dev: Box<dyn BlockDevice> = registry.open(&spec4).expect("open over four hosts");
+    assert_eq!(dev.geometry().num_blocks, blocks);
+    check(&mut dev, "after the rebalance");
+    drop(dev);
+    // Host 1's copies are current now: losing host 2 instead still reads everything.
+    hosts.kill(2);
+    let opened = registry.open(&spec4);
+    assert!(
+        opened.is_err(),
+        "host 2 is down, so the drive does not open"
+    );
+    hosts.start(2, &dir.path().join("host2.img"));
+    let mut dev: Box<dyn BlockDevice> = registry.open(&spec4).expect("reopen");
+    hosts.kill(2);
+    check(&mut dev, "with host 2 killed after the rebalance");
     drop(dev);
     drop(hosts);
     let left = Command::new("ip")
