@@ -465,12 +465,13 @@ enum Target {
 }
 
 impl Target {
-    /// Opens TARGET for reading: read-only for a raw device; an AccelFS target is mounted
-    /// read-write, since LevelDB writes its lock and log files at open.
+    /// Opens TARGET for reading, never writing the device: a raw device read-only; an AccelFS
+    /// target mounted read-only with its index copied to a scratch directory on the host
+    /// (LevelDB writes its lock and log at every open).
     fn open_to_read(target: &str, dev: Option<&str>) -> anyhow::Result<Target> {
         Ok(match dev {
             Some(dev) => Target::Fs(
-                FsStore::open(open_dev(dev)?, target)
+                FsStore::open_read_only(open_dev_read_only(dev)?, target)
                     .with_context(|| format!("opening ingest target {target} on {dev}"))?,
             ),
             None => Target::Raw(

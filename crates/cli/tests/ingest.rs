@@ -291,11 +291,17 @@ fn an_accelfs_target_with_dev_serves_lists_and_gets() {
     assert!(out.contains("6 stored"), "{out}");
     let (status, log) = server.stop();
     assert!(status.success(), "{log}");
+    let before = std::fs::read(&image).expect("image");
     let rows = ls_rows("/ingest", &["--dev", &spec]);
     assert_eq!(rows.len(), 6);
     let got = kura(&["ingest", "get", "/ingest", "--dev", &spec, "5"]);
     assert!(got.status.success());
     assert_eq!(got.stdout.len(), 200 << 10);
+    // ls and get read an AccelFS target without writing its device.
+    assert!(
+        std::fs::read(&image).expect("image") == before,
+        "ls or get changed the image"
+    );
     // The file system is consistent after all of it.
     ok(&["fsck", &spec]);
 }

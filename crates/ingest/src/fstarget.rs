@@ -10,6 +10,12 @@
 //! whose id is at or above the next id. Where `kura-kv` was built without LevelDB the open says
 //! so before it mounts anything ([`FsTargetError::NoLevelDb`]; there is no second index
 //! format).
+//!
+//! [`FsStore::open_read_only`] (`kura ingest get|ls --dev`) never writes the device: the file
+//! system is mounted read-only (its journal replayed in memory), and since LevelDB writes a
+//! lock and a new log at every open, the index files are copied to a scratch directory on the
+//! host and opened there; the copy is removed at close. Orphan files are left alone (they are
+//! not in the index, so nothing shows them).
 
 use crate::layout::Entry;
 use crate::session::Stage;
@@ -64,6 +70,28 @@ pub struct FsStore {
     db: Option<Db>,
     dir: String,
     next_id: u64,
+    /// Read-only opens: the host directory holding the copy of the index.
+    scratch: Option<std::path::PathBuf>,
+}
+
+impl Drop for FsStore {
+    fn drop(&mut self) {
+        drop(self.db.take());
+        if let Some(dir) = self.scratch.take() {
+            // Best effort: a copy left in the temp directory harms nothing.
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// Normalises a target directory: `/path` without a trailing slash, `""` for the root.
+fn target_dir(dir: &str) -> String {
+    let dir = format!("/{}", dir.trim_matches('/'));
+    if dir == "/" {
+        String::new()
+    } else {
+        dir
+    }
 }
 
 impl std::fmt::Debug for FsStore {
@@ -83,8 +111,7 @@ impl FsStore {
             return Err(FsTargetError::NoLevelDb);
         }
         let fs = FileSystem::mount(dev, MountOptions::default())?;
-        let dir = format!("/{}", dir.trim_matches('/'));
-        let dir = if dir == "/" { String::new() } else { dir };
+        let dir = target_dir(dir);
         fs.create_dir_all(&format!("{dir}/records"))?;
         let db = Db::open(
             Location::AccelFs {
@@ -93,19 +120,13 @@ impl FsStore {
             },
             &DbOptions::default(),
         )?;
-        let next_id = match db.get(NEXT_KEY)? {
-            None => 0,
-            Some(v) => u64::from_le_bytes(
-                v.as_slice()
-                    .try_into()
-                    .map_err(|_| FsTargetError::Damaged("next id is not 8 bytes".into()))?,
-            ),
-        };
+        let next_id = next_id(&db)?;
         let store = FsStore {
             fs,
             db: Some(db),
             dir,
             next_id,
+            scratch: None,
         };
         let mut removed = 0;
         for e in store.fs.read_dir(&format!("{}/records", store.dir))? {
@@ -118,6 +139,68 @@ impl FsStore {
         if removed > 0 {
             store.fs.sync()?;
         }
+        Ok(store)
+    }
+
+    /// Opens the target in `dir` on `dev` for reading without writing the device (see the
+    /// module docs): a read-only mount, and the index copied to a host scratch directory.
+    pub fn open_read_only(dev: Box<dyn BlockDevice>, dir: &str) -> Result<FsStore, FsTargetError> {
+        if !kura_kv::leveldb_available() {
+            return Err(FsTargetError::NoLevelDb);
+        }
+        let fs = FileSystem::mount_read_only(dev, MountOptions::default())?;
+        let dir = target_dir(dir);
+        let index = format!("{dir}/index");
+        let files = fs.read_dir(&index)?;
+        let scratch = std::env::temp_dir().join(format!(
+            "kura-ingest-index-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos())
+        ));
+        let copy = || -> std::io::Result<Result<(), FsError>> {
+            std::fs::create_dir(&scratch)?;
+            for f in &files {
+                if f.file_type != kura_accelfs::FileType::File {
+                    continue;
+                }
+                let name = f.name_lossy();
+                let bytes = match fs.read(&format!("{index}/{name}")) {
+                    Ok(b) => b,
+                    Err(e) => return Ok(Err(e)),
+                };
+                std::fs::write(scratch.join(&name), bytes)?;
+            }
+            Ok(Ok(()))
+        };
+        let copied = copy();
+        let mut store = FsStore {
+            fs,
+            db: None,
+            dir,
+            next_id: 0,
+            scratch: Some(scratch.clone()),
+        };
+        match copied {
+            Err(e) => {
+                return Err(FsTargetError::Damaged(format!(
+                    "copying the index to {}: {e}",
+                    scratch.display()
+                )))
+            }
+            Ok(Err(e)) => return Err(e.into()),
+            Ok(Ok(())) => {}
+        }
+        let db = Db::open(
+            Location::Dir(scratch),
+            &DbOptions {
+                create_if_missing: false,
+                ..DbOptions::default()
+            },
+        )?;
+        store.next_id = next_id(&db)?;
+        store.db = Some(db);
         Ok(store)
     }
 
@@ -212,10 +295,23 @@ impl FsStore {
         Ok(stored)
     }
 
-    /// Closes the index and unmounts (committing everything).
+    /// Closes the index and unmounts (committing everything; a read-only open writes
+    /// nothing and removes its copy of the index).
     pub fn close(mut self) -> Result<(), FsTargetError> {
         drop(self.db.take());
         self.fs.sync()?;
         Ok(())
     }
+}
+
+/// The next id the index `db` holds (0 for a new index).
+fn next_id(db: &Db) -> Result<u64, FsTargetError> {
+    Ok(match db.get(NEXT_KEY)? {
+        None => 0,
+        Some(v) => u64::from_le_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| FsTargetError::Damaged("next id is not 8 bytes".into()))?,
+        ),
+    })
 }

@@ -151,3 +151,59 @@ fn without_leveldb_an_accelfs_target_says_so_and_writes_nothing() {
         );
     }
 }
+
+#[test]
+fn a_read_only_open_reads_every_record_and_never_writes_the_device() {
+    let storage = formatted_storage(32 << 20);
+    let dev = || {
+        Box::new(MemDevice::with_storage(
+            storage.clone(),
+            QueueOptions::default(),
+        ))
+    };
+    let mut store = FsStore::open(dev(), "/ingest").expect("open");
+    let sent: Vec<Vec<u8>> = (0..5)
+        .map(|i| data(70 + i, 200_000 * i as usize + 1))
+        .collect();
+    let bufs: Vec<Vec<IoBuf>> = sent.iter().map(|b| chunks(b)).collect();
+    let records: Vec<FsRecord<'_>> = bufs
+        .iter()
+        .zip(&sent)
+        .enumerate()
+        .map(|(i, (c, b))| FsRecord {
+            chunks: c,
+            stored_len: b.len() as u64,
+            orig_len: b.len() as u64,
+            crc: kura_engine::crc32c::crc32c(b),
+            stage: 0,
+            label: 255,
+            seq: i as u64,
+        })
+        .collect();
+    store.store_batch(&records).expect("store");
+    store.close().expect("close");
+    // A record file a crash left behind: a writable open would remove it.
+    let fs = kura_accelfs::testing::mount_storage(&storage);
+    fs.write("/ingest/records/00000000000000ff", b"orphan")
+        .expect("write");
+    fs.unmount().expect("unmount");
+    let before = storage.lock().expect("storage").clone();
+    let mut ro = FsStore::open_read_only(dev(), "/ingest").expect("read-only open");
+    let entries = ro.entries().expect("entries");
+    assert_eq!(entries.len(), 5);
+    for e in &entries {
+        assert!(ro.read_original(e.id).expect("read") == sent[e.seq as usize]);
+    }
+    assert!(
+        ro.store_batch(&records[..1]).is_err(),
+        "a read-only target refuses to store"
+    );
+    ro.close().expect("close");
+    assert!(
+        *storage.lock().expect("storage") == before,
+        "the read-only open changed the device"
+    );
+    assert!(
+        kura_accelfs::testing::mount_storage(&storage).exists("/ingest/records/00000000000000ff")
+    );
+}
