@@ -16,6 +16,13 @@
 //!
 //! Write-zeroes and discards drop the cached blocks they cover (dirty or not) and go to the child.
 //!
+//! **Streaming reads** (`stream=SIZE`, 256 KiB by default, 0 turns it off): a read of at least
+//! that size of which the cache holds no block goes straight to the child into the caller's
+//! buffer and is not kept. A sequential scan would otherwise pay a copy and an insertion per
+//! block only to push the hot set out (DeLiBA's cache is for the hot set of small requests);
+//! with no block of the range cached there is nothing dirty to merge, so the child's data is
+//! the answer.
+//!
 //! The child is driven asynchronously at the caller's queue depth: read misses (one child command
 //! per run of missing blocks), write-through writes, write-zeroes, discards and flushes are all
 //! in flight on the child together, and a caller request completes when its last child command
@@ -35,9 +42,11 @@ use kura_engine::{
 use std::collections::{BTreeMap, HashMap, VecDeque};
 
 /// Options of `cache(...)`.
-pub const CACHE_OPTIONS: &[&str] = &["size", "mode"];
+pub const CACHE_OPTIONS: &[&str] = &["size", "mode", "stream"];
 /// Cache size when none is given (DeLiBA's default).
 pub const DEFAULT_CACHE_BYTES: u64 = 32 << 20;
+/// Reads at least this large with no cached block pass by the cache (`stream=`).
+pub const DEFAULT_STREAM_BYTES: u64 = 256 << 10;
 /// Most blocks moved to or from the child in one command.
 const MAX_RUN_BLOCKS: u64 = 256;
 
@@ -61,6 +70,8 @@ pub struct CacheStats {
     pub evictions: u64,
     /// Dirty blocks written to the child.
     pub written_back: u64,
+    /// Blocks of streaming reads sent past the cache (neither hits nor kept).
+    pub streamed: u64,
 }
 
 struct Entry {
@@ -101,6 +112,8 @@ enum Job {
         lba: u64,
         blocks: u64,
     },
+    /// A caller's streaming read sent past the cache, carrying the caller's buffer.
+    Stream { owner: u64 },
     /// A command of the cache's own (a write-back), waited for where it was issued.
     Own,
 }
@@ -111,7 +124,7 @@ impl Job {
             Job::Fill { lba, blocks, .. }
             | Job::WriteThrough { lba, blocks, .. }
             | Job::Pass { lba, blocks, .. } => (lba, blocks),
-            Job::Own => return false,
+            Job::Stream { .. } | Job::Own => return false,
         };
         lba < first + n && first < lba + blocks
     }
@@ -120,7 +133,7 @@ impl Job {
         match self {
             Job::WriteThrough { .. } => true,
             Job::Pass { op, .. } => op.is_mutation(),
-            Job::Fill { .. } | Job::Own => false,
+            Job::Fill { .. } | Job::Stream { .. } | Job::Own => false,
         }
     }
 }
@@ -131,6 +144,8 @@ pub struct Cache {
     geo: Geometry,
     mode: CacheMode,
     capacity: usize,
+    /// Reads of at least this many blocks with none cached go past the cache; 0: never.
+    stream_blocks: u64,
     entries: BTreeMap<u64, Entry>,
     /// Use order: tick of last use to block.
     lru: BTreeMap<u64, u64>,
@@ -163,6 +178,7 @@ impl Cache {
         }
         Ok(Cache {
             capacity: usize::try_from(size / bs).unwrap_or(usize::MAX),
+            stream_blocks: DEFAULT_STREAM_BYTES.div_ceil(bs),
             child,
             geo,
             mode,
@@ -179,6 +195,13 @@ impl Cache {
             poison: FlushPoison::default(),
             stats: CacheStats::default(),
         })
+    }
+
+    /// Sends reads of at least `bytes` of which no block is cached straight to the child
+    /// without keeping them (0: every read goes through the cache).
+    pub fn with_stream_bytes(mut self, bytes: u64) -> Self {
+        self.stream_blocks = bytes.div_ceil(u64::from(self.geo.block_size));
+        self
     }
 
     pub fn mode(&self) -> CacheMode {
@@ -247,9 +270,10 @@ impl Cache {
         let tag = self.tag();
         req.tag = tag;
         let owner = match job {
-            Job::Fill { owner, .. } | Job::WriteThrough { owner, .. } | Job::Pass { owner, .. } => {
-                Some(owner)
-            }
+            Job::Fill { owner, .. }
+            | Job::WriteThrough { owner, .. }
+            | Job::Pass { owner, .. }
+            | Job::Stream { owner } => Some(owner),
             Job::Own => None,
         };
         self.jobs.insert(tag, job);
@@ -301,6 +325,12 @@ impl Cache {
                 self.own_done.insert(c.tag, (c.buf, c.status));
             }
             Job::Pass { owner, .. } => self.finish_part(owner, c.status),
+            Job::Stream { owner } => {
+                if let Some(w) = self.waiting.get_mut(&owner) {
+                    w.req.buf = c.buf;
+                }
+                self.finish_part(owner, c.status);
+            }
             Job::WriteThrough {
                 owner,
                 lba,
@@ -516,6 +546,18 @@ impl Cache {
     fn start_read(&mut self, owner: u64, mut req: Request) {
         let bs = self.bs();
         let (lba, blocks) = (req.lba, req.blocks);
+        if self.stream_blocks > 0
+            && blocks >= self.stream_blocks
+            && self.entries.range(lba..lba + blocks).next().is_none()
+        {
+            self.stats.streamed += blocks;
+            let buf = req.buf.take();
+            self.wait_for(owner, req, 1);
+            return self.send(
+                Job::Stream { owner },
+                crate::child_request(Opcode::Read, lba, blocks, buf),
+            );
+        }
         let mut misses = Vec::new();
         if let Some(out) = req.buf.as_mut() {
             let mut i = 0;
@@ -639,10 +681,16 @@ impl BlockDevice for Cache {
             CacheMode::WriteThrough => "wt",
             CacheMode::WriteBack => "wb",
         };
+        let bs = u64::from(self.geo.block_size);
+        let stream = if self.stream_blocks == DEFAULT_STREAM_BYTES.div_ceil(bs) {
+            String::new()
+        } else {
+            format!("&stream={}", self.stream_blocks * bs)
+        };
         format!(
-            "cache({})?size={}&mode={mode}",
+            "cache({})?size={}&mode={mode}{stream}",
             self.child.describe(),
-            self.capacity as u64 * u64::from(self.geo.block_size)
+            self.capacity as u64 * bs
         )
     }
 
@@ -654,6 +702,7 @@ impl BlockDevice for Cache {
                 .with("misses", s.misses)
                 .with("evictions", s.evictions)
                 .with("written_back", s.written_back)
+                .with("streamed", s.streamed)
                 .with("cached_blocks", self.cached_blocks() as u64)
                 .with("dirty_blocks", self.dirty_blocks() as u64),
         );
@@ -730,6 +779,9 @@ pub fn open(spec: &Spec, children: ChildOpener<'_>) -> Result<Cache, OpenError> 
             )))
         }
     };
+    let stream = spec.size_option("stream")?.unwrap_or(DEFAULT_STREAM_BYTES);
     let mut kids = crate::open_children(spec, children, 1, Some(1))?;
-    Cache::new(kids.remove(0), size, mode).map_err(|e| crate::in_spec(spec, e))
+    Cache::new(kids.remove(0), size, mode)
+        .map(|c| c.with_stream_bytes(stream))
+        .map_err(|e| crate::in_spec(spec, e))
 }

@@ -182,3 +182,48 @@ fn a_read_racing_a_write_never_leaves_stale_data_cached() {
         }
     }
 }
+
+#[test]
+fn a_large_read_of_uncached_blocks_streams_past_the_cache() {
+    let (child, disk) = mem();
+    for b in 0..128u64 {
+        disk.lock().unwrap()[b as usize * BS..(b as usize + 1) * BS].copy_from_slice(&block_of(b));
+    }
+    let mut c = Cache::new(Box::new(child), 64 * BS as u64, CacheMode::WriteBack)
+        .unwrap()
+        .with_stream_bytes(16 * BS as u64);
+    let mut out = vec![0u8; 64 * BS];
+    c.read_blocks(0, &mut out).unwrap();
+    for (k, block) in out.chunks(BS).enumerate() {
+        assert_eq!(id_of(block), k as u64);
+    }
+    let s = c.stats();
+    assert_eq!((s.streamed, s.misses, s.hits), (64, 0, 0));
+    assert_eq!(c.cached_blocks(), 0, "a stream is not kept");
+
+    // A small read is cached as before, and a large read over it is no longer a stream, so
+    // write-back data the child has not seen yet is part of the answer.
+    c.read_blocks(70, &mut out[..BS]).unwrap();
+    c.write_blocks(72, &block_of(999)).unwrap();
+    c.read_blocks(64, &mut out[..32 * BS]).unwrap();
+    assert_eq!(id_of(&out[6 * BS..7 * BS]), 70);
+    assert_eq!(
+        id_of(&out[8 * BS..9 * BS]),
+        999,
+        "the dirty block, not the child's"
+    );
+    assert_eq!(id_of(&out[31 * BS..32 * BS]), 95);
+    assert_eq!(
+        c.stats().streamed,
+        64,
+        "the second large read went through the cache"
+    );
+
+    // stream=0: every read is kept.
+    let (child, _) = mem();
+    let mut c = Cache::new(Box::new(child), 64 * BS as u64, CacheMode::WriteThrough)
+        .unwrap()
+        .with_stream_bytes(0);
+    c.read_blocks(0, &mut out).unwrap();
+    assert_eq!((c.stats().streamed, c.cached_blocks()), (0, 64));
+}
