@@ -101,6 +101,8 @@ pub struct RebalanceReport {
     pub formatted: usize,
     /// Copies forgotten on the legs named for resync (refilled from the other copies).
     pub forgotten: u64,
+    /// Times a chunk waited for a later pass because a leg it moves to was full.
+    pub deferred: u64,
 }
 
 impl RebalanceReport {
@@ -273,92 +275,120 @@ pub fn rebalance(
         })
         .collect();
     let mut buf = vec![0u8; first.chunk_bytes as usize];
-    let mut c0 = 0u64;
     progress(0, chunks);
-    while c0 < chunks {
-        let c1 = (c0 + BATCH).min(chunks);
-        let mut gained = BTreeSet::new();
-        let mut removals: Vec<(usize, u64)> = Vec::new();
-        for c in c0..c1 {
-            let want = &sets[c as usize * r..c as usize * r + r];
-            let have = where_[c as usize].clone();
-            let mut copied = false;
-            for (rank, &l) in want.iter().enumerate() {
-                let l = l as usize;
-                let entry = Some(Entry {
-                    chunk: c as u32,
-                    rank: rank as u16,
+    // Chunks in order; one that needs a slot on a leg with none free waits for a later pass,
+    // after other chunks' old copies left that leg (a full leg gains before it loses).
+    let mut pending: Vec<u64> = (0..chunks).collect();
+    let mut done = 0u64;
+    while !pending.is_empty() {
+        let mut deferred = Vec::new();
+        let mut progressed = false;
+        let mut next = 0usize;
+        while next < pending.len() {
+            let mut gained = BTreeSet::new();
+            let mut removals: Vec<(usize, u64)> = Vec::new();
+            let mut in_batch = 0u64;
+            while next < pending.len() && in_batch < BATCH {
+                let c = pending[next];
+                next += 1;
+                let want = &sets[c as usize * r..c as usize * r + r];
+                let have = where_[c as usize].clone();
+                let short = want.iter().any(|&l| {
+                    !have.iter().any(|&(hl, _)| hl == l as usize) && free[l as usize].is_empty()
                 });
-                if let Some(&(_, s)) = have.iter().find(|&&(hl, _)| hl == l) {
-                    if metas[l].entries[s as usize] != entry {
-                        metas[l].entries[s as usize] = entry;
-                        gained.insert(l);
-                    }
+                if short {
+                    deferred.push(c);
                     continue;
                 }
-                // A new copy: read from a current one (lowest rank first), write to a free slot.
-                let mut src = have.clone();
-                src.sort_by_key(|&(hl, s)| metas[hl].entries[s as usize].map(|e| e.rank));
-                let Some(&(sl, ss)) = src.first() else {
-                    return Err(invalid(format!(
-                        "rebalance: chunk {c} has no copy on any leg"
-                    )));
-                };
-                let at = (metas[sl].geo.data / bs) + ss * chunk_blocks;
-                legs[sl]
-                    .read_blocks(at, &mut buf)
-                    .map_err(|e| io(sl, "reading a chunk", e))?;
-                let Some(slot) = free[l].pop() else {
-                    return Err(invalid(format!(
-                        "rebalance: leg {l} ({}) has no free slot for chunk {c}",
-                        legs[l].describe()
-                    )));
-                };
-                let to = (metas[l].geo.data / bs) + slot * chunk_blocks;
-                legs[l]
-                    .write_blocks(to, &buf)
-                    .map_err(|e| io(l, "writing a chunk", e))?;
-                metas[l].entries[slot as usize] = entry;
-                where_[c as usize].push((l, slot));
-                gained.insert(l);
-                report.copies += 1;
-                copied = true;
+                in_batch += 1;
+                let mut copied = false;
+                for (rank, &l) in want.iter().enumerate() {
+                    let l = l as usize;
+                    let entry = Some(Entry {
+                        chunk: c as u32,
+                        rank: rank as u16,
+                    });
+                    if let Some(&(_, s)) = have.iter().find(|&&(hl, _)| hl == l) {
+                        if metas[l].entries[s as usize] != entry {
+                            metas[l].entries[s as usize] = entry;
+                            gained.insert(l);
+                        }
+                        continue;
+                    }
+                    // A new copy: read from a current one (lowest rank first), write to a free
+                    // slot.
+                    let mut src = have.clone();
+                    src.sort_by_key(|&(hl, s)| metas[hl].entries[s as usize].map(|e| e.rank));
+                    let Some(&(sl, ss)) = src.first() else {
+                        return Err(invalid(format!(
+                            "rebalance: chunk {c} has no copy on any leg"
+                        )));
+                    };
+                    let at = (metas[sl].geo.data / bs) + ss * chunk_blocks;
+                    legs[sl]
+                        .read_blocks(at, &mut buf)
+                        .map_err(|e| io(sl, "reading a chunk", e))?;
+                    let Some(slot) = free[l].pop() else {
+                        return Err(invalid(format!(
+                            "rebalance: leg {l} ({}) has no free slot for chunk {c}",
+                            legs[l].describe()
+                        )));
+                    };
+                    let to = (metas[l].geo.data / bs) + slot * chunk_blocks;
+                    legs[l]
+                        .write_blocks(to, &buf)
+                        .map_err(|e| io(l, "writing a chunk", e))?;
+                    metas[l].entries[slot as usize] = entry;
+                    where_[c as usize].push((l, slot));
+                    gained.insert(l);
+                    report.copies += 1;
+                    copied = true;
+                }
+                for &(l, s) in &have {
+                    if !want.contains(&(l as u16)) {
+                        removals.push((l, s));
+                    }
+                }
+                report.chunks_moved += u64::from(copied);
             }
-            for &(l, s) in &have {
-                if !want.contains(&(l as u16)) {
-                    removals.push((l, s));
+            progressed |= in_batch > 0;
+            // The copies are durable before any table names them...
+            for &l in &gained {
+                legs[l]
+                    .flush_all()
+                    .map_err(|e| io(l, "flushing copies", e))?;
+            }
+            // ...the tables name the new copies (the old ones still valid) ...
+            for &l in &gained {
+                write_meta(legs[l].as_mut(), &mut metas[l])
+                    .map_err(|e| io(l, "writing the table", e))?;
+            }
+            // ... and only then drop the old copies; their slots are reused after that write.
+            let losing: BTreeSet<usize> = removals.iter().map(|&(l, _)| l).collect();
+            for &(l, s) in &removals {
+                if let Some(e) = metas[l].entries[s as usize].take() {
+                    where_[e.chunk as usize].retain(|&(wl, ws)| (wl, ws) != (l, s));
                 }
             }
-            report.chunks_moved += u64::from(copied);
-        }
-        // The copies are durable before any table names them...
-        for &l in &gained {
-            legs[l]
-                .flush_all()
-                .map_err(|e| io(l, "flushing copies", e))?;
-        }
-        // ...the tables name the new copies (the old ones still valid) ...
-        for &l in &gained {
-            write_meta(legs[l].as_mut(), &mut metas[l])
-                .map_err(|e| io(l, "writing the table", e))?;
-        }
-        // ... and only then drop the old copies; their slots are reused after that write.
-        let losing: BTreeSet<usize> = removals.iter().map(|&(l, _)| l).collect();
-        for &(l, s) in &removals {
-            if let Some(e) = metas[l].entries[s as usize].take() {
-                where_[e.chunk as usize].retain(|&(wl, ws)| (wl, ws) != (l, s));
+            for &l in &losing {
+                write_meta(legs[l].as_mut(), &mut metas[l])
+                    .map_err(|e| io(l, "writing the table", e))?;
             }
+            for &(l, s) in &removals {
+                free[l].push(s);
+                report.dropped += 1;
+            }
+            done += in_batch;
+            progress(done, chunks);
         }
-        for &l in &losing {
-            write_meta(legs[l].as_mut(), &mut metas[l])
-                .map_err(|e| io(l, "writing the table", e))?;
+        if !progressed {
+            return Err(invalid(format!(
+                "rebalance: {} chunks wait for a slot on full legs that only they would free (a cycle); give the legs room for one more chunk each, or move in two steps",
+                deferred.len()
+            )));
         }
-        for &(l, s) in &removals {
-            free[l].push(s);
-            report.dropped += 1;
-        }
-        c0 = c1;
-        progress(c0, chunks);
+        report.deferred += deferred.len() as u64;
+        pending = deferred;
     }
     // Done: the target map is the current one everywhere.
     for (l, m) in metas.iter_mut().enumerate() {
