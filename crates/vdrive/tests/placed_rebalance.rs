@@ -127,12 +127,27 @@ fn check(disks: &[MemDevice], map: &CrushMap, replicas: usize, chunks: u64) {
 }
 
 fn run(disks: &[MemDevice], map: &CrushMap, replicas: usize) -> RebalanceReport {
+    run_with(disks, map, replicas, &[])
+}
+
+fn run_with(
+    disks: &[MemDevice],
+    map: &CrushMap,
+    replicas: usize,
+    resync: &[usize],
+) -> RebalanceReport {
     let mut legs = boxed(disks);
     let mut calls = 0u64;
-    let rep = rebalance(&mut legs, map, &opts(replicas), &[], &mut |done, total| {
-        assert!(done <= total);
-        calls += 1;
-    })
+    let rep = rebalance(
+        &mut legs,
+        map,
+        &opts(replicas),
+        resync,
+        &mut |done, total| {
+            assert!(done <= total);
+            calls += 1;
+        },
+    )
     .expect("rebalance");
     assert!(calls >= 2, "progress is reported");
     rep
@@ -303,7 +318,16 @@ fn every_chunk_readable_from_the_tables(disks: &[MemDevice], chunks: u64) {
 
 #[test]
 fn a_crash_anywhere_in_a_rebalance_loses_nothing_and_a_rerun_finishes() {
-    let (legs, replicas) = (4usize, 2usize);
+    // A leg added; the same with full legs that need deferral (7 -> 8, 3 replicas); a leg
+    // added while another is resynced.
+    crash_case(4, 2, &[], 0x5eed);
+    crash_case(7, 3, &[], 0x5eee);
+    crash_case(3, 2, &[1], 0x5eef);
+}
+
+/// Records the rebalance of `legs` full legs onto `legs + 1` (resyncing `resync`), cuts its
+/// write stream at 28 points, and checks each crashed state and its rerun.
+fn crash_case(legs: usize, replicas: usize, resync: &[usize], seed: u64) {
     let mut disks = blank(legs);
     let chunks = fill(&disks, &flat_map(legs), replicas);
     disks.extend(blank(1));
@@ -322,10 +346,14 @@ fn a_crash_anywhere_in_a_rebalance_loses_nothing_and_a_rerun_finishes() {
         })
         .collect();
     let new = flat_map(legs + 1);
-    rebalance(&mut rec, &new, &opts(replicas), &[], &mut |_, _| {}).expect("rebalance");
+    let first =
+        rebalance(&mut rec, &new, &opts(replicas), resync, &mut |_, _| {}).expect("rebalance");
+    if legs == 7 {
+        assert!(first.deferred > 0, "{first:?}");
+    }
     let log = log.lock().expect("lock").clone();
     assert!(log.len() > 20, "{} events", log.len());
-    let mut rng = SmallRng::seed_from_u64(0x5eed);
+    let mut rng = SmallRng::seed_from_u64(seed);
     let mut cuts: Vec<usize> = (0..24).map(|_| rng.gen_range(0..=log.len())).collect();
     cuts.extend([0, 1, log.len() / 2, log.len()]);
     for (k, &cut) in cuts.iter().enumerate() {
@@ -347,7 +375,7 @@ fn a_crash_anywhere_in_a_rebalance_loses_nothing_and_a_rerun_finishes() {
             })
             .collect();
         every_chunk_readable_from_the_tables(&crashed, chunks);
-        let rep = run(&crashed, &new, replicas);
+        let rep = run_with(&crashed, &new, replicas, resync);
         assert!(rep.copies <= chunks * replicas as u64, "cut {cut}: {rep:?}");
         check(&crashed, &new, replicas, chunks);
     }
