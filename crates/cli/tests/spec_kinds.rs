@@ -117,6 +117,13 @@ fn persistent_specs(dir: &Path, server: &Server, registry: &Registry) -> Vec<(St
             format!("priority({})", img("priority.img", "64M")),
         ),
         (
+            "throttle",
+            format!(
+                "throttle({})?lat_us=20&slow_us=200&slow_pct=10",
+                img("throttle.img", "64M")
+            ),
+        ),
+        (
             "atomic",
             format!("atomic({})?log=4M", img("atomic.img", "68M")),
         ),
