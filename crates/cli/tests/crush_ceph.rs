@@ -139,7 +139,7 @@ fn kura_crush_map_places_objects_like_the_monitor() {
         .map(|i| match i % 3 {
             0 => format!("rbd_data.{:x}.{:016x}", 0x1f2e + i, i * 7919),
             1 => format!("object-{i}"),
-            _ => format!("{}", "x".repeat(1 + i % 40)),
+            _ => "x".repeat(1 + i % 40),
         })
         .collect();
 
