@@ -20,6 +20,10 @@ use kura_engine::{
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+/// How long `poll` waits before looking at the child again while some completions are held
+/// for their due time and others are due but not yet back from the child.
+const RECHECK: Duration = Duration::from_micros(20);
+
 /// Options of `throttle(...)`.
 pub const THROTTLE_OPTIONS: &[&str] = &["mbps", "lat_us", "slow_us", "slow_pct", "seed"];
 
@@ -207,7 +211,9 @@ impl BlockDevice for Throttle {
                 Some(due) if due > now => std::thread::sleep(due - now),
                 // Due already, but the child has not finished it: wait for the child.
                 Some(_) if self.held.is_empty() => self.collect(true)?,
-                Some(_) => {}
+                // Due already at the child, while held ones wait for their time: look at the
+                // child again shortly rather than spin on it or sleep past either.
+                Some(_) => std::thread::sleep(RECHECK),
                 None => return Err(crate::lost_track("throttle")),
             }
         }
