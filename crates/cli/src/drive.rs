@@ -256,9 +256,21 @@ fn rebalance(spec: &str, quiet: bool, resync: &[usize]) -> anyhow::Result<()> {
             String::new()
         }
     );
-    if !resync.is_empty() {
+    if !report.resynced.is_empty() {
+        let marked: Vec<usize> = report
+            .resynced
+            .iter()
+            .copied()
+            .filter(|l| !resync.contains(l))
+            .collect();
         println!(
-            "resync of legs {resync:?}: {} stale copies forgotten, refilled from the other legs",
+            "resync of legs {:?}{}: {} stale copies forgotten, refilled from the other legs",
+            report.resynced,
+            if marked.is_empty() {
+                String::new()
+            } else {
+                format!(" ({marked:?} marked stale by the other legs)")
+            },
             report.forgotten
         );
     }

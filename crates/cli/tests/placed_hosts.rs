@@ -2,9 +2,10 @@
 //! veth pair and running `kura serve` of its own image, are the legs (`remote:` NBD exports) of
 //! one placed drive with two replicas. One host's server is killed in the middle of a stream of
 //! writes; every write the drive acknowledged must read back, from the surviving replicas. Then
-//! the host is restarted (its image holds stale copies), a fourth host is added, and
-//! `kura drive rebalance --resync 1` moves chunks onto the new host and refills the restarted
-//! one from the others; every acknowledged write reads back through the four-host spec, and a
+//! the host is restarted (its image holds stale copies; a reopen keeps it out of service, since
+//! the flush after the kill marked it stale on the others), a fourth host is added, and
+//! `kura drive rebalance` (no `--resync 1` needed: leg 1 is marked) moves chunks onto the new
+//! host and refills the restarted one from the others; every acknowledged write reads back through the four-host spec, and a
 //! kill of the restarted host afterwards still loses nothing.
 //! Everything (servers, namespaces, links) is torn down when the test ends, pass or fail.
 //!
@@ -202,6 +203,8 @@ fn a_host_killed_mid_write_loses_no_acknowledged_write() {
     }
     let text = dev.describe();
     assert!(text.contains("leg 1 out of service"), "{text}");
+    // The flush acknowledges round 1 only after hosts 0 and 2 record leg 1 as stale.
+    dev.flush_all().expect("flush with host 1 down");
     for (k, &b) in written.iter().enumerate() {
         let mut out = vec![0u8; 4096];
         dev.read_blocks(b, &mut out)
@@ -213,9 +216,28 @@ fn a_host_killed_mid_write_loses_no_acknowledged_write() {
         );
     }
     drop(dev);
-    // Host 1 comes back with its stale image; host 3 joins; the rebalance refills host 1 from
-    // the others and moves host 3's share onto it.
+    // Host 1 comes back with its stale image. Reopened without a resync, the drive keeps leg 1
+    // out of service (the other legs mark it stale) and serves round 1 everywhere.
     hosts.start(1, &dir.path().join("host1.img"));
+    let mut dev: Box<dyn BlockDevice> = registry.open(&spec).expect("reopen, host 1 back");
+    let text = dev.describe();
+    assert!(
+        text.contains("leg 1 out of service") && text.contains("marked stale"),
+        "{text}"
+    );
+    for (k, &b) in written.iter().enumerate() {
+        let mut out = vec![0u8; 4096];
+        dev.read_blocks(b, &mut out)
+            .unwrap_or_else(|e| panic!("read of block {b} after the reopen: {e}"));
+        let round = last_round[k].expect("every write was acknowledged");
+        assert!(
+            out == pattern(b, round),
+            "block {b}: stale data after the reopen, not round {round}"
+        );
+    }
+    drop(dev);
+    // Host 3 joins; the rebalance (no --resync needed: leg 1 is marked) refills host 1 from the
+    // others and moves host 3's share onto it.
     hosts.add(dir.path());
     let four: Vec<String> = hosts
         .addrs
@@ -223,9 +245,10 @@ fn a_host_killed_mid_write_loses_no_acknowledged_write() {
         .map(|a| format!("remote:{a}/disk"))
         .collect();
     let spec4 = format!("placed({})?replicas=2&chunk=1M", four.join(","));
-    let out = common::ok(&["drive", "rebalance", &spec4, "--resync", "1", "--quiet"]);
+    let out = common::ok(&["drive", "rebalance", &spec4, "--quiet"]);
     assert!(out.contains("1 new legs formatted"), "{out}");
     assert!(out.contains("stale copies forgotten"), "{out}");
+    assert!(out.contains("[1] marked stale by the other legs"), "{out}");
     eprintln!("{out}");
     let check = |dev: &mut Box<dyn BlockDevice>, when: &str| {
         for (k, &b) in written.iter().enumerate() {

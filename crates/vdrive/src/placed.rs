@@ -46,6 +46,14 @@
 //! at any point of the stream, and every acknowledged write stays readable. A leg out of service
 //! gets no more I/O while the drive is open ([`Placed::status`] and `describe()` say why);
 //! bringing it back (rebalance, resync) is not done here. A failed flush poisons the drive.
+//!
+//! **Stale marks (format 1).** That a leg went out is persisted before any flush completes:
+//! a caller's flush first writes the set of out-of-service legs into the header (stale bitmap,
+//! next generation) of every in-service leg, then flushes the legs, and repeats both if
+//! another leg went out meanwhile; so whatever a flush acknowledged is never shadowed by a
+//! stale copy after a crash. At open a leg any header marks stale opens out of service (a chunk
+//! with copies only on marked legs is an error); `kura drive rebalance` refills marked legs as
+//! with `--resync` and clears the marks.
 
 use crate::child_request;
 use crate::fanout::{combined_geometry, fanout_methods, scratch, Done, Fanout};
@@ -132,6 +140,15 @@ enum Piece {
     Mutation { group: u64, whole: bool },
     /// A flush of one leg.
     Flush,
+    /// Part of a write of one leg's metadata (the stale marks), ahead of a flush.
+    Meta,
+}
+
+/// Where a caller's flush is: writing the stale marks `set` into the in-service legs'
+/// metadata, or flushing the legs (the marks `set` then become durable).
+enum FlushStage {
+    Meta(Vec<bool>),
+    Flush(Vec<bool>),
 }
 
 /// The replicas of one chunk's mutation still in flight and what the finished ones did.
@@ -161,6 +178,17 @@ pub struct Placed {
     read_errors: Vec<u64>,
     groups: HashMap<u64, Group>,
     next_group: u64,
+    /// Each leg's metadata as last written (format 1; empty with `layout=dense`), for writing
+    /// the stale marks.
+    metas: Vec<rebalance::LegMeta>,
+    /// Legs whose stale mark is durable on every in-service leg (as of the last flush that
+    /// wrote marks), by leg.
+    marked: Vec<bool>,
+    /// The caller flush writing marks now (one at a time: A/B copies must not be raced).
+    meta_owner: Option<usize>,
+    /// Caller flushes waiting for `meta_owner` to finish.
+    meta_waiting: Vec<usize>,
+    flushes: HashMap<usize, FlushStage>,
 }
 
 /// The map used when a spec names none: one straw2 bucket (id -1, type 1 `root`) holding
@@ -374,8 +402,9 @@ fn assign(
     Ok((rows, chunks))
 }
 
-/// Copies per chunk (by rank, then leg), each leg's data offset in blocks, and the chunk count.
-type Layout = (Vec<Vec<Replica>>, Vec<u64>, u64);
+/// Copies per chunk (by rank, then leg), each leg's data offset in blocks, the chunk count and
+/// each leg's metadata.
+type Layout = (Vec<Vec<Replica>>, Vec<u64>, u64, Vec<rebalance::LegMeta>);
 
 /// A spec's legs, map, map source (empty for the flat map) and options.
 pub type Parsed = (Vec<Box<dyn BlockDevice>>, CrushMap, String, PlacedOptions);
@@ -568,7 +597,8 @@ fn persistent(
         out.push(row.into_iter().map(|(_, p)| p).collect());
     }
     let base = all.iter().map(|m| m.geo.data / bs).collect();
-    Ok((out, base, chunks))
+    let metas = metas.into_iter().flatten().collect();
+    Ok((out, base, chunks, metas))
 }
 
 /// Formats blank legs: CRUSH places chunks densely on the slots each leg has after its
@@ -598,6 +628,7 @@ fn format(
     let slots: Vec<u64> = geos.iter().map(|g| g.slots).collect();
     let (rows, chunks) = assign(map, opts, &slots, legs)?;
     let id = drive_id();
+    let mut metas = Vec::with_capacity(n);
     for (l, leg) in legs.iter_mut().enumerate() {
         let geo = geos[l];
         let mut entries = vec![None; geo.slots as usize];
@@ -631,6 +662,7 @@ fn format(
                 map_epoch: 0,
                 target_crc: 0,
                 table_crc: 0,
+                stale: [0; layout::STALE_WORDS],
             },
             entries,
         };
@@ -640,9 +672,10 @@ fn format(
                 leg.describe()
             ))
         })?;
+        metas.push(meta);
     }
     let base = geos.iter().map(|g| g.data / bs).collect();
-    Ok((rows, base, chunks))
+    Ok((rows, base, chunks, metas))
 }
 
 impl Placed {
@@ -677,13 +710,43 @@ impl Placed {
         }
         let chunk_blocks = opts.chunk / bs;
         check_rule(map, opts.rule, n)?;
-        let (rows, base, chunks) = if opts.dense {
+        let (rows, base, chunks, metas) = if opts.dense {
             let slots: Vec<u64> = geos.iter().map(|g| g.num_blocks / chunk_blocks).collect();
             let (rows, chunks) = assign(map, opts, &slots, &legs)?;
-            (rows, vec![0; n], chunks)
+            (rows, vec![0; n], chunks, Vec::new())
         } else {
             persistent(&mut legs, map, opts, bs)?
         };
+        // A leg any header marks stale missed acknowledged writes: it opens out of service.
+        let marked: Vec<bool> = (0..n)
+            .map(|l| metas.iter().any(|m| m.header.marks_stale(l)))
+            .collect();
+        let health: Vec<LegHealth> = marked
+            .iter()
+            .enumerate()
+            .map(|(l, &m)| {
+                if m {
+                    LegHealth::Degraded {
+                        reason: format!(
+                            "marked stale in the other legs' headers (it missed writes); refill it with `kura drive rebalance SPEC --resync {l}`"
+                        ),
+                    }
+                } else {
+                    LegHealth::Healthy
+                }
+            })
+            .collect();
+        if let Some((c, row)) = rows
+            .iter()
+            .enumerate()
+            .find(|(_, row)| row.iter().all(|p| marked[p.leg as usize]))
+        {
+            let on: Vec<String> = row.iter().map(|p| p.leg.to_string()).collect();
+            return Err(invalid(format!(
+                "chunk {c} has copies only on legs marked stale ({}); its acknowledged data is on no leg in service",
+                on.join(", ")
+            )));
+        }
         let mut table = Vec::new();
         let mut starts = Vec::with_capacity(rows.len() + 1);
         for row in rows {
@@ -702,10 +765,15 @@ impl Placed {
             rule: opts.rule,
             source: source.to_string(),
             balanced: opts.balanced_reads,
-            health: vec![LegHealth::Healthy; n],
+            health,
             read_errors: vec![0; n],
             groups: HashMap::new(),
             next_group: 0,
+            metas,
+            marked,
+            meta_owner: None,
+            meta_waiting: Vec::new(),
+            flushes: HashMap::new(),
         })
     }
 
@@ -751,17 +819,7 @@ impl Placed {
         };
         let (op, lba, blocks) = (parent.req.op, parent.req.lba, parent.req.blocks);
         if op == Opcode::Flush {
-            let legs: Vec<usize> = (0..self.health.len())
-                .filter(|&l| self.health[l] == LegHealth::Healthy)
-                .collect();
-            if legs.is_empty() {
-                let e = offline("every leg is out of service".into());
-                self.fan.complete_parent(id, Err(e));
-            }
-            for leg in legs {
-                self.fan
-                    .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
-            }
+            self.start_flush(id);
             return;
         }
         // Runs of the request within one chunk: (chunk, block in chunk, block in request, blocks).
@@ -865,6 +923,128 @@ impl Placed {
                         },
                     );
                 }
+            }
+        }
+    }
+
+    /// Which legs are out of service now.
+    fn out_set(&self) -> Vec<bool> {
+        self.health
+            .iter()
+            .map(|h| *h != LegHealth::Healthy)
+            .collect()
+    }
+
+    /// Starts (or restarts) caller flush `id`. When a leg went out of service since the marks
+    /// last became durable, the in-service legs' metadata first records it (so a reopen never
+    /// serves the stale leg's copies of writes this flush acknowledges); then every in-service
+    /// leg is flushed.
+    fn start_flush(&mut self, id: usize) {
+        let now = self.out_set();
+        let legs: Vec<usize> = (0..self.health.len())
+            .filter(|&l| self.in_service(l))
+            .collect();
+        if legs.is_empty() {
+            let e = offline("every leg is out of service".into());
+            self.end_flush(id, Err(e));
+            return;
+        }
+        if self.metas.is_empty() || now == self.marked {
+            self.flushes.insert(id, FlushStage::Flush(now));
+            for leg in legs {
+                self.fan
+                    .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
+            }
+            return;
+        }
+        if self.meta_owner.is_some_and(|o| o != id) {
+            self.meta_waiting.push(id);
+            return;
+        }
+        self.meta_owner = Some(id);
+        let bs = u64::from(self.geo.block_size);
+        for leg in legs {
+            let max = u64::from(self.fan.legs[leg].dev.geometry().max_transfer)
+                .max(bs)
+                .div_ceil(bs)
+                * bs;
+            let m = &mut self.metas[leg];
+            for (l, &out) in now.iter().enumerate() {
+                m.header.set_stale(l, out);
+            }
+            m.header.generation += 1;
+            let copy = m.header.generation % 2;
+            let table = layout::encode_table(&m.entries, m.geo.table);
+            m.header.table_crc = kura_engine::crc32c::crc32c(&table);
+            let header = layout::encode_header(&m.header, m.geo.header);
+            let (table_at, header_at) = (m.geo.table_at(copy), m.geo.header_at(copy));
+            for (at, bytes) in [(table_at, table), (header_at, header)] {
+                for (i, part) in bytes.chunks(max as usize).enumerate() {
+                    let mut buf = scratch(part.len());
+                    buf.copy_from_slice(part);
+                    let lba = (at + i as u64 * max) / bs;
+                    let req = child_request(Opcode::Write, lba, part.len() as u64 / bs, Some(buf));
+                    self.fan.send(id, leg, req, Piece::Meta);
+                }
+            }
+        }
+        self.flushes.insert(id, FlushStage::Meta(now));
+    }
+
+    /// Every piece of caller flush `id`'s current stage is in.
+    fn flush_stage_done(&mut self, id: usize) {
+        let failed = self
+            .fan
+            .parent_mut(id)
+            .is_none_or(|p| !p.failures.is_empty());
+        let stage = self.flushes.remove(&id);
+        if failed {
+            let status = self.fan.parent_mut(id).map_or(Ok(()), |p| p.first_status());
+            self.end_flush(id, status);
+            return;
+        }
+        match stage {
+            Some(FlushStage::Meta(set)) => {
+                // The marks are written; the flush makes them (and the data) durable.
+                let legs: Vec<usize> = (0..self.health.len())
+                    .filter(|&l| self.in_service(l))
+                    .collect();
+                if legs.is_empty() {
+                    let e = offline("every leg is out of service".into());
+                    self.end_flush(id, Err(e));
+                    return;
+                }
+                self.flushes.insert(id, FlushStage::Flush(set));
+                for leg in legs {
+                    self.fan
+                        .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
+                }
+            }
+            Some(FlushStage::Flush(set)) => {
+                if set == self.out_set() {
+                    if self.meta_owner == Some(id) {
+                        self.marked = set;
+                    }
+                    self.end_flush(id, Ok(()));
+                } else {
+                    // A leg went out during this flush: record it before acknowledging.
+                    self.start_flush(id);
+                }
+            }
+            None => self.end_flush(id, Ok(())),
+        }
+    }
+
+    /// Completes caller flush `id` and lets the flushes that waited for its marks go on.
+    fn end_flush(&mut self, id: usize, status: DeviceResult<()>) {
+        self.flushes.remove(&id);
+        if let Some(p) = self.fan.take_parent(id) {
+            self.fan.complete(p.req, status);
+        }
+        if self.meta_owner == Some(id) {
+            self.meta_owner = None;
+            for w in std::mem::take(&mut self.meta_waiting) {
+                self.start_flush(w);
             }
         }
     }
@@ -1003,16 +1183,26 @@ impl Placed {
                     }
                 }
             }
-            Piece::Flush => match completion.status {
-                Ok(()) => Ok(()),
-                Err(e) => {
-                    if self.take_out(leg, &format!("flush failed: {e}")) {
-                        Ok(())
-                    } else {
-                        Err(e)
+            Piece::Flush | Piece::Meta => {
+                let what = match meta {
+                    Piece::Meta => "writing the stale marks",
+                    _ => "flush",
+                };
+                let status = match completion.status {
+                    Ok(()) => Ok(()),
+                    Err(e) => {
+                        if self.take_out(leg, &format!("{what} failed: {e}")) {
+                            Ok(())
+                        } else {
+                            Err(e)
+                        }
                     }
+                };
+                if self.fan.piece_done(parent, leg, status) {
+                    self.flush_stage_done(parent);
                 }
-            },
+                return;
+            }
         };
         self.finish_piece(parent, leg, status);
     }

@@ -229,7 +229,7 @@ fn reweighting_and_emptying_a_leg() {
 
 /// A leg that logs every write and flush, in one order shared by all legs.
 struct Rec {
-    inner: MemDevice,
+    inner: Box<dyn BlockDevice>,
     leg: usize,
     log: Arc<Mutex<Vec<(usize, TraceEvent)>>>,
 }
@@ -339,7 +339,7 @@ fn crash_case(legs: usize, replicas: usize, resync: &[usize], seed: u64) {
         .enumerate()
         .map(|(leg, d)| {
             Box::new(Rec {
-                inner: d.new_queue(),
+                inner: Box::new(d.new_queue()),
                 leg,
                 log: log.clone(),
             }) as Box<dyn BlockDevice>
@@ -401,6 +401,7 @@ fn header(chunks: u64) -> Header {
         map_epoch: 0,
         target_crc: 0,
         table_crc: 0,
+        stale: [0; layout::STALE_WORDS],
     }
 }
 
@@ -532,21 +533,46 @@ fn a_leg_that_missed_writes_is_resynced_from_the_others() {
         dev.describe()
     );
     drop(dev);
-    // Reopened as it is, leg 1's stale copies would be served.
-    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
+    // Leg 1 still holds round 0 where it is some chunk's primary copy ...
     let mut buf = vec![0u8; CHUNK as usize];
-    let stale = (0..chunks)
-        .filter(|&c| {
-            dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
-                .expect("read");
-            buf != chunk_data(c + 1000)
+    let mut leg1 = disks[1].new_queue();
+    let meta = read_meta(&mut leg1).expect("leg 1's metadata");
+    let stale_copies = meta
+        .entries
+        .iter()
+        .enumerate()
+        .filter_map(|(s, e)| e.map(|e| (s, e)))
+        .filter(|&(s, e)| {
+            leg1.read_blocks(
+                meta.geo.data / BS as u64 + s as u64 * CHUNK / BS as u64,
+                &mut buf,
+            )
+            .expect("read leg 1");
+            e.rank == 0 && buf == chunk_data(u64::from(e.chunk))
         })
         .count();
+    assert!(stale_copies > 0, "leg 1 is the primary of some chunk");
+    // ... but reopened as it is (no resync), the other legs' headers mark it stale: it opens
+    // out of service and every read returns round 1.
+    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
     assert!(
-        stale > 0,
-        "leg 1 is primary for some chunk, so it serves stale data"
+        dev.describe().contains("leg 1 out of service") && dev.describe().contains("--resync 1"),
+        "{}",
+        dev.describe()
     );
+    for c in 0..chunks {
+        dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
+            .expect("read");
+        assert!(
+            buf == chunk_data(c + 1000),
+            "chunk {c} read stale after reopen"
+        );
+    }
     drop(dev);
+    for l in [0, 2] {
+        let m = read_meta(&mut disks[l].new_queue()).expect("metadata");
+        assert!(m.header.marks_stale(1) && !m.header.marks_stale(0) && !m.header.marks_stale(2));
+    }
     // Resync needs a copy elsewhere of every chunk.
     let err = rebalance(
         &mut boxed(&disks),
@@ -576,6 +602,12 @@ fn a_leg_that_missed_writes_is_resynced_from_the_others() {
     .expect("resync");
     assert!(rep.forgotten > 0 && rep.copies == rep.forgotten, "{rep:?}");
     let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
+    // The resync cleared the marks: every leg is in service again.
+    assert!(
+        !dev.describe().contains("out of service"),
+        "{}",
+        dev.describe()
+    );
     for c in 0..chunks {
         dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
             .expect("read");
@@ -588,5 +620,230 @@ fn a_leg_that_missed_writes_is_resynced_from_the_others() {
                 .expect("read a copy");
             assert!(buf == chunk_data(c + 1000), "chunk {c}'s copy on leg {leg}");
         }
+    }
+}
+
+/// Block `b` of `data` equals block `b` of one of `rounds`' data for chunk `c`.
+fn blocks_from_rounds(data: &[u8], c: u64, rounds: std::ops::RangeInclusive<u64>) -> bool {
+    let wants: Vec<Vec<u8>> = rounds.map(|r| chunk_data(c + r * 1000)).collect();
+    data.chunks(BS)
+        .enumerate()
+        .all(|(b, got)| wants.iter().any(|w| &w[b * BS..(b + 1) * BS] == got))
+}
+
+#[test]
+fn a_crash_after_a_leg_goes_out_never_serves_its_stale_copies() {
+    let disks = blank(3);
+    let chunks = {
+        let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
+        write_round(&mut dev, 0);
+        dev.chunks()
+    };
+    let base: Vec<Vec<u8>> = disks.iter().map(image).collect();
+    // Leg 1 fails its first write of round 1 and goes out; round 1 and then round 2 (half the
+    // chunks) are written and flushed. Every write and flush of every leg is recorded.
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let legs: Vec<Box<dyn BlockDevice>> = disks
+        .iter()
+        .enumerate()
+        .map(|(leg, d)| {
+            let q: Box<dyn BlockDevice> = Box::new(d.new_queue());
+            let inner: Box<dyn BlockDevice> = if leg == 1 {
+                Box::new(kura_engine::fault::FaultDevice::new(
+                    q,
+                    kura_engine::fault::FaultPlan {
+                        write_eio: Some(1),
+                        ..Default::default()
+                    },
+                ))
+            } else {
+                q
+            };
+            Box::new(Rec {
+                inner,
+                leg,
+                log: log.clone(),
+            }) as Box<dyn BlockDevice>
+        })
+        .collect();
+    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
+    // flushed[r]: the log length once round r's flush was acknowledged.
+    let mut flushed = vec![0usize];
+    write_round(&mut dev, 1);
+    flushed.push(log.lock().expect("lock").len());
+    assert!(dev.describe().contains("leg 1 out of service"));
+    for c in 0..chunks / 2 {
+        dev.write_blocks(c * CHUNK / BS as u64, &chunk_data(c + 2000))
+            .expect("write acknowledged");
+    }
+    dev.flush_all().expect("flush");
+    flushed.push(log.lock().expect("lock").len());
+    drop(dev);
+    let log = log.lock().expect("lock").clone();
+    // Leg 1's failed write is its only event; the marks went to legs 0 and 2 before the flush.
+    assert!(
+        log.iter().filter(|(l, _)| *l == 1).count() <= 1,
+        "leg 1 got I/O after going out"
+    );
+    let first_write_after_out = log
+        .iter()
+        .position(|(l, _)| *l == 1)
+        .expect("leg 1 saw the failing write");
+    let mut buf = vec![0u8; CHUNK as usize];
+    let mut cuts: Vec<usize> = (first_write_after_out..=log.len()).collect();
+    cuts.extend([0, 1, flushed[1] - 1, flushed[1]]);
+    for (k, &cut) in cuts.iter().enumerate() {
+        let crashed: Vec<MemDevice> = (0..3)
+            .map(|l| {
+                let trace: Vec<TraceEvent> = log[..cut]
+                    .iter()
+                    .filter(|(leg, _)| *leg == l)
+                    .map(|(_, e)| e.clone())
+                    .collect();
+                from_image(&materialize(
+                    &base[l],
+                    &trace,
+                    trace.len(),
+                    BS,
+                    0.5,
+                    k as u64,
+                ))
+            })
+            .collect();
+        // The newest round whose flush was acknowledged before the cut.
+        let durable = flushed.iter().rposition(|&f| f <= cut).unwrap_or(0) as u64;
+        let mut dev =
+            Placed::new(boxed(&crashed), &flat_map(3), "t", &opts(2)).expect("reopen after cut");
+        if durable >= 1 {
+            assert!(
+                dev.describe().contains("leg 1 out of service"),
+                "cut {cut}: {}",
+                dev.describe()
+            );
+        }
+        for c in 0..chunks {
+            dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
+                .expect("read");
+            let last = if c < chunks / 2 { 2 } else { 1 };
+            assert!(
+                blocks_from_rounds(&buf, c, durable.min(last)..=last),
+                "cut {cut} (round {durable} acknowledged): chunk {c} reads older data"
+            );
+        }
+        drop(dev);
+        if cut == log.len() {
+            // A rebalance without --resync refills the marked leg anyway and clears the mark.
+            let rep = rebalance(
+                &mut boxed(&crashed),
+                &flat_map(3),
+                &opts(2),
+                &[],
+                &mut |_, _| {},
+            )
+            .expect("rebalance");
+            assert!(rep.forgotten > 0 && rep.copies == rep.forgotten, "{rep:?}");
+            let mut dev = Placed::new(boxed(&crashed), &flat_map(3), "t", &opts(2)).expect("open");
+            assert!(
+                !dev.describe().contains("out of service"),
+                "{}",
+                dev.describe()
+            );
+            for c in 0..chunks {
+                let want = chunk_data(c + if c < chunks / 2 { 2000 } else { 1000 });
+                for (leg, lba) in dev.placement(c).expect("placed") {
+                    dev.leg_mut(leg)
+                        .expect("idle")
+                        .read_blocks(lba, &mut buf)
+                        .expect("read a copy");
+                    assert!(
+                        buf == want,
+                        "chunk {c}'s copy on leg {leg} after the resync"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn hostile_stale_bits_are_refused_clearly() {
+    let entries = vec![None; header(10).slots as usize];
+    // A mark for a leg the drive does not have.
+    let mut h = header(10);
+    h.set_stale(5, true);
+    let (hb, tb) = encoded(&h, &entries);
+    let err = layout::pick([&hb, &[0; BS]], [&tb, &[]], LEG, BS as u32).expect_err("leg 5 of 3");
+    assert!(
+        err.to_string().contains("stale bitmap") && err.to_string().contains("leg 5"),
+        "{err}"
+    );
+    // A leg marking itself.
+    let mut h = header(10);
+    h.set_stale(0, true);
+    let (hb, tb) = encoded(&h, &entries);
+    let err = layout::pick([&hb, &[0; BS]], [&tb, &[]], LEG, BS as u32).expect_err("own mark");
+    assert!(
+        err.to_string().contains("marks the leg that carries it"),
+        "{err}"
+    );
+    // Marks that leave a chunk with no leg in service: a real drive whose legs 0 and 2 are
+    // marked by leg 1's header (valid bytes, CRC right), so some chunk has only stale copies.
+    let disks = blank(3);
+    drop(Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format"));
+    let mut q = disks[1].new_queue();
+    let mut m = read_meta(&mut q).expect("metadata");
+    m.header.set_stale(0, true);
+    m.header.set_stale(2, true);
+    kura_vdrive::placed::rebalance::write_meta(&mut q, &mut m).expect("write");
+    let err = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2))
+        .err()
+        .expect("refused");
+    assert!(
+        err.to_string().contains("copies only on legs marked stale"),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_leg_whose_flush_fails_is_marked_before_the_flush_is_acknowledged() {
+    let disks = blank(3);
+    let chunks = {
+        let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
+        write_round(&mut dev, 0);
+        dev.chunks()
+    };
+    let mut legs = boxed(&disks);
+    legs[2] = Box::new(kura_engine::fault::FaultDevice::new(
+        Box::new(disks[2].new_queue()),
+        kura_engine::fault::FaultPlan {
+            flush_eio: Some(1),
+            ..Default::default()
+        },
+    ));
+    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
+    // Round 1 reaches every leg, but leg 2's flush fails: the flush is acknowledged only once
+    // legs 0 and 1 record leg 2 as stale (its copies of round 1 may not be durable).
+    write_round(&mut dev, 1);
+    assert!(
+        dev.describe().contains("leg 2 out of service"),
+        "{}",
+        dev.describe()
+    );
+    drop(dev);
+    for l in [0, 1] {
+        let m = read_meta(&mut disks[l].new_queue()).expect("metadata");
+        assert!(m.header.marks_stale(2), "leg {l} does not mark leg 2");
+    }
+    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
+    assert!(
+        dev.describe().contains("leg 2 out of service"),
+        "{}",
+        dev.describe()
+    );
+    let mut buf = vec![0u8; CHUNK as usize];
+    for c in 0..chunks {
+        dev.read_blocks(c * CHUNK / BS as u64, &mut buf)
+            .expect("read");
+        assert!(buf == chunk_data(c + 1000), "chunk {c}");
     }
 }

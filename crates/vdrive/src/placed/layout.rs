@@ -19,6 +19,11 @@ const CRC_AT: usize = 4092;
 pub const MAX_COPIES: usize = 32;
 /// Header flag: a rebalance started and has not finished.
 pub const FLAG_REBALANCING: u32 = 1;
+/// Offset and size of the stale-leg bitmap in a header copy: bit `l` (byte `l / 8`, bit
+/// `l % 8`) set means leg `l` missed acknowledged writes and must not serve reads.
+const STALE_AT: usize = 128;
+/// Words of the stale bitmap (one bit per possible leg).
+pub const STALE_WORDS: usize = super::MAX_LEGS / 64;
 
 /// Where things sit on one leg, a pure function of the leg's size, block size and chunk size.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,6 +105,29 @@ pub struct Header {
     pub map_epoch: u64,
     pub target_crc: u32,
     pub table_crc: u32,
+    /// Legs this leg's header marks stale (taken out of service while the drive took writes),
+    /// a bit per leg: bit `l % 64` of word `l / 64`.
+    pub stale: [u64; STALE_WORDS],
+}
+
+impl Header {
+    /// Whether this header marks leg `l` stale.
+    pub fn marks_stale(&self, l: usize) -> bool {
+        self.stale
+            .get(l / 64)
+            .is_some_and(|w| w >> (l % 64) & 1 == 1)
+    }
+
+    /// Sets (or clears) the stale mark of leg `l` (ignored past the bitmap).
+    pub fn set_stale(&mut self, l: usize, stale: bool) {
+        if let Some(w) = self.stale.get_mut(l / 64) {
+            if stale {
+                *w |= 1 << (l % 64);
+            } else {
+                *w &= !(1 << (l % 64));
+            }
+        }
+    }
 }
 
 /// One slot's entry: the chunk it holds and the copy's rank in CRUSH order.
@@ -188,6 +216,9 @@ pub fn encode_header(h: &Header, len: u64) -> Vec<u8> {
     put64(&mut b, 104, h.map_epoch);
     put32(&mut b, 112, h.target_crc);
     put32(&mut b, 116, h.table_crc);
+    for (i, w) in h.stale.iter().enumerate() {
+        put64(&mut b, STALE_AT + 8 * i, *w);
+    }
     let crc = crc32c_skipping(&b[..HEADER_BYTES as usize], CRC_AT);
     put32(&mut b, CRC_AT, crc);
     b
@@ -235,6 +266,7 @@ pub fn decode_header(b: &[u8], leg_bytes: u64, bs: u32) -> Result<Header, Layout
         map_epoch: get64(b, 104),
         target_crc: get32(b, 112),
         table_crc: get32(b, 116),
+        stale: std::array::from_fn(|i| get64(b, STALE_AT + 8 * i)),
     };
     if h.block_size != bs {
         return Err(field(
@@ -283,6 +315,30 @@ pub fn decode_header(b: &[u8], leg_bytes: u64, bs: u32) -> Result<Header, Layout
     }
     if h.flags & !FLAG_REBALANCING != 0 {
         return Err(field("flags", h.flags.into(), "unknown bits set"));
+    }
+    if let Some(l) = (0..STALE_WORDS * 64).find(|&l| h.marks_stale(l) && l >= h.legs as usize) {
+        return Err(field(
+            "stale bitmap",
+            l as u64,
+            format!("marks leg {l} stale, but the drive has {} legs", h.legs),
+        ));
+    }
+    if h.marks_stale(h.leg as usize) {
+        return Err(field(
+            "stale bitmap",
+            h.leg.into(),
+            "marks the leg that carries it stale (a leg never marks itself)",
+        ));
+    }
+    // Bytes between the fields and the CRC are zero in a valid copy.
+    if b[STALE_AT + 8 * STALE_WORDS..CRC_AT]
+        .iter()
+        .any(|&x| x != 0)
+        || b[120..STALE_AT].iter().any(|&x| x != 0)
+    {
+        return Err(LayoutError::Damaged(
+            "reserved header bytes are not zero".into(),
+        ));
     }
     Ok(h)
 }

@@ -103,6 +103,8 @@ pub struct RebalanceReport {
     pub forgotten: u64,
     /// Times a chunk waited for a later pass because a leg it moves to was full.
     pub deferred: u64,
+    /// Legs resynced: those named, and those a header marked stale.
+    pub resynced: Vec<usize>,
 }
 
 impl RebalanceReport {
@@ -211,6 +213,17 @@ pub fn rebalance(
         }
         out
     };
+    // Legs a header marks stale (taken out of service while the drive took writes) are
+    // resynced whether named or not: their copies must not be the source of any copy.
+    let mut resync: Vec<usize> = resync.to_vec();
+    for l in 0..n {
+        if metas.iter().any(|m| m.header.marks_stale(l)) && !resync.contains(&l) {
+            resync.push(l);
+        }
+    }
+    resync.sort_unstable();
+    report.resynced = resync.clone();
+    let resync = &resync[..];
     for &l in resync {
         let Some(m) = metas.get_mut(l) else {
             return Err(invalid(format!(
@@ -397,6 +410,8 @@ pub fn rebalance(
         m.header.target_crc = 0;
         m.header.map_epoch += 1;
         m.header.rule = opts.rule;
+        // Every chunk is now where the tables say with current data: no leg is stale.
+        m.header.stale = [0; layout::STALE_WORDS];
         write_meta(legs[l].as_mut(), m).map_err(|e| io(l, "writing the header", e))?;
     }
     Ok(report)
