@@ -819,7 +819,7 @@ mod tests {
             &job,
             3,
             &bar,
-            true,
+            Some(LAYER_TARGET),
         )
         .unwrap();
         assert_eq!(p.value_range.rounds, 3);
@@ -837,10 +837,10 @@ mod tests {
             &job,
             1,
             &bar,
-            false,
+            None,
         )
         .unwrap();
         assert!(unjudged.verdict.is_none() && unjudged.target.is_none());
-        assert!(layer_point("mem:16M", "x", "nosuch:1", "t", "IOPS", &job, 1, &bar, true).is_err());
+        assert!(layer_point("mem:16M", "x", "nosuch:1", "t", "IOPS", &job, 1, &bar, None).is_err());
     }
 }
