@@ -460,14 +460,7 @@ impl Reader {
                     })
                 }
                 Ok(n) => at += n,
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock
-                            | io::ErrorKind::TimedOut
-                            | io::ErrorKind::Interrupted
-                    ) =>
-                {
+                Err(e) if read_again(&e) => {
                     if at == 0 && idle && self.stop.load(Ordering::SeqCst) {
                         return Err(Stop::Closed);
                     }
@@ -657,19 +650,19 @@ impl Reader {
                 *at += n;
                 Ok(())
             }
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    io::ErrorKind::WouldBlock
-                        | io::ErrorKind::TimedOut
-                        | io::ErrorKind::Interrupted
-                ) =>
-            {
-                Ok(())
-            }
+            Err(e) if read_again(&e) => Ok(()),
             Err(e) => Err(Stop::Fail(ErrorCode::BadFrame, e.to_string())),
         }
     }
+}
+
+/// Whether a failed socket read only means "nothing yet" (the read timeout ran out or a signal
+/// came), so the reader tries again rather than failing the connection.
+fn read_again(e: &io::Error) -> bool {
+    matches!(
+        e.kind(),
+        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+    )
 }
 
 /// A record on its way to the device.

@@ -33,6 +33,28 @@ fn chunks(bytes: &[u8]) -> Vec<IoBuf> {
         .collect()
 }
 
+/// Records for [`FsStore::store_batch`] stored as sent (no stage, no label): `bufs[i]` holds
+/// `sent[i]`, whose seq is `first_seq + i`.
+fn plain_records<'a>(
+    bufs: &'a [Vec<IoBuf>],
+    sent: &[Vec<u8>],
+    first_seq: u64,
+) -> Vec<FsRecord<'a>> {
+    bufs.iter()
+        .zip(sent)
+        .enumerate()
+        .map(|(i, (c, b))| FsRecord {
+            chunks: c,
+            stored_len: b.len() as u64,
+            orig_len: b.len() as u64,
+            crc: kura_engine::crc32c::crc32c(b),
+            stage: 0,
+            label: 255,
+            seq: first_seq + i as u64,
+        })
+        .collect()
+}
+
 #[test]
 fn a_crash_anywhere_in_an_accelfs_target_keeps_every_acknowledged_record_whole() {
     let storage = formatted_storage(48 << 20);
@@ -51,20 +73,7 @@ fn a_crash_anywhere_in_an_accelfs_target_keeps_every_acknowledged_record_whole()
             sent.push(data(first + i, len));
         }
         let bufs: Vec<Vec<IoBuf>> = sent[first as usize..].iter().map(|b| chunks(b)).collect();
-        let records: Vec<FsRecord<'_>> = bufs
-            .iter()
-            .zip(&sent[first as usize..])
-            .enumerate()
-            .map(|(i, (c, b))| FsRecord {
-                chunks: c,
-                stored_len: b.len() as u64,
-                orig_len: b.len() as u64,
-                crc: kura_engine::crc32c::crc32c(b),
-                stage: 0,
-                label: 255,
-                seq: first + i as u64,
-            })
-            .collect();
+        let records = plain_records(&bufs, &sent[first as usize..], first);
         let entries = store.store_batch(&records).expect("store");
         acked.push((
             control.trace().len(),
@@ -166,20 +175,7 @@ fn a_read_only_open_reads_every_record_and_never_writes_the_device() {
         .map(|i| data(70 + i, 200_000 * i as usize + 1))
         .collect();
     let bufs: Vec<Vec<IoBuf>> = sent.iter().map(|b| chunks(b)).collect();
-    let records: Vec<FsRecord<'_>> = bufs
-        .iter()
-        .zip(&sent)
-        .enumerate()
-        .map(|(i, (c, b))| FsRecord {
-            chunks: c,
-            stored_len: b.len() as u64,
-            orig_len: b.len() as u64,
-            crc: kura_engine::crc32c::crc32c(b),
-            stage: 0,
-            label: 255,
-            seq: i as u64,
-        })
-        .collect();
+    let records = plain_records(&bufs, &sent, 0);
     store.store_batch(&records).expect("store");
     store.close().expect("close");
     // A record file a crash left behind: a writable open would remove it.

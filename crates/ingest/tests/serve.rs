@@ -615,17 +615,7 @@ fn a_crash_at_any_point_of_a_served_stream_shows_only_whole_records() {
     let (dev, storage) = formatted(28 << 20);
     drop(dev);
     let base = storage.lock().expect("storage").clone();
-    let faulty = FaultDevice::new(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        FaultPlan {
-            record: true,
-            ..FaultPlan::default()
-        },
-    );
-    let control = faulty.control();
+    let (faulty, control) = kura_accelfs::testing::recording_device(&storage);
     let running = start(Box::new(faulty), config(Order::Out), &tcp());
     let senders: Vec<_> = (0..3u64)
         .map(|s| {
