@@ -941,20 +941,11 @@ impl Placed {
     /// leg is flushed.
     fn start_flush(&mut self, id: usize) {
         let now = self.out_set();
-        let legs: Vec<usize> = (0..self.health.len())
-            .filter(|&l| self.in_service(l))
-            .collect();
-        if legs.is_empty() {
-            let e = offline("every leg is out of service".into());
-            self.end_flush(id, Err(e));
+        let Some(legs) = self.flush_legs(id) else {
             return;
-        }
+        };
         if self.metas.is_empty() || now == self.marked {
-            self.flushes.insert(id, FlushStage::Flush(now));
-            for leg in legs {
-                self.fan
-                    .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
-            }
+            self.send_flushes(id, now, legs);
             return;
         }
         if self.meta_owner.is_some_and(|o| o != id) {
@@ -991,6 +982,29 @@ impl Placed {
         self.flushes.insert(id, FlushStage::Meta(now));
     }
 
+    /// The in-service legs caller flush `id` goes to; when there are none the flush ends with
+    /// an offline error and this is `None`.
+    fn flush_legs(&mut self, id: usize) -> Option<Vec<usize>> {
+        let legs: Vec<usize> = (0..self.health.len())
+            .filter(|&l| self.in_service(l))
+            .collect();
+        if legs.is_empty() {
+            let e = offline("every leg is out of service".into());
+            self.end_flush(id, Err(e));
+            return None;
+        }
+        Some(legs)
+    }
+
+    /// Enters caller flush `id`'s flush stage (out-of-service set `set`) and flushes `legs`.
+    fn send_flushes(&mut self, id: usize, set: Vec<bool>, legs: Vec<usize>) {
+        self.flushes.insert(id, FlushStage::Flush(set));
+        for leg in legs {
+            self.fan
+                .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
+        }
+    }
+
     /// Every piece of caller flush `id`'s current stage is in.
     fn flush_stage_done(&mut self, id: usize) {
         let failed = self
@@ -1006,18 +1020,8 @@ impl Placed {
         match stage {
             Some(FlushStage::Meta(set)) => {
                 // The marks are written; the flush makes them (and the data) durable.
-                let legs: Vec<usize> = (0..self.health.len())
-                    .filter(|&l| self.in_service(l))
-                    .collect();
-                if legs.is_empty() {
-                    let e = offline("every leg is out of service".into());
-                    self.end_flush(id, Err(e));
-                    return;
-                }
-                self.flushes.insert(id, FlushStage::Flush(set));
-                for leg in legs {
-                    self.fan
-                        .send(id, leg, kura_engine::Request::flush(0), Piece::Flush);
+                if let Some(legs) = self.flush_legs(id) {
+                    self.send_flushes(id, set, legs);
                 }
             }
             Some(FlushStage::Flush(set)) => {
