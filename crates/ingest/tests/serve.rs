@@ -3,6 +3,7 @@
 //! bad records, device errors and a full device, a sender that vanishes mid-record, and
 //! back-pressure against a device that completes nothing until the test lets it.
 
+use kura_accelfs::testing::reopen;
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{FaultDevice, FaultPlan};
@@ -30,13 +31,7 @@ fn formatted(bytes: u64) -> (Box<dyn BlockDevice>, MemStorage) {
     let storage = dev.storage();
     let store = Store::format(Box::new(dev), FormatOptions::default()).expect("format");
     drop(store);
-    (
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        storage,
-    )
+    (reopen(&storage), storage)
 }
 
 fn config(order: Order) -> ServerConfig {
@@ -144,11 +139,7 @@ fn several_senders(order: Order, addr: Addr) {
         .collect();
     let stats = running.handle.stats.clone();
     drop(running.stop());
-    let mut store = Store::open_read_only(Box::new(MemDevice::with_storage(
-        storage,
-        QueueOptions::default(),
-    )))
-    .expect("reopen");
+    let mut store = Store::open_read_only(reopen(&storage)).expect("reopen");
     assert_eq!(store.entries().len(), 24);
     assert_eq!(stats.records.load(std::sync::atomic::Ordering::Relaxed), 24);
     for (sent, acks) in &results {
@@ -261,11 +252,7 @@ fn bad_records_and_vanishing_senders_leave_nothing_visible() {
     assert_eq!(store.entries().len(), 1);
     check_stored(&mut store, &sent, &acks);
     drop(store);
-    let ro = Store::open_read_only(Box::new(MemDevice::with_storage(
-        storage,
-        QueueOptions::default(),
-    )))
-    .expect("reopen");
+    let ro = Store::open_read_only(reopen(&storage)).expect("reopen");
     assert_eq!(ro.entries().len(), 1);
 }
 
@@ -312,11 +299,7 @@ fn device_errors_and_a_full_device_reach_the_sender_and_lose_nothing_acknowledge
     );
     let store = running.stop();
     drop(store);
-    let mut ro = Store::open_read_only(Box::new(MemDevice::with_storage(
-        storage,
-        QueueOptions::default(),
-    )))
-    .expect("reopen");
+    let mut ro = Store::open_read_only(reopen(&storage)).expect("reopen");
     // Every stored record is whole and is one that was sent; the first (acknowledged) is there.
     assert_eq!(ro.read(0).expect("first record"), sent[0].1);
     for e in ro.entries().to_vec() {
@@ -337,10 +320,7 @@ fn device_errors_and_a_full_device_reach_the_sender_and_lose_nothing_acknowledge
         )
         .expect("format"),
     );
-    let dev = Box::new(MemDevice::with_storage(
-        storage.clone(),
-        QueueOptions::default(),
-    ));
+    let dev = reopen(&storage);
     let running = start(dev, config(Order::Out), &tcp());
     let mut c = Client::connect(&running.addr, &opts()).expect("connect");
     let mut full = None;
@@ -454,10 +434,7 @@ fn a_sender_ten_times_faster_than_a_throttled_device_never_holds_more_than_the_b
     // bound is checked on the server's own credit counter (peak buffers in use), not on time.
     let (_, storage) = formatted(96 << 20);
     let dev = kura_vdrive::Throttle::new(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
+        reopen(&storage),
         kura_vdrive::ThrottleOptions {
             mbps: Some(40.0),
             ..kura_vdrive::ThrottleOptions::default()
@@ -502,10 +479,7 @@ fn records_written_without_the_network_are_stored_whole_in_both_orders() {
     for order in [Order::In, Order::Out] {
         let (_, storage) = formatted(64 << 20);
         let dev = kura_vdrive::Throttle::new(
-            Box::new(MemDevice::with_storage(
-                storage.clone(),
-                QueueOptions::default(),
-            )),
+            reopen(&storage),
             kura_vdrive::ThrottleOptions {
                 lat: std::time::Duration::from_micros(20),
                 slow: std::time::Duration::from_micros(1000),
@@ -540,12 +514,7 @@ fn records_written_without_the_network_are_stored_whole_in_both_orders() {
 fn an_accelfs_target_keeps_records_as_files_and_the_index_in_leveldb() {
     use kura_ingest::fstarget::FsStore;
     let storage = kura_accelfs::testing::formatted_storage(64 << 20);
-    let mount = || {
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        ))
-    };
+    let mount = || reopen(&storage);
     let dir = tempfile::tempdir().expect("tempdir");
     let addr = Addr::Unix(dir.path().join("s"));
     let cfg = ServerConfig {
@@ -706,10 +675,6 @@ fn a_stop_in_the_middle_of_a_record_finishes_stores_and_acknowledges_it() {
         .expect("server thread")
         .expect("server");
     drop(store);
-    let mut ro = Store::open_read_only(Box::new(MemDevice::with_storage(
-        storage,
-        QueueOptions::default(),
-    )))
-    .expect("reopen");
+    let mut ro = Store::open_read_only(reopen(&storage)).expect("reopen");
     assert!(ro.read(0).expect("read") == bytes);
 }
