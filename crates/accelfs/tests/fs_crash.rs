@@ -19,7 +19,7 @@
 //!   commit makes the file system refuse further writes.
 
 use kura_accelfs::testing::{
-    fault_device, formatted_storage, fsck_problems, mount_storage, recording_device,
+    fault_device, formatted_storage, fsck_problems, mount_storage, recording_device, reopen,
 };
 use kura_accelfs::{fsck, FileSystem, FsError, MountOptions, RenameMode, XattrMode};
 use kura_engine::backend::common::QueueOptions;
@@ -209,6 +209,15 @@ impl<'a> History<'a> {
         }
         History { bindings, objs }
     }
+}
+
+/// Mounts a crash image with default options and returns the file system and the storage
+/// holding the image; a failed mount panics naming the crash point `at`.
+fn mount_image(image: Vec<u8>, at: &str) -> (FileSystem, MemStorage) {
+    let crashed: MemStorage = Arc::new(Mutex::new(image));
+    let fs = FileSystem::mount(reopen(&crashed), MountOptions::default())
+        .unwrap_or_else(|e| panic!("{at}: mount failed: {e}"));
+    (fs, crashed)
 }
 
 /// Whether bytes `lo..hi` of `got` are those of `state`, read as zeroes past its end.
@@ -611,15 +620,7 @@ fn every_crash_point_mounts_clean_with_every_synced_file_intact() {
     for p in 0..points {
         let cut = rng.gen_range(first..=trace.len());
         let image = materialize(&base, &trace, cut, 4096, 0.5, p as u64);
-        let crashed: MemStorage = Arc::new(Mutex::new(image));
-        let fs = FileSystem::mount(
-            Box::new(MemDevice::with_storage(
-                crashed.clone(),
-                QueueOptions::default(),
-            )),
-            MountOptions::default(),
-        )
-        .unwrap_or_else(|e| panic!("cut {cut}: mount failed: {e}"));
+        let (fs, crashed) = mount_image(image, &format!("cut {cut}"));
         let (sync_at, promised) = synced
             .iter()
             .rev()
@@ -746,12 +747,7 @@ fn a_crash_during_a_commit_never_shows_a_reused_block_s_old_bytes() {
         // and the commit are all kept while one of the many data blocks is lost.
         for (seed, keep) in (0..16).flat_map(|s| [(s, 0.5), (s, 0.95)]) {
             let image = materialize(&base, &trace, cut, BS, keep, seed);
-            let crashed: MemStorage = Arc::new(Mutex::new(image));
-            let fs = FileSystem::mount(
-                Box::new(MemDevice::with_storage(crashed, QueueOptions::default())),
-                MountOptions::default(),
-            )
-            .unwrap_or_else(|e| panic!("cut {cut}: mount failed: {e}"));
+            let (fs, _) = mount_image(image, &format!("cut {cut}"));
             for (path, data) in &new {
                 match fs.read(path) {
                     Err(FsError::NotFound(_)) => {}
@@ -845,15 +841,7 @@ fn fsync_is_per_file(fsync: impl Fn(&FileSystem, &kura_accelfs::File)) {
         for (seed, keep) in (0..8).flat_map(|s| [(s, 0.0), (s, 0.5), (s, 1.0)]) {
             let at = format!("cut {cut} (seed {seed}, keep {keep})");
             let image = materialize(&base, &trace, cut, BS, keep, seed);
-            let crashed: MemStorage = Arc::new(Mutex::new(image));
-            let fs = FileSystem::mount(
-                Box::new(MemDevice::with_storage(
-                    crashed.clone(),
-                    QueueOptions::default(),
-                )),
-                MountOptions::default(),
-            )
-            .unwrap_or_else(|e| panic!("{at}: mount failed: {e}"));
+            let (fs, crashed) = mount_image(image, &at);
             assert!(
                 fs.read("/a").expect("read a") == a_new,
                 "{at}: /a lost its fsync"
@@ -970,14 +958,7 @@ fn a_failed_write_or_flush_makes_the_file_system_read_only_and_loses_nothing_syn
         drop(fs);
         let problems = fsck_problems(&storage);
         assert!(problems.is_empty(), "{plan:?}: {problems:#?}");
-        let fs = FileSystem::mount(
-            Box::new(MemDevice::with_storage(
-                storage.clone(),
-                QueueOptions::default(),
-            )),
-            MountOptions::default(),
-        )
-        .expect("remount");
+        let fs = FileSystem::mount(reopen(&storage), MountOptions::default()).expect("remount");
         assert_eq!(read_all(&fs).expect("synced data intact"), 21);
     }
 }

@@ -8,10 +8,8 @@
 //! mix of two writes. Afterwards the file system is synced, every file checked by the same rule,
 //! unmounted, fsck-clean, and remounted with exactly the contents it had.
 
-use kura_accelfs::testing::{formatted_storage, fsck_problems, mount_storage};
+use kura_accelfs::testing::{formatted_storage, fsck_problems, mount_storage, reopen};
 use kura_accelfs::{File, FileSystem, FsError, MountOptions, OpenOptions, RenameMode};
-use kura_engine::backend::common::QueueOptions;
-use kura_engine::backend::mem::MemDevice;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap};
@@ -263,10 +261,7 @@ fn threads_reading_writing_truncating_and_renaming_shared_files_see_only_whole_o
     const OPS: usize = 1500;
     let storage = formatted_storage(32 << 20);
     let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
+        reopen(&storage),
         MountOptions {
             // 64 blocks for 8 files of up to 40: hits, misses and evictions of dirty blocks.
             cache_bytes: 256 << 10,

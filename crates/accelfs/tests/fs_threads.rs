@@ -4,10 +4,11 @@
 //! threads write, truncate and evict). Nothing here depends on timing: the assertions hold for
 //! every interleaving; how many commits the fsyncs shared is printed, not asserted.
 
-use kura_accelfs::testing::{formatted_storage, fsck_problems, mount_storage, recording_device};
+use kura_accelfs::testing::{
+    formatted_storage, fsck_problems, mount_storage, recording_device, reopen,
+};
 use kura_accelfs::{FileSystem, MountOptions};
-use kura_engine::backend::common::QueueOptions;
-use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_engine::backend::mem::MemStorage;
 use kura_engine::fault::materialize;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -226,10 +227,7 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
     const ROUNDS: u64 = 150;
     let storage = formatted_storage(32 << 20);
     let fs = FileSystem::mount(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
+        reopen(&storage),
         MountOptions {
             cache_bytes: 64 << 10,
             // 16-block writes and reads bypass the cache.
