@@ -332,6 +332,26 @@ struct Plan {
     order: &'static str,
 }
 
+/// The arguments of a loopback `kura ingest serve` on `target` with a key, queue depth 64, the
+/// given order and buffer count.
+fn serve_args(target: String, key_path: &Path, order: &str, buffers: usize) -> Vec<String> {
+    vec![
+        "ingest".into(),
+        "serve".into(),
+        target,
+        "--listen".into(),
+        "127.0.0.1:0".into(),
+        "--key".into(),
+        key_path.display().to_string(),
+        "--qd".into(),
+        "64".into(),
+        "--order".into(),
+        order.into(),
+        "--buffers".into(),
+        buffers.to_string(),
+    ]
+}
+
 pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
     let quick = args.run.quick;
     let total = match &args.bytes {
@@ -427,21 +447,12 @@ pub fn run(args: &IngestBenchArgs) -> anyhow::Result<()> {
                     "127.0.0.1:0".into(),
                 ]
             } else {
-                vec![
-                    "ingest".into(),
-                    "serve".into(),
+                serve_args(
                     format!("uring:{}", image.display()),
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--key".into(),
-                    key_path.display().to_string(),
-                    "--qd".into(),
-                    "64".into(),
-                    "--order".into(),
-                    p.order.into(),
-                    "--buffers".into(),
-                    buffers.to_string(),
-                ]
+                    &key_path,
+                    p.order,
+                    buffers,
+                )
             };
             if !p.naive {
                 format()?;
@@ -586,21 +597,12 @@ impl Throttled {
         // A tenth of the bytes at a tenth of the rate: as long as the unthrottled case.
         let bytes = (total / 10).max(64 << 20);
         format()?;
-        let args: Vec<String> = vec![
-            "ingest".into(),
-            "serve".into(),
+        let args = serve_args(
             format!("throttle(uring:{})?mbps={mbps:.0}", image.display()),
-            "--listen".into(),
-            "127.0.0.1:0".into(),
-            "--key".into(),
-            key_path.display().to_string(),
-            "--qd".into(),
-            "64".into(),
-            "--order".into(),
-            "in".into(),
-            "--buffers".into(),
-            buffers.to_string(),
-        ];
+            key_path,
+            "in",
+            buffers,
+        );
         self.command = format!("kura {}", args.join(" "));
         let server = ServerChild::start(&args)?;
         let secs = send(
