@@ -6,7 +6,7 @@
 //! acknowledged before the cut, whole, show no record that is partial or foreign, and be
 //! fsck-clean after the open's cleanup.
 
-use kura_accelfs::testing::{formatted_storage, fsck_problems, recording_device};
+use kura_accelfs::testing::{formatted_storage, fsck_problems, recording_device, reopen};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_engine::fault::materialize;
@@ -138,13 +138,7 @@ fn without_leveldb_an_accelfs_target_says_so_and_writes_nothing() {
     // message that names the cause and the fix, before anything on the device changes.
     let storage = formatted_storage(16 << 20);
     let before = storage.lock().expect("storage").clone();
-    let opened = FsStore::open(
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        )),
-        "/ingest",
-    );
+    let opened = FsStore::open(reopen(&storage), "/ingest");
     if kura_kv::leveldb_available() {
         opened.expect("open").close().expect("close");
         assert!(fsck_problems(&storage).is_empty());
@@ -164,12 +158,7 @@ fn without_leveldb_an_accelfs_target_says_so_and_writes_nothing() {
 #[test]
 fn a_read_only_open_reads_every_record_and_never_writes_the_device() {
     let storage = formatted_storage(32 << 20);
-    let dev = || {
-        Box::new(MemDevice::with_storage(
-            storage.clone(),
-            QueueOptions::default(),
-        ))
-    };
+    let dev = || reopen(&storage);
     let mut store = FsStore::open(dev(), "/ingest").expect("open");
     let sent: Vec<Vec<u8>> = (0..5)
         .map(|i| data(70 + i, 200_000 * i as usize + 1))
