@@ -17,14 +17,10 @@ use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_accelfs::MkfsOptions;
 use kura_engine::Registry;
 use kura_kv::{Db, DbOptions, Location};
-use kura_rbd::testing::{daemons_installed, TestCluster};
+use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
 use std::io::BufRead;
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
-
-/// One named check on the shared cluster.
-type Check = fn(&TestCluster);
 
 #[test]
 fn kura_layers_on_rbd() {
@@ -36,8 +32,6 @@ fn kura_layers_on_rbd() {
         );
         return;
     }
-    let cluster = TestCluster::start().expect("start the test cluster");
-    eprintln!("cluster up in {:.1} s", cluster.start_secs);
     let checks: &[(&str, Check)] = &[
         ("AccelFS and the genome pipeline", accelfs_and_genome),
         ("LevelDB on AccelFS", leveldb),
@@ -45,24 +39,9 @@ fn kura_layers_on_rbd() {
         ("ext4 on DeLiBA's stack via nbdfuse", ext4_via_nbdfuse),
         ("kura bench rbd --quick", bench_rbd_quick),
     ];
-    let mut failed = Vec::new();
-    for (name, check) in checks {
-        let t0 = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| check(&cluster))) {
-            Ok(()) => eprintln!("ok   {name} ({:.1} s)", t0.elapsed().as_secs_f64()),
-            Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                eprintln!("FAIL {name}: {why}");
-                failed.push(format!("{name}: {why}"));
-            }
-        }
+    if let Err(e) = run_checks(checks) {
+        panic!("{e}");
     }
-    drop(cluster);
-    assert!(failed.is_empty(), "failed checks:\n{}", failed.join("\n"));
 }
 
 fn accelfs_and_genome(c: &TestCluster) {

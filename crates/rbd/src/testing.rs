@@ -5,7 +5,8 @@
 //! is killed before `Drop` runs: nothing is left running either way.
 //!
 //! Also the few cluster chores tests need: `rbd`/`ceph` commands on this cluster, killing and
-//! restarting one OSD, stopping the monitor, a keyring with the wrong key.
+//! restarting one OSD, stopping the monitor, a keyring with the wrong key; and [`run_checks`],
+//! which runs a test binary's named checks on one cluster and collects their failures.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -231,6 +232,40 @@ pub fn all_clean(pg_stat: &str) -> bool {
         return false;
     };
     total == clean && state.trim_end_matches(';') == "active+clean"
+}
+
+/// One named check on a shared cluster: it passes by returning and fails by panicking.
+pub type Check = fn(&TestCluster);
+
+/// Starts one cluster and runs every check on it, in order. A check's panic is caught and
+/// collected with the check's name, so one failure does not hide the others; each outcome and
+/// its time go to stderr. The cluster is stopped before this returns. `Err` says why the cluster
+/// did not start, or names every failed check with its panic message.
+pub fn run_checks(checks: &[(&str, Check)]) -> Result<(), String> {
+    let cluster = TestCluster::start().map_err(|e| format!("start the test cluster: {e}"))?;
+    eprintln!("cluster up in {:.1} s", cluster.start_secs);
+    let mut failed = Vec::new();
+    for (name, check) in checks {
+        let t0 = Instant::now();
+        match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&cluster))) {
+            Ok(()) => eprintln!("ok   {name} ({:.1} s)", t0.elapsed().as_secs_f64()),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                eprintln!("FAIL {name}: {why}");
+                failed.push(format!("{name}: {why}"));
+            }
+        }
+    }
+    drop(cluster);
+    if failed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("failed checks:\n{}", failed.join("\n")))
+    }
 }
 
 fn is_zombie(pid: i32) -> bool {

@@ -8,8 +8,7 @@
 //! the monitor stopped. Each check's failure is collected and reported with its name.
 
 use kura_engine::{conformance, BlockDevice, BlockingIo, DeviceError, OpenError, Registry};
-use kura_rbd::testing::{daemons_installed, TestCluster};
-use std::panic::{catch_unwind, AssertUnwindSafe};
+use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -41,9 +40,6 @@ fn pattern(blocks: usize, seed: u8) -> Vec<u8> {
         .collect()
 }
 
-/// One named check on the shared cluster.
-type Check = fn(&TestCluster);
-
 #[test]
 fn rbd_on_a_real_cluster() {
     if !daemons_installed() || !kura_rbd::BUILT_WITH_LIBRBD {
@@ -54,8 +50,6 @@ fn rbd_on_a_real_cluster() {
         );
         return;
     }
-    let cluster = TestCluster::start().expect("start the test cluster");
-    eprintln!("cluster up in {:.1} s", cluster.start_secs);
     let checks: &[(&str, Check)] = &[
         ("conformance suite", conformance_suite),
         ("model with small pieces", model_small_pieces),
@@ -70,24 +64,9 @@ fn rbd_on_a_real_cluster() {
         ("request below min_size times out", request_times_out),
         ("monitor stopped", monitor_stopped),
     ];
-    let mut failed = Vec::new();
-    for (name, check) in checks {
-        let t0 = Instant::now();
-        match catch_unwind(AssertUnwindSafe(|| check(&cluster))) {
-            Ok(()) => eprintln!("ok   {name} ({:.1} s)", t0.elapsed().as_secs_f64()),
-            Err(panic) => {
-                let why = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_default();
-                eprintln!("FAIL {name}: {why}");
-                failed.push(format!("{name}: {why}"));
-            }
-        }
+    if let Err(e) = run_checks(checks) {
+        panic!("{e}");
     }
-    drop(cluster);
-    assert!(failed.is_empty(), "failed checks:\n{}", failed.join("\n"));
 }
 
 fn conformance_suite(c: &TestCluster) {
