@@ -3,15 +3,17 @@
 //! mid-stream losing nothing acknowledged, and clear errors for maps that do not fit the legs.
 
 mod common;
+mod placed_crush;
 
 use common::Model;
 use kura_crush::map::{op, Bucket, BucketKind, Rule, Step, Tunables};
-use kura_crush::{CrushMap, Mapper, Workspace};
+use kura_crush::CrushMap;
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::fault::{FaultDevice, FaultPlan};
 use kura_engine::{conformance, BlockDevice, BlockingIo};
 use kura_vdrive::{LegHealth, Placed, PlacedOptions};
+use placed_crush::crush_legs;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -96,24 +98,6 @@ fn mem(bytes: u64, seed: u64) -> (MemDevice, MemStorage) {
     let dev = MemDevice::new(bytes, QueueOptions::default()).shuffled(seed);
     let storage = dev.storage();
     (dev, storage)
-}
-
-/// The legs CRUSH names for chunk `c`, straight from kura-crush's mapper.
-fn crush_legs(map: &CrushMap, rule: u32, replicas: usize, c: u64) -> Vec<usize> {
-    let mapper = Mapper::for_test(map);
-    let weights = vec![0x10000; map.max_devices as usize];
-    let mut out = Vec::new();
-    mapper
-        .do_rule(
-            &mut Workspace::new(),
-            rule,
-            c as i32,
-            replicas,
-            &weights,
-            &mut out,
-        )
-        .expect("map");
-    out.into_iter().map(|d| d as usize).collect()
 }
 
 #[test]

@@ -5,8 +5,10 @@
 //! tables and a rerun finishing the job; the metadata decoder refusing damaged and hostile
 //! bytes with errors, never a panic.
 
+mod placed_crush;
+
 use kura_crush::map::BucketKind;
-use kura_crush::{CrushMap, Mapper, Workspace};
+use kura_crush::CrushMap;
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_engine::fault::{materialize, TraceEvent};
@@ -17,6 +19,7 @@ use kura_vdrive::placed::layout::{self, Entry, Header, LayoutError};
 use kura_vdrive::placed::rebalance::{read_meta, LegMeta, ReadMeta};
 use kura_vdrive::placed::{flat_map, rebalance, RebalanceReport};
 use kura_vdrive::{Placed, PlacedOptions};
+use placed_crush::crush_legs;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::sync::{Arc, Mutex};
@@ -45,23 +48,6 @@ fn weighted(n: usize, w: impl Fn(usize) -> u32) -> CrushMap {
         }
     }
     m
-}
-
-fn crush_legs(map: &CrushMap, replicas: usize, c: u64) -> Vec<usize> {
-    let mapper = Mapper::for_test(map);
-    let weights = vec![0x10000; map.max_devices as usize];
-    let mut out = Vec::new();
-    mapper
-        .do_rule(
-            &mut Workspace::new(),
-            0,
-            c as i32,
-            replicas,
-            &weights,
-            &mut out,
-        )
-        .expect("map");
-    out.into_iter().map(|d| d as usize).collect()
 }
 
 fn boxed(disks: &[MemDevice]) -> Vec<Box<dyn BlockDevice>> {
@@ -122,7 +108,7 @@ fn check(disks: &[MemDevice], map: &CrushMap, replicas: usize, chunks: u64) {
             .iter()
             .map(|p| p.0)
             .collect();
-        assert_eq!(legs, crush_legs(map, replicas, c), "chunk {c}");
+        assert_eq!(legs, crush_legs(map, 0, replicas, c), "chunk {c}");
     }
 }
 
@@ -285,6 +271,27 @@ fn from_image(img: &[u8]) -> MemDevice {
     d
 }
 
+/// The legs (images `base` before the log) after a crash that cut the shared `log` after `cut`
+/// events: each leg gets its own events among them, unflushed writes kept or lost at random
+/// (half kept, random seed `seed`).
+fn crashed_legs(
+    base: &[Vec<u8>],
+    log: &[(usize, TraceEvent)],
+    cut: usize,
+    seed: u64,
+) -> Vec<MemDevice> {
+    (0..base.len())
+        .map(|l| {
+            let trace: Vec<TraceEvent> = log[..cut]
+                .iter()
+                .filter(|(leg, _)| *leg == l)
+                .map(|(_, e)| e.clone())
+                .collect();
+            from_image(&materialize(&base[l], &trace, trace.len(), BS, 0.5, seed))
+        })
+        .collect()
+}
+
 /// Every chunk has a copy in some leg's table, and every copy a table names holds its data.
 fn every_chunk_readable_from_the_tables(disks: &[MemDevice], chunks: u64) {
     let mut seen = vec![0usize; chunks as usize];
@@ -357,23 +364,7 @@ fn crash_case(legs: usize, replicas: usize, resync: &[usize], seed: u64) {
     let mut cuts: Vec<usize> = (0..24).map(|_| rng.gen_range(0..=log.len())).collect();
     cuts.extend([0, 1, log.len() / 2, log.len()]);
     for (k, &cut) in cuts.iter().enumerate() {
-        let crashed: Vec<MemDevice> = (0..=legs)
-            .map(|l| {
-                let trace: Vec<TraceEvent> = log[..cut]
-                    .iter()
-                    .filter(|(leg, _)| *leg == l)
-                    .map(|(_, e)| e.clone())
-                    .collect();
-                from_image(&materialize(
-                    &base[l],
-                    &trace,
-                    trace.len(),
-                    BS,
-                    0.5,
-                    k as u64,
-                ))
-            })
-            .collect();
+        let crashed = crashed_legs(&base, &log, cut, k as u64);
         every_chunk_readable_from_the_tables(&crashed, chunks);
         let rep = run_with(&crashed, &new, replicas, resync);
         assert!(rep.copies <= chunks * replicas as u64, "cut {cut}: {rep:?}");
@@ -693,23 +684,7 @@ fn a_crash_after_a_leg_goes_out_never_serves_its_stale_copies() {
     let mut cuts: Vec<usize> = (first_write_after_out..=log.len()).collect();
     cuts.extend([0, 1, flushed[1] - 1, flushed[1]]);
     for (k, &cut) in cuts.iter().enumerate() {
-        let crashed: Vec<MemDevice> = (0..3)
-            .map(|l| {
-                let trace: Vec<TraceEvent> = log[..cut]
-                    .iter()
-                    .filter(|(leg, _)| *leg == l)
-                    .map(|(_, e)| e.clone())
-                    .collect();
-                from_image(&materialize(
-                    &base[l],
-                    &trace,
-                    trace.len(),
-                    BS,
-                    0.5,
-                    k as u64,
-                ))
-            })
-            .collect();
+        let crashed = crashed_legs(&base, &log, cut, k as u64);
         // The newest round whose flush was acknowledged before the cut.
         let durable = flushed.iter().rposition(|&f| f <= cut).unwrap_or(0) as u64;
         let mut dev =
