@@ -51,6 +51,36 @@ fn run(tool: &Path, args: &[String], log: &mut String) -> Vec<u8> {
     out.stdout
 }
 
+/// Compiles the map text at `text` with `crushtool -c` into `out`.
+fn compile(tool: &Path, text: &Path, out: &Path, log: &mut String) {
+    run(
+        tool,
+        &[
+            s("-c"),
+            text.display().to_string(),
+            s("-o"),
+            out.display().to_string(),
+        ],
+        log,
+    );
+}
+
+/// Puts `extra` into the map `text` before its end marker, writes it to `text_path` and
+/// compiles it into `out`.
+fn add_and_compile(
+    tool: &Path,
+    text: &mut String,
+    extra: &str,
+    text_path: &Path,
+    out: &Path,
+    log: &mut String,
+) {
+    let end = text.find("# end crush map").unwrap_or(text.len());
+    text.insert_str(end, extra);
+    std::fs::write(text_path, &*text).expect("write map text");
+    compile(tool, text_path, out, log);
+}
+
 fn s(v: impl ToString) -> String {
     v.to_string()
 }
@@ -300,20 +330,8 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
         );
     }
     let text_path = dir.join("final.txt");
-    let end = text.find("# end crush map").unwrap_or(text.len());
-    text.insert_str(end, &rules.concat());
-    std::fs::write(&text_path, &text).expect("write map text");
     let fin = dir.join("final");
-    run(
-        tool,
-        &[
-            s("-c"),
-            text_path.display().to_string(),
-            s("-o"),
-            fin.display().to_string(),
-        ],
-        &mut log,
-    );
+    add_and_compile(tool, &mut text, &rules.concat(), &text_path, &fin, &mut log);
     // Weight sets on some maps: `choose_args` for a few straw2 buckets (one or two positions,
     // sometimes with replacement ids), appended to the text and compiled again.
     if rng.gen_bool(0.3) {
@@ -344,19 +362,7 @@ fn build_map(tool: &Path, dir: &Path, seed: u64, xmax: i32) -> Built {
             block.push_str("  }\n");
         }
         block.push_str("}\n");
-        let end = text.find("# end crush map").unwrap_or(text.len());
-        text.insert_str(end, &block);
-        std::fs::write(&text_path, &text).expect("write map text");
-        run(
-            tool,
-            &[
-                s("-c"),
-                text_path.display().to_string(),
-                s("-o"),
-                fin.display().to_string(),
-            ],
-            &mut log,
-        );
+        add_and_compile(tool, &mut text, &block, &text_path, &fin, &mut log);
     }
     // Test options: partial and zero test weights, a pool id, statistics.
     let mut opts = TestOptions {
@@ -453,16 +459,7 @@ fn compare_maps(tool: &Path, first: u64, count: u64, xmax: i32) -> (u64, u64) {
         let dpath = b.map.with_extension("d.txt");
         std::fs::write(&dpath, &dtext).expect("write decompiled text");
         let recompiled = b.map.with_extension("re");
-        run(
-            tool,
-            &[
-                s("-c"),
-                dpath.display().to_string(),
-                s("-o"),
-                recompiled.display().to_string(),
-            ],
-            &mut b.log,
-        );
+        compile(tool, &dpath, &recompiled, &mut b.log);
         let parsed = kura_crush::parse(&dtext)
             .unwrap_or_else(|e| panic!("parsing crushtool -d text: {e}\n{dtext}\n{}", b.log));
         assert!(
@@ -607,16 +604,7 @@ fn handwritten_text_compiles_like_crushtool() {
     std::fs::write(&path, text).expect("write text");
     let bin = dir.path().join("full");
     let mut log = String::new();
-    run(
-        &tool,
-        &[
-            s("-c"),
-            path.display().to_string(),
-            s("-o"),
-            bin.display().to_string(),
-        ],
-        &mut log,
-    );
+    compile(&tool, &path, &bin, &mut log);
     let want = std::fs::read(&bin).expect("read compiled map");
     let map = kura_crush::parse(text).expect("kura parses the text");
     assert!(kura_crush::encode(&map) == want, "compiled bytes differ");

@@ -2,7 +2,10 @@
 //! inputs through every rule without panicking, and whose encoding decodes to the same map.
 #![no_main]
 
-use kura_crush::{decode, encode, load, CrushError, Mapper, Workspace};
+mod exercise;
+
+use exercise::exercise;
+use kura_crush::{load, CrushError};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,18 +21,5 @@ fuzz_target!(|data: &[u8]| {
         }
         Err(other) => panic!("text errors are Parse errors, got {other:?}"),
     };
-    let mapper = Mapper::for_test(&map);
-    let mut ws = Workspace::new();
-    let mut out = Vec::new();
-    let weights = map.default_weights();
-    for rule in 0..map.rules.len() as u32 {
-        if map.rule(rule).is_none() {
-            continue;
-        }
-        for x in 0..4 {
-            let _ = mapper.do_rule(&mut ws, rule, x, 3, &weights, &mut out);
-            assert!(out.len() <= 3);
-        }
-    }
-    assert_eq!(decode(&encode(&map)).expect("compiled map decodes"), map);
+    exercise(&map, &[3]);
 });
