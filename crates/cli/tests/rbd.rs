@@ -12,14 +12,13 @@
 
 mod common;
 
-use common::{kura, ok, ok_output, text};
+use common::{kura, ok, ok_output, text, Serving};
 use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_accelfs::MkfsOptions;
 use kura_engine::Registry;
 use kura_kv::{Db, DbOptions, Location};
 use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
-use std::io::BufRead;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
@@ -179,57 +178,6 @@ fn leveldb(c: &TestCluster) {
     db.close().expect("close");
 }
 
-/// `kura serve` of one export; the address comes from its banner.
-struct Serving {
-    child: Child,
-    url: String,
-}
-
-impl Serving {
-    fn start(export: &str) -> Serving {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kura"))
-            .args(["serve", export, "--listen", "127.0.0.1:0"])
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kura serve");
-        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        stderr.read_line(&mut line).expect("banner");
-        let url = line
-            .split_whitespace()
-            .find(|w| w.starts_with("nbd://"))
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        std::thread::spawn(move || {
-            let mut rest = String::new();
-            while stderr.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
-        });
-        Serving { child, url }
-    }
-
-    /// SIGTERM, then a bounded wait: the server drains and flushes its exports.
-    fn stop(mut self) -> std::process::ExitStatus {
-        let pid = self.child.id().to_string();
-        let status = Command::new("kill").args(["-TERM", &pid]).status();
-        assert!(status.is_ok_and(|s| s.success()), "kill -TERM {pid}");
-        let t0 = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(t0.elapsed() < Duration::from_secs(120), "kura serve hangs");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 fn run(cmd: &str, args: &[&str]) -> String {
     let out = Command::new(cmd).args(args).output().expect(cmd);
     assert!(
@@ -255,7 +203,7 @@ fn deliba_stack_over_nbd(c: &TestCluster) {
     // in the scheduler and only misses are merged on their way to the cluster.
     let rbd = c.spec("served", "create=24M");
     let export = format!("disk=cache(coalesce({rbd}))?size=32M");
-    let server = Serving::start(&export);
+    let server = Serving::start(&[&export, "--listen", "127.0.0.1:0"]);
     let url = format!("{}/disk", server.url);
     let info = run("nbdinfo", &["--size", &url]);
     assert_eq!(info.trim(), (24u64 << 20).to_string(), "nbdinfo --size");

@@ -4,84 +4,21 @@
 //!
 //! Timing only bounds "no hang": every wait is many times what the work needs.
 
+mod common;
+
+use common::Serving;
 use kura_engine::{BlockDevice, BlockingIo};
-use std::io::BufRead;
 use std::path::Path;
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Command, Output};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const MIB: usize = 1 << 20;
+/// How long a signalled `kura serve` may take to exit.
+const EXIT_WITHIN: Duration = Duration::from_secs(60);
 
 fn tool(name: &str) -> bool {
     kura_testkit::which(name).is_some()
-}
-
-/// A running `kura serve` and the address from its banner (`nbd://…`, or the socket URI).
-struct Serving {
-    child: Child,
-    url: String,
-}
-
-impl Serving {
-    fn start(args: &[&str]) -> Serving {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_kura"))
-            .arg("serve")
-            .args(args)
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("start kura serve");
-        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-        let mut line = String::new();
-        stderr.read_line(&mut line).expect("banner");
-        let url = line
-            .split_whitespace()
-            .find(|w| {
-                w.starts_with("nbd://") || w.starts_with("nbds://") || w.starts_with("nbd+unix://")
-            })
-            .unwrap_or_else(|| panic!("no address in {line:?}"))
-            .to_string();
-        // Keep draining stderr so the server never blocks on a full pipe.
-        thread::spawn(move || {
-            let mut rest = String::new();
-            while stderr.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
-        });
-        Serving { child, url }
-    }
-
-    fn addr(&self) -> String {
-        self.url.trim_start_matches("nbd://").to_string()
-    }
-
-    fn signal(&self, sig: &str) {
-        let status = Command::new("kill")
-            .args([&format!("-{sig}"), &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -{sig}");
-    }
-
-    /// Waits (bounded) for the server to exit.
-    fn wait(mut self) -> ExitStatus {
-        let start = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait for kura serve") {
-                return status;
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(60),
-                "kura serve did not exit after a signal"
-            );
-            thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
 }
 
 /// A deterministic fill for block `i`.
@@ -132,7 +69,7 @@ fn sigterm_mid_stream_keeps_every_acknowledged_write_and_exits_0() {
         .expect("the first write is acknowledged");
     thread::sleep(Duration::from_millis(200));
     server.signal("TERM");
-    let status = server.wait();
+    let status = server.wait(EXIT_WITHIN);
     let acked = writer.join().expect("writer");
     assert!(status.success(), "kura serve after SIGTERM: {status:?}");
     println!("{acked} writes of 64 KiB acknowledged before SIGTERM stopped the server");
@@ -185,7 +122,7 @@ fn sigint_and_sighup_also_stop_cleanly_and_nbdcopy_data_is_kept() {
             );
         }
         server.signal(sig);
-        let status = server.wait();
+        let status = server.wait(EXIT_WITHIN);
         assert!(status.success(), "kura serve after SIG{sig}: {status:?}");
         if have_nbdcopy {
             assert!(
@@ -235,7 +172,7 @@ fn descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served() {
             "--describe={describe}: {text}"
         );
         server.signal("TERM");
-        assert!(server.wait().success());
+        assert!(server.wait(EXIT_WITHIN).success());
     }
 
     // --unix: a 0600 socket, served to nbdinfo, removed at exit.
@@ -259,7 +196,7 @@ fn descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("4194304"));
     server.signal("TERM");
-    assert!(server.wait().success());
+    assert!(server.wait(EXIT_WITHIN).success());
     assert!(!Path::new(&sock).exists(), "the socket is removed at exit");
 }
 
@@ -381,5 +318,5 @@ fn tls_psk_lets_the_right_key_in_and_keeps_a_wrong_one_out() {
         "a wrong key learned the export name: {all}"
     );
     server.signal("TERM");
-    assert!(server.wait().success());
+    assert!(server.wait(EXIT_WITHIN).success());
 }

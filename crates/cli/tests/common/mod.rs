@@ -1,8 +1,10 @@
 //! What the CLI's tests share: running the `kura` binary (its output, success and failure
-//! checks), and FUSE mounts that are always taken down, even when a test fails.
+//! checks), FUSE mounts that are always taken down, even when a test fails, and `kura serve`
+//! processes ([`Serving`]) that are killed when dropped.
 
 #![allow(dead_code)]
 
+use std::io::BufRead;
 use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -129,4 +131,67 @@ pub fn unmount(server: &mut Child, mnt: &Path) -> std::process::ExitStatus {
         .expect("fusermount3");
     assert!(st.success(), "fusermount3 -u");
     wait_exit(server, Duration::from_secs(120))
+}
+
+/// A running `kura serve`, killed if it still runs when dropped, and the address from its
+/// banner (`nbd://…`, `nbds://…`, or the `nbd+unix://` socket URI).
+pub struct Serving {
+    pub child: Child,
+    pub url: String,
+}
+
+impl Serving {
+    /// Starts `kura serve args` and reads the address from its banner.
+    pub fn start(args: &[&str]) -> Serving {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_kura"))
+            .arg("serve")
+            .args(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start kura serve");
+        let mut stderr = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+        let mut line = String::new();
+        stderr.read_line(&mut line).expect("banner");
+        let url = line
+            .split_whitespace()
+            .find(|w| {
+                w.starts_with("nbd://") || w.starts_with("nbds://") || w.starts_with("nbd+unix://")
+            })
+            .unwrap_or_else(|| panic!("no address in {line:?}"))
+            .to_string();
+        // Keep draining stderr so the server never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut rest = String::new();
+            while stderr.read_line(&mut rest).map(|n| n > 0).unwrap_or(false) {}
+        });
+        Serving { child, url }
+    }
+
+    /// The address without its `nbd://` scheme.
+    pub fn addr(&self) -> String {
+        self.url.trim_start_matches("nbd://").to_string()
+    }
+
+    /// Sends `kill -SIG` to the server.
+    pub fn signal(&self, sig: &str) {
+        signal(&self.child, sig);
+    }
+
+    /// Waits for the server to exit, failing after `within`: its exit status.
+    pub fn wait(mut self, within: Duration) -> std::process::ExitStatus {
+        wait_exit(&mut self.child, within)
+    }
+
+    /// SIGTERM, then a wait of up to two minutes: the server drains and flushes its exports.
+    pub fn stop(self) -> std::process::ExitStatus {
+        self.signal("TERM");
+        self.wait(Duration::from_secs(120))
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
