@@ -152,15 +152,12 @@ fn crush_test_prints_crushtools_lines() {
     }
 }
 
-#[test]
-fn crush_test_names_the_line_of_a_bad_text_map() {
+/// Runs `kura crush test --show-mappings` on a map file `name` holding `bytes`, asserts that it
+/// fails and returns what it printed.
+fn crush_test_failure(name: &str, bytes: &[u8]) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
-    let bad = dir.path().join("bad.txt");
-    std::fs::write(
-        &bad,
-        "device 0 osd.0\ntype 0 osd\ntype 1 root\nroot r {\n\tid -1\n\talg straw3\n}\n",
-    )
-    .expect("write");
+    let bad = dir.path().join(name);
+    std::fs::write(&bad, bytes).expect("write");
     let o = common::kura(&[
         "crush",
         "test",
@@ -169,7 +166,15 @@ fn crush_test_names_the_line_of_a_bad_text_map() {
         "--show-mappings",
     ]);
     assert!(!o.status.success());
-    let text = common::text(&o);
+    common::text(&o)
+}
+
+#[test]
+fn crush_test_names_the_line_of_a_bad_text_map() {
+    let text = crush_test_failure(
+        "bad.txt",
+        b"device 0 osd.0\ntype 0 osd\ntype 1 root\nroot r {\n\tid -1\n\talg straw3\n}\n",
+    );
     assert!(
         text.contains("line 6 column 6") && text.contains("unknown bucket alg 'straw3'"),
         "{text}"
@@ -178,18 +183,7 @@ fn crush_test_names_the_line_of_a_bad_text_map() {
 
 #[test]
 fn crush_test_rejects_bad_maps_clearly() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let bad = dir.path().join("bad");
-    std::fs::write(&bad, [0u8, 0, 1, 0, 9, 9]).expect("write");
-    let o = common::kura(&[
-        "crush",
-        "test",
-        "-i",
-        bad.to_str().expect("path"),
-        "--show-mappings",
-    ]);
-    assert!(!o.status.success());
-    let text = common::text(&o);
+    let text = crush_test_failure("bad", &[0u8, 0, 1, 0, 9, 9]);
     assert!(text.contains("truncated"), "{text}");
 }
 
