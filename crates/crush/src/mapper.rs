@@ -1007,15 +1007,19 @@ mod tests {
         assert!(crush_ln(0xffff) < crush_ln(0xfffe));
     }
 
-    #[test]
-    fn equal_weight_straw2_picks_what_the_plain_draw_picks() {
-        let mut seed = 0x0bad_cafe_dead_beefu64;
-        let mut next = || {
+    /// A xorshift64 stream from `seed`: cheap, reproducible test inputs.
+    fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+        move || {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
             seed
-        };
+        }
+    }
+
+    #[test]
+    fn equal_weight_straw2_picks_what_the_plain_draw_picks() {
+        let mut next = xorshift(0x0bad_cafe_dead_beefu64);
         let weights = [1u32, 3, 0x8000, 0x10000, 0x3_0000, 0x64_0000, 0xffff_ffff];
         for round in 0..600 {
             let n = 1 + (next() % 64) as usize;
@@ -1046,13 +1050,7 @@ mod tests {
 
     #[test]
     fn reciprocal_division_is_exact() {
-        let mut seed = 0x1234_5678_9abc_def0u64;
-        let mut next = || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
+        let mut next = xorshift(0x1234_5678_9abc_def0u64);
         let mut ws: Vec<u32> = vec![1, 2, 3, 7, 0x10000, 0xffff, 0x10001, u32::MAX, 0x8000_0000];
         ws.extend((0..200).map(|_| next() as u32 | 1));
         ws.extend(

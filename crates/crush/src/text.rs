@@ -258,6 +258,34 @@ impl<'t, 'a> Parser<'t, 'a> {
         Ok(t.pos)
     }
 
+    /// Reads the token after an item of a `{ ... }` block (`within` names the block in errors):
+    /// `start`, which opens another item, gives true; `}`, which closes the block, false.
+    fn another(&mut self, start: &str, within: &str) -> Result<bool, CrushError> {
+        let t = self.next(&format!("'{start}' or '}}'"))?;
+        match t.text {
+            "}" => Ok(false),
+            s if s == start => Ok(true),
+            other => Err(err(
+                t.pos,
+                format!("expected '{start}' or '}}' in {within}, found '{other}'"),
+            )),
+        }
+    }
+
+    /// The value `value` reads after keyword `word` when `word` comes next (and is consumed),
+    /// `None` when it does not.
+    fn optional<T>(
+        &mut self,
+        word: &str,
+        value: impl FnOnce(&mut Self) -> Result<T, CrushError>,
+    ) -> Result<Option<T>, CrushError> {
+        if !self.is(word) {
+            return Ok(None);
+        }
+        self.at += 1;
+        value(self).map(Some)
+    }
+
     fn name(&mut self, what: &str) -> Result<Word, CrushError> {
         let t = self.next(what)?;
         if !valid_name(t.text) {
@@ -331,12 +359,7 @@ impl<'t, 'a> Parser<'t, 'a> {
                     self.at += 1;
                     let (id, _) = self.int("a device id", 0, MAX_DEVICES as i64 - 1)?;
                     let name = self.name("a device name")?;
-                    let class = if self.is("class") {
-                        self.at += 1;
-                        Some(self.name("a device class")?)
-                    } else {
-                        None
-                    };
+                    let class = self.optional("class", |p| p.name("a device class"))?;
                     Item::Device {
                         id: id as i32,
                         name,
@@ -372,12 +395,7 @@ impl<'t, 'a> Parser<'t, 'a> {
                 "}" => break,
                 "id" => {
                     let (id, _) = self.int("a bucket id", -MAX_BUCKETS, -1)?;
-                    let class = if self.is("class") {
-                        self.at += 1;
-                        Some(self.name("a device class")?)
-                    } else {
-                        None
-                    };
+                    let class = self.optional("class", |p| p.name("a device class"))?;
                     lines.push(BucketLine::Id {
                         id: id as i32,
                         class,
@@ -396,18 +414,9 @@ impl<'t, 'a> Parser<'t, 'a> {
                 }
                 "item" => {
                     let name = self.name("an item name")?;
-                    let weight = if self.is("weight") {
-                        self.at += 1;
-                        Some(self.real("an item weight")?)
-                    } else {
-                        None
-                    };
-                    let pos_in_bucket = if self.is("pos") {
-                        self.at += 1;
-                        Some(self.int("an item position", 0, i32::MAX as i64)?)
-                    } else {
-                        None
-                    };
+                    let weight = self.optional("weight", |p| p.real("an item weight"))?;
+                    let pos_in_bucket =
+                        self.optional("pos", |p| p.int("an item position", 0, i32::MAX as i64))?;
                     lines.push(BucketLine::Item {
                         name,
                         weight,
@@ -466,18 +475,7 @@ impl<'t, 'a> Parser<'t, 'a> {
             max_size = self.int("max_size", 0, u32::MAX as i64)?.0;
         }
         let mut steps = Vec::new();
-        loop {
-            let t = self.next("'step' or '}'")?;
-            match t.text {
-                "}" => break,
-                "step" => {}
-                other => {
-                    return Err(err(
-                        t.pos,
-                        format!("expected 'step' or '}}' in a rule, found '{other}'"),
-                    ))
-                }
-            }
+        while self.another("step", "a rule")? {
             let s = self.next("a step")?;
             let set = |op: u32| Some(op);
             let set_op = match s.text {
@@ -499,12 +497,7 @@ impl<'t, 'a> Parser<'t, 'a> {
                 match s.text {
                     "take" => {
                         let item = self.name("an item to take")?;
-                        let class = if self.is("class") {
-                            self.at += 1;
-                            Some(self.name("a device class")?)
-                        } else {
-                            None
-                        };
+                        let class = self.optional("class", |p| p.name("a device class"))?;
                         StepSyntax::Take { item, class }
                     }
                     "choose" | "chooseleaf" => {
@@ -557,18 +550,7 @@ impl<'t, 'a> Parser<'t, 'a> {
         let index = self.int("a choose_args index", i64::MIN, i64::MAX)?;
         self.expect("{")?;
         let mut args = Vec::new();
-        loop {
-            let t = self.next("'{' or '}'")?;
-            match t.text {
-                "}" => break,
-                "{" => {}
-                other => {
-                    return Err(err(
-                        t.pos,
-                        format!("expected '{{' or '}}' in choose_args, found '{other}'"),
-                    ))
-                }
-            }
+        while self.another("{", "choose_args")? {
             self.expect("bucket_id")?;
             let (bucket_id, pos) = self.int("a bucket id", -MAX_BUCKETS, -1)?;
             let mut a = ChooseArgSyntax {
@@ -1309,6 +1291,30 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn a_stray_word_in_a_block_is_named_with_the_block() {
+        let message = |text: &str| match parse(text) {
+            Err(CrushError::Parse { message, .. }) => message,
+            other => panic!("expected a parse error, got {other:?}"),
+        };
+        let rule = SMALL.replace("\tstep emit\n}", "\tstep emit\n\tstap emit\n}");
+        assert_eq!(
+            message(&rule),
+            "expected 'step' or '}' in a rule, found 'stap'"
+        );
+        let args = format!("{SMALL}choose_args 0 {{\n\tbucket_id -3\n}}\n");
+        assert_eq!(
+            message(&args),
+            "expected '{' or '}' in choose_args, found 'bucket_id'"
+        );
+        let cut = SMALL.replace("\tstep emit\n}\n", "\tstep emit\n");
+        assert!(
+            message(&cut).contains("expected 'step' or '}'"),
+            "{}",
+            message(&cut)
+        );
     }
 
     #[test]
