@@ -4,39 +4,8 @@
 
 mod common;
 
-use common::{fails, kura, ok, ok_output, text};
-use std::path::Path;
+use common::{correct_of, fails, index_and_map_on, kura, ok, ok_output, simulate, text};
 use std::process::Command;
-
-fn simulate(dir: &Path, reads: &str, paired: bool) {
-    let d = dir.to_str().expect("utf-8 path");
-    let mut args = vec![
-        "genome",
-        "simulate",
-        "-o",
-        d,
-        "--genome-size",
-        "300000",
-        "--reads",
-        reads,
-    ];
-    if paired {
-        args.push("--paired");
-    }
-    ok(&args);
-}
-
-/// Primary records and how many the accuracy line says were placed correctly.
-fn correct_of(stderr: &str) -> u64 {
-    let line = stderr
-        .lines()
-        .find(|l| l.contains("placed correctly"))
-        .unwrap_or_else(|| panic!("no accuracy line: {stderr}"));
-    line.split_whitespace()
-        .nth(1)
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("bad accuracy line: {line}"))
-}
 
 #[test]
 fn simulate_index_map_on_host_files() {
@@ -108,36 +77,7 @@ fn index_and_map_on_an_accelfs_image() {
     let img = d.join("fs.img");
     let spec = format!("file:{}?size=128M", img.display());
     ok(&["mkfs", &spec]);
-    for f in ["reference.fa", "reads_1.fq"] {
-        ok(&[
-            "fs",
-            "put",
-            &spec,
-            d.join(f).to_str().unwrap(),
-            &format!("/{f}"),
-        ]);
-    }
-    ok(&[
-        "genome",
-        "index",
-        "/reference.fa",
-        "-o",
-        "/idx/ref.kgi",
-        "--dev",
-        &spec,
-    ]);
-    let o = ok_output(&[
-        "genome",
-        "map",
-        "/idx/ref.kgi",
-        "/reads_1.fq",
-        "-o",
-        "/out.sam",
-        "--dev",
-        &spec,
-        "--score",
-    ]);
-    assert!(correct_of(&String::from_utf8_lossy(&o.stderr)) >= 475);
+    assert!(index_and_map_on(&spec, d) >= 475);
     let out = d.join("out.sam");
     ok(&["fs", "get", &spec, "/out.sam", out.to_str().unwrap()]);
     let sam = std::fs::read_to_string(&out).expect("read SAM");

@@ -12,7 +12,7 @@
 
 mod common;
 
-use common::{kura, ok, ok_output, text, Serving};
+use common::{index_and_map_on, kura, ok, simulate, text, Serving};
 use kura_accelfs::fs::{FileSystem, MountOptions};
 use kura_accelfs::MkfsOptions;
 use kura_engine::Registry;
@@ -74,54 +74,8 @@ fn accelfs_and_genome(c: &TestCluster) {
     );
 
     // The paper's application on the same image.
-    let dd = d.to_str().expect("utf-8");
-    ok(&[
-        "genome",
-        "simulate",
-        "-o",
-        dd,
-        "--genome-size",
-        "300000",
-        "--reads",
-        "500",
-    ]);
-    for f in ["reference.fa", "reads_1.fq"] {
-        let local = d.join(f);
-        ok(&[
-            "fs",
-            "put",
-            &spec,
-            local.to_str().expect("utf-8"),
-            &format!("/{f}"),
-        ]);
-    }
-    ok(&[
-        "genome",
-        "index",
-        "/reference.fa",
-        "-o",
-        "/idx/ref.kgi",
-        "--dev",
-        &spec,
-    ]);
-    let o = ok_output(&[
-        "genome",
-        "map",
-        "/idx/ref.kgi",
-        "/reads_1.fq",
-        "-o",
-        "/out.sam",
-        "--dev",
-        &spec,
-        "--score",
-    ]);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    let correct: u64 = stderr
-        .lines()
-        .find(|l| l.contains("placed correctly"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|w| w.parse().ok())
-        .unwrap_or_else(|| panic!("no accuracy line: {stderr}"));
+    simulate(d, "500", false);
+    let correct = index_and_map_on(&spec, d);
     assert!(correct >= 475, "{correct} of 500 placed correctly");
     let o = kura(&["fsck", &spec]);
     assert!(

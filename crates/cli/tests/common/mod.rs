@@ -1,6 +1,7 @@
 //! What the CLI's tests share: running the `kura` binary (its output, success and failure
 //! checks), FUSE mounts that are always taken down, even when a test fails, and `kura serve`
-//! processes ([`Serving`]) that are killed when dropped.
+//! processes ([`Serving`]) that are killed when dropped, and the genome steps several tests
+//! take (simulate, index and map on an image's AccelFS, the accuracy line).
 
 #![allow(dead_code)]
 
@@ -194,4 +195,72 @@ impl Drop for Serving {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// `kura genome simulate` into `dir`: a 300 kbp genome and `reads` reads, paired when asked.
+pub fn simulate(dir: &Path, reads: &str, paired: bool) {
+    let d = dir.to_str().expect("utf-8 path");
+    let mut args = vec![
+        "genome",
+        "simulate",
+        "-o",
+        d,
+        "--genome-size",
+        "300000",
+        "--reads",
+        reads,
+    ];
+    if paired {
+        args.push("--paired");
+    }
+    ok(&args);
+}
+
+/// How many reads the accuracy line in `stderr` (of `genome map --score`) says were placed
+/// correctly.
+pub fn correct_of(stderr: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("placed correctly"))
+        .unwrap_or_else(|| panic!("no accuracy line: {stderr}"));
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("bad accuracy line: {line}"))
+}
+
+/// On the AccelFS at `spec`: puts `dir`'s `reference.fa` and `reads_1.fq` at its root, indexes
+/// the reference to `/idx/ref.kgi` and maps the reads to `/out.sam` with `--score`, all with
+/// `--dev`: how many reads the accuracy line says were placed correctly.
+pub fn index_and_map_on(spec: &str, dir: &Path) -> u64 {
+    for f in ["reference.fa", "reads_1.fq"] {
+        ok(&[
+            "fs",
+            "put",
+            spec,
+            dir.join(f).to_str().expect("utf-8 path"),
+            &format!("/{f}"),
+        ]);
+    }
+    ok(&[
+        "genome",
+        "index",
+        "/reference.fa",
+        "-o",
+        "/idx/ref.kgi",
+        "--dev",
+        spec,
+    ]);
+    let o = ok_output(&[
+        "genome",
+        "map",
+        "/idx/ref.kgi",
+        "/reads_1.fq",
+        "-o",
+        "/out.sam",
+        "--dev",
+        spec,
+        "--score",
+    ]);
+    correct_of(&String::from_utf8_lossy(&o.stderr))
 }
