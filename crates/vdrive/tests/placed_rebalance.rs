@@ -11,7 +11,7 @@ use kura_crush::map::BucketKind;
 use kura_crush::CrushMap;
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
-use kura_engine::fault::{materialize, TraceEvent};
+use kura_engine::fault::{materialize, FaultDevice, FaultPlan, TraceEvent};
 use kura_engine::{
     BlockDevice, BlockingIo, Completion, DeviceResult, Geometry, Opcode, Rejected, Request,
 };
@@ -55,6 +55,13 @@ fn boxed(disks: &[MemDevice]) -> Vec<Box<dyn BlockDevice>> {
         .iter()
         .map(|d| Box::new(d.new_queue()) as Box<dyn BlockDevice>)
         .collect()
+}
+
+/// The legs of `boxed`, leg `leg` behind a fault device following `plan`.
+fn boxed_with_fault(disks: &[MemDevice], leg: usize, plan: FaultPlan) -> Vec<Box<dyn BlockDevice>> {
+    let mut legs = boxed(disks);
+    legs[leg] = Box::new(FaultDevice::new(Box::new(disks[leg].new_queue()), plan));
+    legs
 }
 
 fn blank(n: usize) -> Vec<MemDevice> {
@@ -253,6 +260,23 @@ impl BlockDevice for Rec {
     }
 }
 
+/// `legs`, each recording its writes and flushes into the shared `log`.
+fn recorded(
+    legs: Vec<Box<dyn BlockDevice>>,
+    log: &Arc<Mutex<Vec<(usize, TraceEvent)>>>,
+) -> Vec<Box<dyn BlockDevice>> {
+    legs.into_iter()
+        .enumerate()
+        .map(|(leg, inner)| {
+            Box::new(Rec {
+                inner,
+                leg,
+                log: log.clone(),
+            }) as Box<dyn BlockDevice>
+        })
+        .collect()
+}
+
 fn read_meta_for_test(d: &mut MemDevice) -> Result<LegMeta, LayoutError> {
     match read_meta(d) {
         Ok(m) => Ok(m),
@@ -341,17 +365,7 @@ fn crash_case(legs: usize, replicas: usize, resync: &[usize], seed: u64) {
     let base: Vec<Vec<u8>> = disks.iter().map(image).collect();
     // Record the whole rebalance's write stream.
     let log = Arc::new(Mutex::new(Vec::new()));
-    let mut rec: Vec<Box<dyn BlockDevice>> = disks
-        .iter()
-        .enumerate()
-        .map(|(leg, d)| {
-            Box::new(Rec {
-                inner: Box::new(d.new_queue()),
-                leg,
-                log: log.clone(),
-            }) as Box<dyn BlockDevice>
-        })
-        .collect();
+    let mut rec = recorded(boxed(&disks), &log);
     let new = flat_map(legs + 1);
     let first =
         rebalance(&mut rec, &new, &opts(replicas), resync, &mut |_, _| {}).expect("rebalance");
@@ -508,14 +522,11 @@ fn a_leg_that_missed_writes_is_resynced_from_the_others() {
     write_round(&mut dev, 0);
     drop(dev);
     // Leg 1 fails its first write: out of service, round 1 lands on the other copies only.
-    let mut legs = boxed(&disks);
-    legs[1] = Box::new(kura_engine::fault::FaultDevice::new(
-        Box::new(disks[1].new_queue()),
-        kura_engine::fault::FaultPlan {
-            write_eio: Some(1),
-            ..Default::default()
-        },
-    ));
+    let write_fails = FaultPlan {
+        write_eio: Some(1),
+        ..Default::default()
+    };
+    let legs = boxed_with_fault(&disks, 1, write_fails);
     let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
     write_round(&mut dev, 1);
     assert!(
@@ -634,29 +645,11 @@ fn a_crash_after_a_leg_goes_out_never_serves_its_stale_copies() {
     // Leg 1 fails its first write of round 1 and goes out; round 1 and then round 2 (half the
     // chunks) are written and flushed. Every write and flush of every leg is recorded.
     let log = Arc::new(Mutex::new(Vec::new()));
-    let legs: Vec<Box<dyn BlockDevice>> = disks
-        .iter()
-        .enumerate()
-        .map(|(leg, d)| {
-            let q: Box<dyn BlockDevice> = Box::new(d.new_queue());
-            let inner: Box<dyn BlockDevice> = if leg == 1 {
-                Box::new(kura_engine::fault::FaultDevice::new(
-                    q,
-                    kura_engine::fault::FaultPlan {
-                        write_eio: Some(1),
-                        ..Default::default()
-                    },
-                ))
-            } else {
-                q
-            };
-            Box::new(Rec {
-                inner,
-                leg,
-                log: log.clone(),
-            }) as Box<dyn BlockDevice>
-        })
-        .collect();
+    let write_fails = FaultPlan {
+        write_eio: Some(1),
+        ..Default::default()
+    };
+    let legs = recorded(boxed_with_fault(&disks, 1, write_fails), &log);
     let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
     // flushed[r]: the log length once round r's flush was acknowledged.
     let mut flushed = vec![0usize];
@@ -787,14 +780,11 @@ fn a_leg_whose_flush_fails_is_marked_before_the_flush_is_acknowledged() {
         write_round(&mut dev, 0);
         dev.chunks()
     };
-    let mut legs = boxed(&disks);
-    legs[2] = Box::new(kura_engine::fault::FaultDevice::new(
-        Box::new(disks[2].new_queue()),
-        kura_engine::fault::FaultPlan {
-            flush_eio: Some(1),
-            ..Default::default()
-        },
-    ));
+    let flush_fails = FaultPlan {
+        flush_eio: Some(1),
+        ..Default::default()
+    };
+    let legs = boxed_with_fault(&disks, 2, flush_fails);
     let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
     // Round 1 reaches every leg, but leg 2's flush fails: the flush is acknowledged only once
     // legs 0 and 1 record leg 2 as stale (its copies of round 1 may not be durable).
