@@ -514,27 +514,37 @@ fn write_round(dev: &mut Placed, round: u64) {
     dev.flush_all().expect("flush");
 }
 
+/// Formats `disks` (three legs, 2 replicas) and writes round 0; returns the chunk count.
+fn three_legs_with_round_0(disks: &[MemDevice]) -> u64 {
+    let mut dev = Placed::new(boxed(disks), &flat_map(3), "t", &opts(2)).expect("format");
+    write_round(&mut dev, 0);
+    dev.chunks()
+}
+
+/// Writes round 1 with leg `leg` behind a fault device following `plan`; the fault takes the
+/// leg out of service.
+fn round_1_with_a_failing_leg(disks: &[MemDevice], leg: usize, plan: FaultPlan) {
+    let legs = boxed_with_fault(disks, leg, plan);
+    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
+    write_round(&mut dev, 1);
+    assert!(
+        dev.describe()
+            .contains(&format!("leg {leg} out of service")),
+        "{}",
+        dev.describe()
+    );
+}
+
 #[test]
 fn a_leg_that_missed_writes_is_resynced_from_the_others() {
     let disks = blank(3);
-    let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
-    let chunks = dev.chunks();
-    write_round(&mut dev, 0);
-    drop(dev);
+    let chunks = three_legs_with_round_0(&disks);
     // Leg 1 fails its first write: out of service, round 1 lands on the other copies only.
     let write_fails = FaultPlan {
         write_eio: Some(1),
         ..Default::default()
     };
-    let legs = boxed_with_fault(&disks, 1, write_fails);
-    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
-    write_round(&mut dev, 1);
-    assert!(
-        dev.describe().contains("leg 1 out of service"),
-        "{}",
-        dev.describe()
-    );
-    drop(dev);
+    round_1_with_a_failing_leg(&disks, 1, write_fails);
     // Leg 1 still holds round 0 where it is some chunk's primary copy ...
     let mut buf = vec![0u8; CHUNK as usize];
     let mut leg1 = disks[1].new_queue();
@@ -636,11 +646,7 @@ fn blocks_from_rounds(data: &[u8], c: u64, rounds: std::ops::RangeInclusive<u64>
 #[test]
 fn a_crash_after_a_leg_goes_out_never_serves_its_stale_copies() {
     let disks = blank(3);
-    let chunks = {
-        let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
-        write_round(&mut dev, 0);
-        dev.chunks()
-    };
+    let chunks = three_legs_with_round_0(&disks);
     let base: Vec<Vec<u8>> = disks.iter().map(image).collect();
     // Leg 1 fails its first write of round 1 and goes out; round 1 and then round 2 (half the
     // chunks) are written and flushed. Every write and flush of every leg is recorded.
@@ -775,26 +781,14 @@ fn hostile_stale_bits_are_refused_clearly() {
 #[test]
 fn a_leg_whose_flush_fails_is_marked_before_the_flush_is_acknowledged() {
     let disks = blank(3);
-    let chunks = {
-        let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("format");
-        write_round(&mut dev, 0);
-        dev.chunks()
-    };
+    let chunks = three_legs_with_round_0(&disks);
     let flush_fails = FaultPlan {
         flush_eio: Some(1),
         ..Default::default()
     };
-    let legs = boxed_with_fault(&disks, 2, flush_fails);
-    let mut dev = Placed::new(legs, &flat_map(3), "t", &opts(2)).expect("open");
     // Round 1 reaches every leg, but leg 2's flush fails: the flush is acknowledged only once
     // legs 0 and 1 record leg 2 as stale (its copies of round 1 may not be durable).
-    write_round(&mut dev, 1);
-    assert!(
-        dev.describe().contains("leg 2 out of service"),
-        "{}",
-        dev.describe()
-    );
-    drop(dev);
+    round_1_with_a_failing_leg(&disks, 2, flush_fails);
     for l in [0, 1] {
         let m = read_meta(&mut disks[l].new_queue()).expect("metadata");
         assert!(m.header.marks_stale(2), "leg {l} does not mark leg 2");
