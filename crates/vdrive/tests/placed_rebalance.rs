@@ -585,33 +585,21 @@ fn a_leg_that_missed_writes_is_resynced_from_the_others() {
         let m = read_meta(&mut disks[l].new_queue()).expect("metadata");
         assert!(m.header.marks_stale(1) && !m.header.marks_stale(0) && !m.header.marks_stale(2));
     }
+    let resync = |legs: &[usize]| {
+        rebalance(
+            &mut boxed(&disks),
+            &flat_map(3),
+            &opts(2),
+            legs,
+            &mut |_, _| {},
+        )
+    };
     // Resync needs a copy elsewhere of every chunk.
-    let err = rebalance(
-        &mut boxed(&disks),
-        &flat_map(3),
-        &opts(2),
-        &[0, 1, 2],
-        &mut |_, _| {},
-    )
-    .expect_err("nothing left to copy from");
+    let err = resync(&[0, 1, 2]).expect_err("nothing left to copy from");
     assert!(err.to_string().contains("no copy outside"), "{err}");
-    let err = rebalance(
-        &mut boxed(&disks),
-        &flat_map(3),
-        &opts(2),
-        &[7],
-        &mut |_, _| {},
-    )
-    .expect_err("no leg 7");
+    let err = resync(&[7]).expect_err("no leg 7");
     assert!(err.to_string().contains("legs 0 to 2"), "{err}");
-    let rep = rebalance(
-        &mut boxed(&disks),
-        &flat_map(3),
-        &opts(2),
-        &[1],
-        &mut |_, _| {},
-    )
-    .expect("resync");
+    let rep = resync(&[1]).expect("resync");
     assert!(rep.forgotten > 0 && rep.copies == rep.forgotten, "{rep:?}");
     let mut dev = Placed::new(boxed(&disks), &flat_map(3), "t", &opts(2)).expect("reopen");
     // The resync cleared the marks: every leg is in service again.
