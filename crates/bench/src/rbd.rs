@@ -170,7 +170,8 @@ fn rbd_bench(
         .position(|w| *w == "ops/sec:")
         .and_then(|i| words.get(i + 1))
         .and_then(|w| w.parse().ok())
-        .with_context(|| format!("{cmd}: cannot read ops/sec in {line}"))?;
+        .filter(|r: &f64| r.is_finite() && *r > 0.0)
+        .with_context(|| format!("{cmd}: no usable ops/sec in {line}"))?;
     Ok((ops_s, ops_s * bytes as f64 / 1048576.0, cmd))
 }
 
@@ -353,13 +354,16 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
         ops: n,
         judged,
     };
+    // QD 1 points run an eighth of the operations, but never so few that rbd bench's own
+    // rate (ops over its elapsed time) stops meaning anything.
+    let qd1_ops = (ops / 8).max(256);
     let cases = [
         case(
             "4K randread QD1",
             Pattern::RandRead,
             4096,
             1,
-            ops / 8,
+            qd1_ops,
             false,
         ),
         case("4K randread QD32", Pattern::RandRead, 4096, 32, ops, true),
@@ -368,7 +372,7 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
             Pattern::RandWrite,
             4096,
             1,
-            ops / 8,
+            qd1_ops,
             false,
         ),
         case("4K randwrite QD32", Pattern::RandWrite, 4096, 32, ops, true),
