@@ -12,11 +12,9 @@
 
 mod common;
 
-use common::{index_and_map_on, kura, ok, simulate, text, Serving};
-use kura_accelfs::fs::{FileSystem, MountOptions};
-use kura_accelfs::MkfsOptions;
+use common::{fresh_db, index_and_map_on, kura, ok, simulate, text, Serving};
 use kura_engine::Registry;
-use kura_kv::{Db, DbOptions, Location};
+use kura_kv::Db;
 use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -95,23 +93,8 @@ fn registry() -> Registry {
 fn leveldb(c: &TestCluster) {
     let registry = registry();
     let spec = c.spec("kv", "create=64M");
-    FileSystem::format(
-        registry.open(&spec).expect("open"),
-        MkfsOptions::default(),
-        MountOptions::default(),
-    )
-    .and_then(FileSystem::unmount)
-    .expect("mkfs");
-    let store = || Location::Device {
-        spec: spec.clone(),
-        path: "/db".into(),
-        registry: registry.clone(),
-    };
-    let opts = DbOptions {
-        create_if_missing: true,
-        ..DbOptions::default()
-    };
-    let db = Db::open(store(), &opts).expect("open the store");
+    let (store, opts) = fresh_db(&registry, &spec).unwrap_or_else(|e| panic!("{e}"));
+    let db = Db::open(store.clone(), &opts).expect("open the store");
     for i in 0..2000u32 {
         db.put(
             format!("key{i:05}").as_bytes(),
@@ -120,7 +103,7 @@ fn leveldb(c: &TestCluster) {
         .expect("put");
     }
     db.close().expect("close");
-    let db = Db::open(store(), &opts).expect("reopen");
+    let db = Db::open(store, &opts).expect("reopen");
     for i in (0..2000u32).step_by(97) {
         assert_eq!(
             db.get(format!("key{i:05}").as_bytes())

@@ -8,11 +8,9 @@
 
 mod common;
 
-use common::{kura, ok_output};
-use kura_accelfs::fs::{FileSystem, MountOptions};
-use kura_accelfs::MkfsOptions;
+use common::{fresh_db, kura, ok_output};
 use kura_engine::Registry;
-use kura_kv::{Db, DbOptions, Location};
+use kura_kv::Db;
 use kura_nbd::{bind_loopback, serve, Export, ServeOptions, Server};
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -154,28 +152,11 @@ fn every_kind_holds_a_key_value_store() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let specs = persistent_specs(tmp.path(), &server, &registry);
     for (kind, spec) in &specs {
-        FileSystem::format(
-            registry
-                .open(spec)
-                .unwrap_or_else(|e| panic!("{kind}: {spec}: {e}")),
-            MkfsOptions::default(),
-            MountOptions::default(),
-        )
-        .and_then(FileSystem::unmount)
-        .unwrap_or_else(|e| panic!("{kind}: mkfs on {spec}: {e}"));
-        let store = || Location::Device {
-            spec: spec.clone(),
-            path: "/db".into(),
-            registry: registry.clone(),
-        };
-        let opts = DbOptions {
-            create_if_missing: true,
-            ..DbOptions::default()
-        };
-        let db = Db::open(store(), &opts).unwrap_or_else(|e| panic!("{kind}: {spec}: {e}"));
+        let (store, opts) = fresh_db(&registry, spec).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let db = Db::open(store.clone(), &opts).unwrap_or_else(|e| panic!("{kind}: {spec}: {e}"));
         db.put(b"kind", kind.as_bytes()).expect("put");
         db.close().expect("close");
-        let db = Db::open(store(), &opts).unwrap_or_else(|e| panic!("{kind}: reopen: {e}"));
+        let db = Db::open(store, &opts).unwrap_or_else(|e| panic!("{kind}: reopen: {e}"));
         assert_eq!(
             db.get(b"kind").expect("get").as_deref(),
             Some(kind.as_bytes())

@@ -1,7 +1,8 @@
 //! What the CLI's tests share: running the `kura` binary (its output, success and failure
 //! checks), FUSE mounts that are always taken down, even when a test fails, and `kura serve`
 //! processes ([`Serving`]) that are killed when dropped, and the genome steps several tests
-//! take (simulate, index and map on an image's AccelFS, the accuracy line).
+//! take (simulate, index and map on an image's AccelFS, the accuracy line), and a fresh AccelFS
+//! for a key-value store ([`fresh_db`]).
 
 #![allow(dead_code)]
 
@@ -263,4 +264,31 @@ pub fn index_and_map_on(spec: &str, dir: &Path) -> u64 {
         "--score",
     ]);
     correct_of(&String::from_utf8_lossy(&o.stderr))
+}
+
+/// Formats AccelFS on `spec`, opened through `registry`: where a key-value store at `/db` on it
+/// lives, and options that create the store on its first open. `Err` names the spec and the step.
+pub fn fresh_db(
+    registry: &kura_engine::Registry,
+    spec: &str,
+) -> Result<(kura_kv::Location, kura_kv::DbOptions), String> {
+    use kura_accelfs::fs::{FileSystem, MountOptions};
+    let dev = registry.open(spec).map_err(|e| format!("{spec}: {e}"))?;
+    FileSystem::format(
+        dev,
+        kura_accelfs::MkfsOptions::default(),
+        MountOptions::default(),
+    )
+    .and_then(FileSystem::unmount)
+    .map_err(|e| format!("mkfs on {spec}: {e}"))?;
+    let store = kura_kv::Location::Device {
+        spec: spec.to_string(),
+        path: "/db".into(),
+        registry: registry.clone(),
+    };
+    let opts = kura_kv::DbOptions {
+        create_if_missing: true,
+        ..kura_kv::DbOptions::default()
+    };
+    Ok((store, opts))
 }
