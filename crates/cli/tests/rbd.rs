@@ -15,18 +15,14 @@ mod common;
 use common::{fresh_db, index_and_map_on, kura, ok, simulate, text, Serving};
 use kura_engine::Registry;
 use kura_kv::Db;
-use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
+use kura_rbd::testing::{missing, run_checks, Check, TestCluster};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 #[test]
 fn kura_layers_on_rbd() {
-    if !daemons_installed() || !kura_rbd::BUILT_WITH_LIBRBD {
-        kura_testkit::skip(
-            "kura_layers_on_rbd",
-            "ceph",
-            "ceph-mon/ceph-osd/ceph-mgr/rbd or librbd-dev not installed",
-        );
+    if let Some(why) = missing() {
+        kura_testkit::skip("kura_layers_on_rbd", "ceph", why);
         return;
     }
     let checks: &[(&str, Check)] = &[

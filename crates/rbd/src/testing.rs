@@ -234,6 +234,13 @@ pub fn all_clean(pg_stat: &str) -> bool {
     total == clean && state.trim_end_matches(';') == "active+clean"
 }
 
+/// Why a test cluster with `rbd:` on it cannot run here, if it cannot: the Ceph daemons and tools
+/// are not installed, or this build has no librbd.
+pub fn missing() -> Option<&'static str> {
+    (!daemons_installed() || !crate::BUILT_WITH_LIBRBD)
+        .then_some("ceph-mon/ceph-osd/ceph-mgr/rbd or librbd-dev not installed")
+}
+
 /// One named check on a shared cluster: it passes by returning and fails by panicking.
 pub type Check = fn(&TestCluster);
 

@@ -8,7 +8,7 @@
 //! the monitor stopped. Each check's failure is collected and reported with its name.
 
 use kura_engine::{conformance, BlockDevice, BlockingIo, DeviceError, OpenError, Registry};
-use kura_rbd::testing::{daemons_installed, run_checks, Check, TestCluster};
+use kura_rbd::testing::{missing, run_checks, Check, TestCluster};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -33,6 +33,14 @@ fn open_err(spec: &str) -> OpenError {
     }
 }
 
+/// Opening `spec` fails, within `within`, with an error that says each of `says`.
+fn fails_within(spec: &str, says: &[&str], within: Duration) {
+    let t0 = Instant::now();
+    let e = open_err(spec).to_string();
+    assert!(says.iter().all(|s| e.contains(s)), "{e}");
+    assert!(t0.elapsed() < within, "took {:?}", t0.elapsed());
+}
+
 /// Bytes that differ per block and per `seed`.
 fn pattern(blocks: usize, seed: u8) -> Vec<u8> {
     (0..blocks * BS)
@@ -42,12 +50,8 @@ fn pattern(blocks: usize, seed: u8) -> Vec<u8> {
 
 #[test]
 fn rbd_on_a_real_cluster() {
-    if !daemons_installed() || !kura_rbd::BUILT_WITH_LIBRBD {
-        kura_testkit::skip(
-            "rbd_on_a_real_cluster",
-            "ceph",
-            "ceph-mon/ceph-osd/ceph-mgr/rbd or librbd-dev not installed",
-        );
+    if let Some(why) = missing() {
+        kura_testkit::skip("rbd_on_a_real_cluster", "ceph", why);
         return;
     }
     let checks: &[(&str, Check)] = &[
@@ -208,32 +212,20 @@ fn wrong_keyring(c: &TestCluster) {
         "exported",
         &format!("keyring={}&timeout=10", keyring.display()),
     );
-    let t0 = Instant::now();
-    let e = open_err(&spec).to_string();
-    assert!(
-        e.contains("cephx credentials") && e.contains("keyring="),
-        "{e}"
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(40),
-        "took {:?}",
-        t0.elapsed()
+    fails_within(
+        &spec,
+        &["cephx credentials", "keyring="],
+        Duration::from_secs(40),
     );
 }
 
 fn unreachable_monitor(c: &TestCluster) {
     // TEST-NET-1: routed nowhere, so nothing ever answers.
     let spec = c.spec("exported", "mon_host=192.0.2.1:6789&timeout=3");
-    let t0 = Instant::now();
-    let e = open_err(&spec).to_string();
-    assert!(
-        e.contains("no answer from the cluster") && e.contains("within 3 s"),
-        "{e}"
-    );
-    assert!(
-        t0.elapsed() < Duration::from_secs(33),
-        "took {:?}",
-        t0.elapsed()
+    fails_within(
+        &spec,
+        &["no answer from the cluster", "within 3 s"],
+        Duration::from_secs(33),
     );
 }
 
