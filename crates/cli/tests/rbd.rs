@@ -16,8 +16,9 @@ use common::{fresh_db, index_and_map_on, kura, ok, simulate, text, Serving};
 use kura_engine::Registry;
 use kura_kv::Db;
 use kura_rbd::testing::{missing, run_checks, Check, TestCluster};
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use kura_testkit::{run_tool, NbdLoop};
+use std::process::Command;
+use std::time::Duration;
 
 #[test]
 fn kura_layers_on_rbd() {
@@ -201,23 +202,6 @@ fn bench_rbd_quick(c: &TestCluster) {
     assert!(!String::from_utf8_lossy(&images).contains("kura-bench"));
 }
 
-/// Runs `cmd`, or says what it printed.
-fn try_run(cmd: &str, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if o.status.success() {
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd} {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ))
-    }
-}
-
 fn ext4_via_nbdfuse(c: &TestCluster) {
     let missing = kura_testkit::loop_unavailable()
         .or_else(kura_testkit::fuse_unavailable)
@@ -244,42 +228,14 @@ fn ext4_via_nbdfuse(c: &TestCluster) {
     )
     .expect("serve");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let fuse_dir = tmp.path().join("fuse");
     let mnt = tmp.path().join("mnt");
-    std::fs::create_dir(&fuse_dir).expect("mkdir");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut nbdfuse = Command::new("nbdfuse")
-        .arg(&fuse_dir)
-        .arg(format!("{url}/disk"))
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("nbdfuse");
-    let image = fuse_dir.join("nbd");
-    let t0 = Instant::now();
-    while !image.exists() {
-        if let Ok(Some(st)) = nbdfuse.try_wait() {
-            panic!("nbdfuse exited ({st}) although FUSE and the tools are here");
-        }
-        assert!(
-            t0.elapsed() < Duration::from_secs(30),
-            "nbdfuse shows no file"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let image_s = image.to_str().expect("utf-8").to_string();
-    let fuse_s = fuse_dir.to_str().expect("utf-8").to_string();
-    let loopdev = match try_run("losetup", &["-f", "--show", &image_s]) {
-        Ok(l) => l.trim().to_string(),
-        Err(e) => {
-            let _ = try_run("fusermount3", &["-u", &fuse_s]);
-            let _ = nbdfuse.wait();
-            panic!("losetup failed although root and /dev/loop-control are here: {e}");
-        }
-    };
+    let attached = NbdLoop::attach(tmp.path(), &format!("{url}/disk"), Duration::from_secs(30));
+    let loopdev = attached.device.clone();
     let m = mnt.to_str().expect("utf-8");
     let outcome = (|| -> Result<String, String> {
-        try_run("mkfs.ext4", &["-q", "-F", &loopdev])?;
-        try_run("mount", &[&loopdev, m])?;
+        run_tool("mkfs.ext4", &["-q", "-F", &loopdev])?;
+        run_tool("mount", &[&loopdev, m])?;
         let filled = (|| -> std::io::Result<()> {
             for d in 0..4 {
                 let sub = mnt.join(format!("d{d}"));
@@ -294,17 +250,15 @@ fn ext4_via_nbdfuse(c: &TestCluster) {
             Ok(())
         })();
         let back = std::fs::read(mnt.join("d3/f15")).map_err(|e| e.to_string());
-        try_run("sync", &[])?;
-        try_run("umount", &[m])?;
+        run_tool("sync", &[])?;
+        run_tool("umount", &[m])?;
         filled.map_err(|e| e.to_string())?;
         if back? != vec![63u8; 4096 * 16] {
             return Err("d3/f15 reads back wrong".into());
         }
-        try_run("e2fsck", &["-f", "-n", &loopdev])
+        run_tool("e2fsck", &["-f", "-n", &loopdev])
     })();
-    let _ = try_run("losetup", &["-d", &loopdev]);
-    let _ = try_run("fusermount3", &["-u", &fuse_s]);
-    let _ = nbdfuse.wait();
+    drop(attached);
     let report = outcome.expect("ext4 round trip");
     assert!(
         report.contains("clean") || report.contains("files"),
@@ -316,7 +270,7 @@ fn ext4_via_nbdfuse(c: &TestCluster) {
     let exported = tmp.path().join("exported.img");
     c.rbd_ok(&["export", "rbd/ext4", exported.to_str().expect("utf-8")])
         .expect("rbd export");
-    let report = try_run("e2fsck", &["-f", "-n", exported.to_str().expect("utf-8")])
+    let report = run_tool("e2fsck", &["-f", "-n", exported.to_str().expect("utf-8")])
         .unwrap_or_else(|e| panic!("e2fsck of rbd export: {e}"));
     assert!(
         report.contains("clean") || report.contains("files"),

@@ -5,25 +5,9 @@
 //! (`kura_testkit::skip`) only when one of them is missing.
 
 use kura_nbd::{serve, Export, ServeOptions};
+use kura_testkit::{run_tool as run, NbdLoop};
 use std::net::TcpListener;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
-
-fn run(cmd: &str, args: &[&str]) -> Result<String, String> {
-    let o = Command::new(cmd)
-        .args(args)
-        .output()
-        .map_err(|e| format!("{cmd}: {e}"))?;
-    if o.status.success() {
-        Ok(String::from_utf8_lossy(&o.stdout).into_owned())
-    } else {
-        Err(format!(
-            "{cmd} {args:?}: {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ))
-    }
-}
+use std::time::Duration;
 
 /// What this test cannot run without, if this machine lacks it: root, loop devices, FUSE and the
 /// tools. With all of them present, any failure below is a test failure.
@@ -51,41 +35,14 @@ fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
     )
     .expect("serve");
     let dir = tempfile::tempdir().expect("tempdir");
-    let fuse_dir = dir.path().join("fuse");
     let mnt = dir.path().join("mnt");
-    std::fs::create_dir(&fuse_dir).expect("mkdir");
     std::fs::create_dir(&mnt).expect("mkdir");
-    let mut nbdfuse = Command::new("nbdfuse")
-        .arg(&fuse_dir)
-        .arg(format!("nbd://127.0.0.1:{port}/disk"))
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("nbdfuse");
-    let image = fuse_dir.join("nbd");
-    let start = Instant::now();
-    while !image.exists() {
-        if let Ok(Some(st)) = nbdfuse.try_wait() {
-            let mut err = String::new();
-            if let Some(mut e) = nbdfuse.stderr.take() {
-                let _ = std::io::Read::read_to_string(&mut e, &mut err);
-            }
-            panic!("nbdfuse exited ({st}) although FUSE and the tools are here: {err}");
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "nbdfuse did not expose the export"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    let image_s = image.to_str().expect("utf8").to_string();
-    let loopdev = match run("losetup", &["-f", "--show", &image_s]) {
-        Ok(l) => l.trim().to_string(),
-        Err(e) => {
-            let _ = run("fusermount3", &["-u", fuse_dir.to_str().expect("utf8")]);
-            let _ = nbdfuse.wait();
-            panic!("losetup failed although root and /dev/loop-control are here: {e}");
-        }
-    };
+    let attached = NbdLoop::attach(
+        dir.path(),
+        &format!("nbd://127.0.0.1:{port}/disk"),
+        Duration::from_secs(20),
+    );
+    let loopdev = attached.device.clone();
     let outcome = (|| -> Result<String, String> {
         run("mkfs.ext4", &["-q", "-F", &loopdev])?;
         let m = mnt.to_str().expect("utf8");
@@ -108,9 +65,7 @@ fn ext4_on_a_kura_export_through_nbdfuse_and_a_loop_device_is_fsck_clean() {
         filled.map_err(|e| e.to_string())?;
         run("e2fsck", &["-f", "-n", &loopdev])
     })();
-    let _ = run("losetup", &["-d", &loopdev]);
-    let _ = run("fusermount3", &["-u", fuse_dir.to_str().expect("utf8")]);
-    let _ = nbdfuse.wait();
+    drop(attached);
     let report = outcome.expect("ext4 round trip");
     assert!(
         report.contains("clean") || report.contains("files"),

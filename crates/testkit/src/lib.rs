@@ -22,6 +22,9 @@
 //! allow-list can be tested without touching process-wide environment variables.
 #![forbid(unsafe_code)]
 
+mod nbdfuse;
+pub use nbdfuse::{run_tool, NbdLoop};
+
 use std::fs::OpenOptions;
 use std::io::Write;
 use std::os::unix::fs::PermissionsExt;
