@@ -11,7 +11,7 @@
 //!   the cache's hits and misses, and how many 4 KiB sequential writes at QD 32 the coalescing
 //!   scheduler merged on its own.
 //! - **NBD**: kura's export of `rbd:` against `qemu-nbd -f raw rbd:POOL/IMAGE:conf=…` (Debian's
-//!   qemu-block-extra) on the same image: `nbdcopy` reading the whole image (same connection
+//!   qemu-block-extra) on a copy of the image (`rbd cp`: one writer per image): `nbdcopy` reading the whole image (same connection
 //!   count), and `fio --ioengine=nbd` 4 KiB random read at QD 1 and 32 and random write at
 //!   QD 32. Target ≥ 1.0x.
 //!
@@ -32,6 +32,9 @@ use std::time::{Duration, Instant};
 
 const PLOT: &str = include_str!("../../../scripts/plot_rbd.py");
 const IMAGE: &str = "kura-bench";
+/// qemu-nbd's image in the NBD part: a copy of [`IMAGE`], since one image takes one writer
+/// (kura's `rbd:` holds the image's exclusive lock while its export is up).
+const PEER_IMAGE: &str = "kura-bench-peer";
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("plot", |a| plot_help(a, "rbd")))]
@@ -313,12 +316,14 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
         }
     };
     let rbd = format!("rbd:rbd/{IMAGE}?conf={conf}");
-    // A fresh image, filled so every read reaches the OSDs.
-    let _ = Command::new("rbd")
-        .args(["-c", &conf, "rm", &format!("rbd/{IMAGE}")])
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .status();
+    // A fresh image, filled so every read reaches the OSDs (and no copy left by an earlier run).
+    for image in [IMAGE, PEER_IMAGE] {
+        let _ = Command::new("rbd")
+            .args(["-c", &conf, "rm", &format!("rbd/{image}")])
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status();
+    }
     {
         let mut dev = open(&format!("{rbd}&create={size}"))?;
         let fill = job(Pattern::SeqWrite, 1 << 20, 16, size >> 20);
@@ -588,7 +593,7 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
         None,
     ));
 
-    // 3. NBD: kura's export of rbd: against qemu-nbd on the same image, read by nbdcopy.
+    // 3. NBD: kura's export of rbd: against qemu-nbd on a copy of it (one writer per image).
     if installed("nbdcopy") && installed("qemu-nbd") {
         let listener = kura_nbd::bind_loopback(0)?;
         let addr = listener.local_addr()?;
@@ -598,6 +603,22 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
             kura_nbd::ServeOptions::default(),
         )?;
         let kura_url = format!("nbd://{addr}/disk");
+        let copied = Command::new("rbd")
+            .args([
+                "-c",
+                &conf,
+                "cp",
+                &format!("rbd/{IMAGE}"),
+                &format!("rbd/{PEER_IMAGE}"),
+            ])
+            .output()
+            .context("running rbd cp")?;
+        if !copied.status.success() {
+            bail!(
+                "rbd cp rbd/{IMAGE} rbd/{PEER_IMAGE}: {}",
+                String::from_utf8_lossy(&copied.stderr)
+            );
+        }
         let port = free_port()?;
         let qemu_args = vec![
             "-f".to_string(),
@@ -611,7 +632,7 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
             "127.0.0.1".into(),
             "-p".into(),
             port.to_string(),
-            format!("rbd:rbd/{IMAGE}:conf={conf}"),
+            format!("rbd:rbd/{PEER_IMAGE}:conf={conf}"),
         ];
         let qemu_cmd = format!("qemu-nbd {}", qemu_args.join(" "));
         let mut qemu = Command::new("qemu-nbd")
@@ -662,11 +683,13 @@ pub fn run(args: &RbdBenchArgs) -> anyhow::Result<()> {
             .push("NBD part skipped: nbdcopy or qemu-nbd not installed".into());
     }
 
-    let _ = Command::new("rbd")
-        .args(["-c", &conf, "rm", &format!("rbd/{IMAGE}")])
-        .stderr(Stdio::null())
-        .stdout(Stdio::null())
-        .status();
+    for image in [IMAGE, PEER_IMAGE] {
+        let _ = Command::new("rbd")
+            .args(["-c", &conf, "rm", &format!("rbd/{image}")])
+            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .status();
+    }
     print_table(&report);
     args.run.output.emit("rbd", PLOT, &report)
 }

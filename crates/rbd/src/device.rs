@@ -133,6 +133,7 @@ impl RbdDevice {
                 secs: spec.timeout_secs,
                 errno,
             },
+            libc::EROFS | libc::EBUSY => RbdError::InUse { name: spec.name() },
             _ => RbdError::Call {
                 what: "opening the image",
                 name: spec.name(),

@@ -41,6 +41,9 @@ pub enum RbdError {
     /// The image (or the snapshot) does not exist.
     #[error("{}", if *snapshot { format!("image or snapshot {name} does not exist (rbd snap ls)") } else { format!("image {name} does not exist (add create=SIZE to create it)") })]
     NoImage { name: String, snapshot: bool },
+    /// Another client holds the image's exclusive lock (a second writer).
+    #[error("image {name} is in use by another writer (it holds the image's exclusive lock; `rbd status {name}` names it); read-only opens (ro=1, snap=) still work")]
+    InUse { name: String },
     /// The image is smaller than one block.
     #[error("image {name} holds {size} bytes, less than one {block_size}-byte block")]
     TooSmall {

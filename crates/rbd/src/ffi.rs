@@ -32,6 +32,8 @@ type rbd_callback_t = Option<unsafe extern "C" fn(rbd_completion_t, *mut c_void)
 
 /// `EVENT_TYPE_EVENTFD` of librbd.h.
 const EVENT_TYPE_EVENTFD: c_int = 2;
+/// `rbd_lock_mode_t`: RBD_LOCK_MODE_EXCLUSIVE.
+const RBD_LOCK_MODE_EXCLUSIVE: c_int = 0;
 
 /// `rbd_image_info_t` of librbd.h (16.2).
 #[repr(C)]
@@ -68,6 +70,7 @@ extern "C" {
         snap: *const c_char,
     ) -> c_int;
     fn rbd_close(image: rbd_image_t) -> c_int;
+    fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
     fn rbd_stat(image: rbd_image_t, info: *mut RbdImageInfo, infosize: usize) -> c_int;
     fn rbd_set_image_notification(image: rbd_image_t, fd: c_int, kind: c_int) -> c_int;
     fn rbd_poll_io_events(image: rbd_image_t, comps: *mut rbd_completion_t, n: c_int) -> c_int;
@@ -329,6 +332,19 @@ impl Image {
                 rbd_open(pool.handle, name_c.as_ptr(), &mut handle, snap_ptr)
             }
         })?;
+        if !read_only && snap.is_none() {
+            // One writer at a time, as for kura's other images: take the image's exclusive lock
+            // and keep it (librbd otherwise hands it to any client that asks). Another holder
+            // refuses with EROFS or EBUSY. An image made without the exclusive-lock feature
+            // answers EINVAL and cannot be guarded; it opens as before.
+            // SAFETY: live image handle; RBD_LOCK_MODE_EXCLUSIVE is 0.
+            let r = unsafe { rbd_lock_acquire(handle, RBD_LOCK_MODE_EXCLUSIVE) };
+            if r < 0 && r != -libc::EINVAL {
+                // SAFETY: the image was just opened and nothing is in flight on it.
+                unsafe { rbd_close(handle) };
+                return Err(Errno(-r));
+            }
+        }
         // SAFETY: plain eventfd(2).
         let eventfd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
         if eventfd < 0 {

@@ -60,6 +60,7 @@ fn rbd_on_a_real_cluster() {
         ("rbd export equals kura's writes", export_equals_writes),
         ("rbd import reads back", import_reads_back),
         ("snapshot reads and refuses writes", snapshot),
+        ("a second writer is refused", second_writer_refused),
         ("missing image and pool", missing_image_and_pool),
         ("no ceph.conf: mon_host and keyring", no_conf_file),
         ("wrong keyring", wrong_keyring),
@@ -134,6 +135,41 @@ fn import_reads_back(c: &TestCluster) {
     let mut back = vec![0u8; data.len()];
     dev.read_blocks(0, &mut back).expect("read");
     assert!(back == data, "kura reads differ from the imported file");
+}
+
+fn second_writer_refused(c: &TestCluster) {
+    let spec = c.spec("shared", "create=4M");
+    let mut writer = open(&spec);
+    let data = pattern(16, 7);
+    writer.write_blocks(0, &data).expect("write");
+    writer.flush_all().expect("flush");
+    fails_within(
+        &spec,
+        &["rbd/shared", "in use by another writer"],
+        Duration::from_secs(40),
+    );
+    // Readers still open beside the writer, and the writer kept its lock and its data.
+    let mut reader = open(&c.spec("shared", "ro=1"));
+    let mut back = vec![0u8; data.len()];
+    reader
+        .read_blocks(0, &mut back)
+        .expect("read beside the writer");
+    assert!(
+        back == data,
+        "a reader beside the writer sees its flushed data"
+    );
+    writer
+        .write_blocks(16, &data)
+        .expect("the first writer still writes");
+    writer.flush_all().expect("flush");
+    drop(writer);
+    // With the first writer gone, the image is free again.
+    let mut next = open(&spec);
+    next.read_blocks(16, &mut back).expect("read");
+    assert!(
+        back == data,
+        "the second writer sees the first one's last write"
+    );
 }
 
 fn snapshot(c: &TestCluster) {
@@ -270,13 +306,17 @@ fn request_times_out(c: &TestCluster) {
     c.kill("osd.1", "KILL").expect("kill osd.1");
     c.kill("osd.2", "KILL").expect("kill osd.2");
     let t0 = Instant::now();
-    let result = dev.write_blocks(0, &pattern(1, 5));
+    // librbd's write-back cache may take the write (the image's lock was taken at open), so
+    // the flush that must make it durable is what meets the missing OSDs.
+    let result = dev
+        .write_blocks(0, &pattern(1, 5))
+        .and_then(|()| dev.flush_all());
     let took = t0.elapsed();
     c.restart_osd(1).expect("restart osd.1");
     c.restart_osd(2).expect("restart osd.2");
     match result {
         Err(DeviceError::Io { errno, .. }) => assert_eq!(errno.0, libc::ETIMEDOUT, "{errno}"),
-        other => panic!("a write with one OSD of three must time out: {other:?}"),
+        other => panic!("a write and flush with one OSD of three must time out: {other:?}"),
     }
     assert!(took < Duration::from_secs(35), "took {took:?}");
     drop(dev);
