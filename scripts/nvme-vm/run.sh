@@ -40,7 +40,7 @@ T0=$(date +%s%N)
 timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp "${CPUS:-1}" -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
   -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
-  -append "console=ttyS0 quiet intel_iommu=on panic=-1 ${KURA_VM_APPEND:-}" \
+  -append "console=ttyS0 quiet loglevel=5 intel_iommu=on panic=-1 ${KURA_VM_APPEND:-}" \
   -device nvme,id=nvme0,serial=kura0001 \
   -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" -device nvme-ns,drive=nvm,bus=nvme0,nsid=1 \
   -drive "file=$OUT/fs.img,if=none,id=nvm2,format=raw" -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2 \

@@ -307,13 +307,19 @@ fn kernel_nbd_client_runs_ext4_on_the_deliba_stack_in_the_guest() {
     let limit = kura_nvme_guest::time_limit(150);
     for (spec, connections) in RUNS {
         let append = format!("kura_nbd_spec=\"{spec}\" kura_nbd_connections={connections}");
-        let run = match kura_nvme_guest::boot("init-nbd", &bins, limit, &append) {
-            Ok(run) => run,
-            // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU,
-            // a kernel, busybox-static or cpio not installed).
-            Err(why) if why.starts_with("cannot start") => panic!("{why}"),
-            Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+        let guest_served = |run: &kura_nvme_guest::GuestRun| {
+            run.status == Some(0)
+                && !run.console.contains("FAIL ")
+                && run.console.contains("GUEST-RESULT nbd pass")
         };
+        let run =
+            match kura_nvme_guest::boot_passing("init-nbd", &bins, limit, &append, guest_served) {
+                Ok(run) => run,
+                // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU,
+                // a kernel, busybox-static or cpio not installed).
+                Err(why) if why.starts_with("cannot start") => panic!("{why}"),
+                Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+            };
         eprintln!("{}", run.summary());
         eprintln!(
             "{spec}: guest run took {:.1} s on the host",

@@ -13,11 +13,12 @@ use std::path::Path;
 fn bench_io_compares_nvme_passthrough_and_uring_in_the_guest() {
     let limit = kura_nvme_guest::time_limit(300);
     let kura = Path::new(env!("CARGO_BIN_EXE_kura"));
-    let run = match kura_nvme_guest::boot(
+    let run = match kura_nvme_guest::boot_passing(
         "init-bench",
         &[kura],
         limit,
         "kura_bench_args=\"--quick --seconds 0.1\"",
+        |run| run.status == Some(0) && run.console.contains("GUEST-RESULT bench rc=0"),
     ) {
         Ok(run) => run,
         // "cannot start run.sh: ..." is a failure; any other Err is run.sh's exit 77 (QEMU, a

@@ -20,7 +20,13 @@ fn block_at(image: &Path, block: u64) -> Vec<u8> {
 fn guest_runs_passthrough_and_vfio_driver() {
     let limit = kura_nvme_guest::time_limit(240);
     let guest_bin = Path::new(env!("CARGO_BIN_EXE_kura-nvme-guest"));
-    let run = match kura_nvme_guest::boot("init", &[guest_bin], limit, "") {
+    let passed = |run: &kura_nvme_guest::GuestRun| {
+        run.status == Some(0)
+            && !run.console.contains("FAIL ")
+            && run.console.contains("GUEST-RESULT pt pass")
+            && run.console.contains("GUEST-RESULT vfio pass")
+    };
+    let run = match kura_nvme_guest::boot_passing("init", &[guest_bin], limit, "", passed) {
         Ok(run) => run,
         // `boot` fails with "cannot start run.sh: ..." when the script itself cannot run: that
         // is a failure. Any other Err is run.sh's exit 77: QEMU, a kernel, busybox-static or cpio
