@@ -308,6 +308,78 @@ pub trait BlockDevice: Send {
     fn stats(&self, out: &mut Vec<DriveStats>) {
         let _ = out;
     }
+
+    /// Which of the `blocks` blocks at `lba` hold data and which are holes that read as zeroes,
+    /// as in-order [`Extent`]s covering exactly the range (see [`push_extent`]), or `None` when
+    /// this device cannot tell (then every block counts as data). Callers ask only with nothing
+    /// in flight, so completed writes are what the answer reflects. A block reported as a hole
+    /// must read back as zeroes; when in doubt an implementation says data. The range is
+    /// checked like a read's (`OutOfRange`, `ZeroLength`). The default says `None`.
+    fn allocation(&mut self, lba: u64, blocks: u64) -> DeviceResult<Option<Vec<Extent>>> {
+        check_range(&self.geometry(), lba, blocks)?;
+        Ok(None)
+    }
+}
+
+/// What a run of blocks holds, as [`BlockDevice::allocation`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Allocation {
+    /// The blocks may hold data (reads return what was written).
+    Data,
+    /// Nothing is stored: the blocks read as zeroes.
+    Hole,
+}
+
+/// A run of `blocks` blocks with one [`Allocation`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub blocks: u64,
+    pub state: Allocation,
+}
+
+/// Appends `blocks` blocks of `state` to `out`, merged with the last extent when it has the same
+/// state; zero blocks append nothing.
+pub fn push_extent(out: &mut Vec<Extent>, blocks: u64, state: Allocation) {
+    if blocks == 0 {
+        return;
+    }
+    match out.last_mut() {
+        Some(last) if last.state == state => last.blocks += blocks,
+        _ => out.push(Extent { blocks, state }),
+    }
+}
+
+/// Appends a child's answer for `blocks` blocks (`None`: all data) to `out`: what layers that
+/// map a range onto one child pass up.
+pub fn push_child_extents(out: &mut Vec<Extent>, child: Option<Vec<Extent>>, blocks: u64) {
+    match child {
+        Some(extents) => extents
+            .into_iter()
+            .for_each(|e| push_extent(out, e.blocks, e.state)),
+        None => push_extent(out, blocks, Allocation::Data),
+    }
+}
+
+/// The range check of [`BlockDevice::allocation`]: non-empty and inside the device.
+pub fn check_range(geo: &Geometry, lba: u64, blocks: u64) -> DeviceResult<()> {
+    if blocks == 0 {
+        return Err(DeviceError::ZeroLength {
+            op: Opcode::Read,
+            lba,
+        });
+    }
+    if lba
+        .checked_add(blocks)
+        .is_none_or(|end| end > geo.num_blocks)
+    {
+        return Err(DeviceError::OutOfRange {
+            op: Opcode::Read,
+            lba,
+            blocks,
+            capacity_blocks: geo.num_blocks,
+        });
+    }
+    Ok(())
 }
 
 /// One layer of a device stack and its counters, as [`BlockDevice::stats`] reports it.
@@ -395,5 +467,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn stats(&self, out: &mut Vec<DriveStats>) {
         (**self).stats(out)
+    }
+    fn allocation(&mut self, lba: u64, blocks: u64) -> DeviceResult<Option<Vec<Extent>>> {
+        (**self).allocation(lba, blocks)
     }
 }

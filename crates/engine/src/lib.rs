@@ -25,7 +25,9 @@ pub mod split;
 
 pub use blocking::BlockingIo;
 pub use buffer::{BufferPool, IoBuf, PoolError};
-pub use device::{BlockDevice, Completion, DriveStats, Geometry, Opcode, Rejected, Request};
+pub use device::{
+    Allocation, BlockDevice, Completion, DriveStats, Extent, Geometry, Opcode, Rejected, Request,
+};
 pub use error::{DeviceError, DeviceResult, Errno, OpenError};
 pub use open::{open, open_spec};
 pub use registry::{Kind, Registry};

@@ -94,6 +94,21 @@ impl BlockDevice for SyncDevice {
         out.push(crate::DriveStats::new("sync"));
     }
 
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<crate::device::Extent>>> {
+        crate::device::check_range(&self.geo, lba, blocks)?;
+        self.backing
+            .allocation(self.geo.block_size, lba, blocks)
+            .map_err(|errno| DeviceError::Io {
+                op: crate::device::Opcode::Read,
+                lba,
+                errno,
+            })
+    }
+
     fn describe(&self) -> String {
         format!(
             "sync:{}{}",

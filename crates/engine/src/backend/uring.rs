@@ -490,6 +490,21 @@ impl BlockDevice for UringDevice {
         out.push(crate::DriveStats::new("uring"));
     }
 
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<crate::device::Extent>>> {
+        crate::device::check_range(&self.geo, lba, blocks)?;
+        self.backing
+            .allocation(self.geo.block_size, lba, blocks)
+            .map_err(|errno| DeviceError::Io {
+                op: crate::device::Opcode::Read,
+                lba,
+                errno,
+            })
+    }
+
     fn describe(&self) -> String {
         let mut parts = vec![if self.backing.direct {
             "O_DIRECT"
