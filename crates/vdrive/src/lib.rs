@@ -14,6 +14,7 @@
 //! | `spill(LOCAL,REMOTE)?local=SIZE&chunk=SIZE` | [`spill`] | REMOTE's capacity; first-written 1 MiB chunks placed on LOCAL until full, with a crash-safe chunk map |
 //! | `placed(A,B,...)?map=PATH&rule=0&replicas=2&chunk=4M&read=primary\|balanced` | [`placed`] | chunks placed on the legs (leg i = OSD id i) by a CRUSH map and rule, `replicas` copies each; survives `replicas`-1 failed legs |
 //! | `throttle(CHILD)?mbps=N&lat_us=N&slow_us=N&slow_pct=P&seed=S` | [`throttle`] | the child slowed on purpose: a modeled link of `mbps` MB/s and per-command latencies, some slow (tests and benches) |
+//! | `qos(CHILD)?iops=N&bw=RATE&burst=TIME` | [`qos`] | a tenant's limits: token buckets per direction (commands and bytes per second) hold requests back above them; changeable while running through a [`QosHandle`] |
 //! | `snapshot(CHILD)?at=NAME\|branch=NAME\|format=1` | [`snapshot`] | copy-on-write snapshots and clones with crash-safe maps on the child; `at` is a read-only snapshot view |
 //!
 //! Children are any spec, of this crate or of the engine, so
@@ -37,6 +38,7 @@ pub mod mirror;
 pub mod partition;
 pub mod placed;
 pub mod priority;
+pub mod qos;
 pub mod snapshot;
 pub mod spill;
 pub mod stripe;
@@ -51,6 +53,7 @@ pub use mirror::{rebuild, LegHealth, LegStatus, Mirror, MirrorError};
 pub use partition::Partition;
 pub use placed::{Placed, PlacedOptions};
 pub use priority::{ClassHandle, ClassStats, Priority, PriorityOptions};
+pub use qos::{Qos, QosHandle, QosLimits, QosStats};
 pub use snapshot::{SnapshotDrive, SnapshotError, SnapshotVolume};
 pub use spill::{Spill, SpillStats};
 pub use stripe::Stripe;
@@ -171,6 +174,16 @@ pub fn register(registry: &mut Registry) {
                    lat_us late, slow_pct % of them slow_us late (seed=S)",
             read_only: ReadOnly::ThroughChildren,
             open: |spec, r| boxed(throttle::open(spec, &children_of(r))),
+        },
+        Kind {
+            name: "qos",
+            group: DRIVES,
+            usage: "qos(CHILD)?iops=N&bw=RATE&burst=100ms",
+            help: "a tenant's limits: commands and bytes per second per direction\n\
+                   (read_iops/write_iops/read_bw/write_bw set one), requests\n\
+                   above them held back; burst = how much may be saved up",
+            read_only: ReadOnly::ThroughChildren,
+            open: |spec, r| boxed(qos::open(spec, &children_of(r))),
         },
     ] {
         registry.add(kind);
