@@ -1,13 +1,16 @@
-//! The NBD wire parsers, the server's handshake and its request loop, and the client's handshake,
-//! all on arbitrary bytes: refusals and closed sessions are fine, panics are bugs.
+//! The NBD wire parsers (meta-context requests and structured reply chunks among them), the
+//! server's handshake (structured replies and meta contexts too) and its request loop (block
+//! status included), and the client's handshake, all on arbitrary bytes: refusals and closed
+//! sessions are fine, panics are bugs.
 #![no_main]
 
 use kura_nbd::client::negotiate_client;
 use kura_nbd::handshake::{negotiate, ExportInfo, HandshakeEnd};
 use kura_nbd::protocol::{
-    check_request, decode_client_flags, decode_export_name_reply, decode_greeting,
-    decode_option_header, decode_option_reply_header, decode_server_entry, tx_flags, BlockSizes,
-    ExportLimits, Info, InfoRequest, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
+    check_request, decode_block_status, decode_client_flags, decode_export_name_reply,
+    decode_greeting, decode_meta_context, decode_option_header, decode_option_reply_header,
+    decode_server_entry, tx_flags, BlockSizes, ChunkHeader, ExportLimits, Info, InfoRequest,
+    MetaRequest, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
 };
 use libfuzzer_sys::fuzz_target;
 use std::io::{self, Read, Write};
@@ -41,6 +44,7 @@ fn exports() -> Vec<ExportInfo> {
         size,
         flags,
         block_sizes: BlockSizes::DEFAULT,
+        block_status: true,
     };
     vec![
         info("disk", 1 << 30, tx_flags::HAS_FLAGS | tx_flags::SEND_FLUSH),
@@ -61,10 +65,17 @@ fuzz_target!(|data: &[u8]| {
     let _ = decode_server_entry(data);
     let _ = decode_export_name_reply(data);
     let _ = SimpleReply::decode(data);
+    if let Ok(m) = MetaRequest::decode(data) {
+        assert_eq!(m.encode(), data);
+    }
+    let _ = ChunkHeader::decode(data);
+    let _ = decode_block_status(data);
+    let _ = decode_meta_context(data);
     let limits = ExportLimits {
         size: 1 << 30,
         read_only: data.first().is_some_and(|b| b & 1 == 1),
         max_payload: MAX_PAYLOAD,
+        block_status: data.first().is_some_and(|b| b & 2 == 2),
     };
     if let Ok(h) = RequestHeader::decode(data) {
         assert_eq!(RequestHeader::decode(&h.encode()), Ok(h));
@@ -77,12 +88,18 @@ fuzz_target!(|data: &[u8]| {
         input: data,
         output: Vec::new(),
     };
-    if let Ok(HandshakeEnd::Transmission { export, .. }) = negotiate(&mut s, &exports) {
+    if let Ok(HandshakeEnd::Transmission {
+        export,
+        block_status,
+        ..
+    }) = negotiate(&mut s, &exports)
+    {
         let e = &exports[export];
         let limits = ExportLimits {
             size: e.size,
             read_only: e.flags & tx_flags::READ_ONLY != 0,
             max_payload: MAX_PAYLOAD,
+            block_status,
         };
         let mut head = [0u8; REQUEST_LEN];
         while s.read_exact(&mut head).is_ok() {

@@ -17,12 +17,18 @@
 //! completed, and nothing else is submitted until it is done, so it is atomic with respect to all
 //! other clients' I/O on the export. An unaligned trim discards only the whole blocks it covers
 //! (trim is advisory). Aligned I/O never waits for this.
+//!
+//! **Block status.** `NBD_CMD_BLOCK_STATUS` asks the device ([`BlockDevice::allocation`]) about
+//! the blocks covering the range, also once nothing is in flight (so every write answered
+//! before is reflected), and reports holes as `HOLE|ZERO` and everything else (including a
+//! device that cannot tell) as data, clipped to the bytes asked about, at most
+//! [`MAX_EXTENTS`] extents (one with `REQ_ONE`).
 
-use crate::protocol::ErrorCode;
+use crate::protocol::{state_flags, BlockStatusExtent, ErrorCode, MAX_EXTENTS};
 use kura_engine::buffer::POOL_ALIGN;
 use kura_engine::{
-    BlockDevice, BlockingIo, BufferPool, Completion, DeviceError, DeviceResult, DriveStats,
-    Geometry, IoBuf, Rejected, Request,
+    Allocation, BlockDevice, BlockingIo, BufferPool, Completion, DeviceError, DeviceResult,
+    DriveStats, Geometry, IoBuf, Rejected, Request,
 };
 use std::collections::{HashMap, VecDeque};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
@@ -48,12 +54,34 @@ pub(crate) struct Job {
 
 /// What a job does, in bytes of the export.
 pub(crate) enum JobKind {
-    Read { offset: u64, len: u32 },
-    Write { offset: u64, data: IoBuf },
+    Read {
+        offset: u64,
+        len: u32,
+    },
+    Write {
+        offset: u64,
+        data: IoBuf,
+    },
     Flush,
-    Trim { offset: u64, len: u32 },
-    Zero { offset: u64, len: u32 },
+    Trim {
+        offset: u64,
+        len: u32,
+    },
+    Zero {
+        offset: u64,
+        len: u32,
+    },
+    /// `base:allocation` of the range; `one`: only the first extent (`REQ_ONE`).
+    BlockStatus {
+        offset: u64,
+        len: u32,
+        one: bool,
+    },
 }
+
+/// The most bytes of descriptors one block-status reply holds: what such a request costs
+/// against a connection's in-flight budget.
+pub(crate) const MAX_STATUS_BYTES: u64 = 8 * MAX_EXTENTS as u64;
 
 /// A reply for a connection's writer.
 pub(crate) struct Outgoing {
@@ -62,14 +90,17 @@ pub(crate) struct Outgoing {
     pub error: u32,
     /// For a successful read: the buffer and the slice of it to send.
     pub data: Option<ReadData>,
+    /// For a successful block status: the extents.
+    pub extents: Option<Vec<BlockStatusExtent>>,
     pub cost: u64,
 }
 
-/// Data of a read reply: `buf[skip..skip + len]`.
+/// Data of a read reply: `buf[skip..skip + len]`, the export's bytes at `offset`.
 pub(crate) struct ReadData {
     pub buf: IoBuf,
     pub skip: usize,
     pub len: usize,
+    pub offset: u64,
 }
 
 impl ReadData {
@@ -94,8 +125,12 @@ pub(crate) fn error_code(e: &DeviceError) -> ErrorCode {
 
 /// What a command in flight is for.
 enum Stage {
-    /// Reply with `len` bytes from `skip` in the buffer.
-    Read { skip: usize, len: usize },
+    /// Reply with `len` bytes from `skip` in the buffer (the export's bytes at `offset`).
+    Read {
+        skip: usize,
+        len: usize,
+        offset: u64,
+    },
     /// A write, write-zeroes or discard; `advisory` ones (discard) succeed even when unsupported.
     Mutation { fua: bool, advisory: bool },
     /// The flush after a FUA mutation, or an NBD flush.
@@ -117,17 +152,27 @@ impl Pending {
             cookie: self.cookie,
             error,
             data,
+            extents: None,
             cost: self.cost,
         });
     }
 }
 
 fn answer(job: Job, status: DeviceResult<()>) {
-    let error = status.err().map_or(0, |e| error_code(&e).code());
+    answer_with(job, status.map(|()| None));
+}
+
+/// Answers `job` with its status and, on success, block-status extents if any.
+fn answer_with(job: Job, status: DeviceResult<Option<Vec<BlockStatusExtent>>>) {
+    let (error, extents) = match status {
+        Ok(extents) => (0, extents),
+        Err(e) => (error_code(&e).code(), None),
+    };
     let _ = job.reply.send(Outgoing {
         cookie: job.cookie,
         error,
         data: None,
+        extents,
         cost: job.cost,
     });
 }
@@ -205,10 +250,12 @@ impl Driver {
         !offset.is_multiple_of(self.bs) || !len.is_multiple_of(self.bs)
     }
 
-    fn needs_rmw(&self, job: &Job) -> bool {
+    /// Jobs that run synchronously on an idle queue: read-modify-writes and block status.
+    fn needs_idle(&self, job: &Job) -> bool {
         match &job.kind {
             JobKind::Write { offset, data } => self.unaligned(*offset, data.len() as u64),
             JobKind::Zero { offset, len } => self.unaligned(*offset, u64::from(*len)),
+            JobKind::BlockStatus { .. } => true,
             _ => false,
         }
     }
@@ -230,12 +277,17 @@ impl Driver {
                 );
                 continue;
             }
-            if self.needs_rmw(&job) {
+            if self.needs_idle(&job) {
                 if !self.pending.is_empty() {
                     self.backlog.push_front(job);
                     return;
                 }
-                self.run_rmw(job);
+                if let JobKind::BlockStatus { offset, len, one } = job.kind {
+                    let status = self.block_status(offset, len, one);
+                    answer_with(job, status.map(Some));
+                } else {
+                    self.run_rmw(job);
+                }
                 continue;
             }
             if self.pending.len() >= self.geo.queue_depth as usize {
@@ -299,8 +351,11 @@ impl Driver {
                 let blocks = end - first;
                 let skip = (offset - first * bs) as usize;
                 let buf = alloc_buf((blocks * bs) as usize);
-                let len = len as usize;
-                let p = pending(Stage::Read { skip, len });
+                let p = pending(Stage::Read {
+                    skip,
+                    len: len as usize,
+                    offset,
+                });
                 self.submit(Request::read(0, first, blocks, buf), p);
             }
             JobKind::Write { offset, data } => {
@@ -328,6 +383,8 @@ impl Driver {
                 let blocks = u64::from(len) / bs;
                 self.submit(Request::write_zeroes(0, offset / bs, blocks), p);
             }
+            // issue() runs these itself on an idle queue.
+            JobKind::BlockStatus { .. } => pending(Stage::Flush).send(ErrorCode::Io.code(), None),
         }
     }
 
@@ -338,12 +395,18 @@ impl Driver {
                 p.send(0, None)
             }
             (Err(e), _) => p.send(error_code(&e).code(), None),
-            (Ok(()), Stage::Read { skip, len }) => {
-                let (skip, len) = (*skip, *len);
+            (Ok(()), Stage::Read { skip, len, offset }) => {
+                let (skip, len, offset) = (*skip, *len, *offset);
                 match buf {
-                    Some(buf) if buf.len() >= skip + len => {
-                        p.send(0, Some(ReadData { buf, skip, len }))
-                    }
+                    Some(buf) if buf.len() >= skip + len => p.send(
+                        0,
+                        Some(ReadData {
+                            buf,
+                            skip,
+                            len,
+                            offset,
+                        }),
+                    ),
                     _ => p.send(ErrorCode::Io.code(), None),
                 }
             }
@@ -386,6 +449,54 @@ impl Driver {
         for (_, p) in self.retry.drain(..) {
             p.send(ErrorCode::Io.code(), None);
         }
+    }
+
+    /// The `base:allocation` extents of `len` bytes at `offset` (see the module docs): at least
+    /// one, covering a prefix of the range (all of it unless clipped to [`MAX_EXTENTS`] or
+    /// `one`).
+    fn block_status(
+        &mut self,
+        offset: u64,
+        len: u32,
+        one: bool,
+    ) -> DeviceResult<Vec<BlockStatusExtent>> {
+        let bs = self.bs;
+        let end = offset + u64::from(len);
+        let first = offset / bs;
+        let blocks = end.div_ceil(bs) - first;
+        let mut out: Vec<BlockStatusExtent> = Vec::new();
+        let mut at = first * bs;
+        for e in self.dev.allocation(first, blocks)?.unwrap_or_default() {
+            let e_end = at + e.blocks * bs;
+            let (from, to) = (at.max(offset), e_end.min(end));
+            at = e_end;
+            if to <= from {
+                continue;
+            }
+            let flags = match e.state {
+                Allocation::Hole => state_flags::HOLE | state_flags::ZERO,
+                Allocation::Data => 0,
+            };
+            // Within one request's u32 length, so the cast cannot truncate.
+            let length = (to - from) as u32;
+            let full = out.len() >= MAX_EXTENTS;
+            match out.last_mut() {
+                Some(last) if last.flags == flags => last.length += length,
+                _ if full => break,
+                _ => out.push(BlockStatusExtent { length, flags }),
+            }
+        }
+        if out.is_empty() {
+            // The device cannot tell: all data.
+            out.push(BlockStatusExtent {
+                length: len,
+                flags: 0,
+            });
+        }
+        if one {
+            out.truncate(1);
+        }
+        Ok(out)
     }
 
     /// An unaligned write or write-zeroes, on an idle queue (see the module docs).

@@ -17,8 +17,15 @@
 //!   `STARTTLS` and `ABORT` gets `NBD_REP_ERR_TLS_REQD`, and `NBD_OPT_EXPORT_NAME` (which cannot be
 //!   refused) ends the session. `STARTTLS` with data, or once TLS is up, gets
 //!   `NBD_REP_ERR_INVALID`; without a certificate it gets `NBD_REP_ERR_UNSUP`;
-//! - everything else (`NBD_OPT_STRUCTURED_REPLY`, meta contexts, extended headers, unknown
-//!   codes): `NBD_REP_ERR_UNSUP`.
+//! - `NBD_OPT_STRUCTURED_REPLY`: `NBD_REP_ACK` (`NBD_REP_ERR_INVALID` with data); from then on
+//!   the transmission phase answers with structured replies;
+//! - `NBD_OPT_LIST_META_CONTEXT` / `NBD_OPT_SET_META_CONTEXT`: the one context `base:allocation`
+//!   (for exports that offer block status, [`ExportInfo::block_status`]), matched by its full
+//!   name, or for a list also by `base:` or no query at all; unknown names are left out of the
+//!   answer, as the protocol says. A set needs structured replies first (`NBD_REP_ERR_INVALID`),
+//!   replaces any earlier set, and holds only for the export it names: `NBD_OPT_GO` on another
+//!   export selects no context;
+//! - everything else (extended headers, unknown codes): `NBD_REP_ERR_UNSUP`.
 //!
 //! The empty export name selects the first export (the protocol's "default export"). Clients
 //! that do not set `NBD_FLAG_C_FIXED_NEWSTYLE` are refused, as are unknown client flags, option
@@ -26,7 +33,7 @@
 
 use crate::protocol::{
     self, check_string, decode_string, handshake_flags, info_type, BlockSizes, Info, InfoRequest,
-    Opt, ProtocolError, Rep, CLIENT_FLAGS_LEN, OPTION_HEADER_LEN,
+    MetaRequest, Opt, ProtocolError, Rep, CLIENT_FLAGS_LEN, OPTION_HEADER_LEN,
 };
 use std::io::{self, Read, Write};
 
@@ -47,6 +54,8 @@ pub struct ExportInfo {
     /// Transmission flags (`tx_flags::*`).
     pub flags: u16,
     pub block_sizes: BlockSizes,
+    /// The export answers `NBD_CMD_BLOCK_STATUS`, so `base:allocation` is offered.
+    pub block_status: bool,
 }
 
 /// The outcome of a successful handshake.
@@ -57,6 +66,10 @@ pub enum HandshakeEnd {
         export: usize,
         /// The client asked for `NBD_INFO_BLOCK_SIZE` in its `NBD_OPT_GO`.
         block_size_agreed: bool,
+        /// Replies are structured (`NBD_OPT_STRUCTURED_REPLY` was acknowledged).
+        structured: bool,
+        /// `base:allocation` is selected for this export (id [`protocol::BASE_ALLOCATION_ID`]).
+        block_status: bool,
     },
     /// The client sent `NBD_OPT_ABORT`.
     Aborted,
@@ -107,6 +120,20 @@ pub enum Negotiated {
 pub struct Resume {
     no_zeroes: bool,
     options: usize,
+    structured: bool,
+    /// The export `NBD_OPT_SET_META_CONTEXT` selected `base:allocation` on, if any.
+    meta: Option<usize>,
+}
+
+impl Resume {
+    fn transmission(&self, export: usize, block_size_agreed: bool) -> Negotiated {
+        Negotiated::Done(HandshakeEnd::Transmission {
+            export,
+            block_size_agreed,
+            structured: self.structured,
+            block_status: self.meta == Some(export),
+        })
+    }
 }
 
 /// Finds an export by name; the empty name is the default export (the first).
@@ -163,6 +190,8 @@ pub fn negotiate_until_tls<S: Read + Write>(
     let mut resume = Resume {
         no_zeroes: flags & protocol::client_flags::NO_ZEROES != 0,
         options: 0,
+        structured: false,
+        meta: None,
     };
     options(stream, exports, tls, &mut resume)
 }
@@ -231,10 +260,7 @@ fn options<S: Read + Write>(
                     e.size, e.flags, no_zeroes,
                 ))?;
                 stream.flush()?;
-                return Ok(Negotiated::Done(HandshakeEnd::Transmission {
-                    export: i,
-                    block_size_agreed: false,
-                }));
+                return Ok(resume.transmission(i, false));
             }
             Opt::Abort => {
                 // The client may already have gone; the ACK is best effort.
@@ -281,11 +307,21 @@ fn options<S: Read + Write>(
                 reply(stream, option, Rep::Ack, &[])?;
                 stream.flush()?;
                 if option == Opt::Go {
-                    return Ok(Negotiated::Done(HandshakeEnd::Transmission {
-                        export: i,
-                        block_size_agreed: req.requests.contains(&info_type::BLOCK_SIZE),
-                    }));
+                    let agreed = req.requests.contains(&info_type::BLOCK_SIZE);
+                    return Ok(resume.transmission(i, agreed));
                 }
+            }
+            Opt::StructuredReply => {
+                if data.is_empty() {
+                    resume.structured = true;
+                    reply(stream, option, Rep::Ack, &[])?;
+                } else {
+                    let msg = "NBD_OPT_STRUCTURED_REPLY takes no data";
+                    reply(stream, option, Rep::ErrInvalid, &error_text(msg))?;
+                }
+            }
+            Opt::ListMetaContext | Opt::SetMetaContext => {
+                meta_context(stream, option, &data, exports, resume)?;
             }
             _ => {
                 let msg = format!("{option} is not supported by this server");
@@ -295,6 +331,46 @@ fn options<S: Read + Write>(
         stream.flush()?;
     }
     Err(HandshakeError::TooManyOptions)
+}
+
+/// Answers `NBD_OPT_LIST_META_CONTEXT` or `NBD_OPT_SET_META_CONTEXT` (see the module docs).
+fn meta_context<S: Write>(
+    stream: &mut S,
+    option: Opt,
+    data: &[u8],
+    exports: &[ExportInfo],
+    resume: &mut Resume,
+) -> io::Result<()> {
+    let set = option == Opt::SetMetaContext;
+    if set && !resume.structured {
+        let msg = "NBD_OPT_SET_META_CONTEXT needs NBD_OPT_STRUCTURED_REPLY first";
+        return reply(stream, option, Rep::ErrInvalid, &error_text(msg));
+    }
+    let req = match MetaRequest::decode(data) {
+        Ok(req) => req,
+        Err(e) => return reply(stream, option, Rep::ErrInvalid, &error_text(&e.to_string())),
+    };
+    let Some(i) = find_export(exports, &req.name) else {
+        let msg = format!("no export named {:?}", req.name);
+        return reply(stream, option, Rep::ErrUnknown, &error_text(&msg));
+    };
+    let matches = |q: &str| q == protocol::BASE_ALLOCATION || (!set && q == "base:");
+    let chosen = exports[i].block_status
+        && if req.queries.is_empty() {
+            !set
+        } else {
+            req.queries.iter().any(|q| matches(q))
+        };
+    if set {
+        resume.meta = chosen.then_some(i);
+    }
+    if chosen {
+        // A list names contexts without selecting them: its id is 0, as the protocol suggests.
+        let id = if set { protocol::BASE_ALLOCATION_ID } else { 0 };
+        let context = protocol::encode_meta_context(id, protocol::BASE_ALLOCATION);
+        reply(stream, option, Rep::MetaContext, &context)?;
+    }
+    reply(stream, option, Rep::Ack, &[])
 }
 
 /// `NBD_INFO_EXPORT` always, then each other known item the client asked for, once.
@@ -387,6 +463,7 @@ mod tests {
                 preferred: 4096,
                 max_payload: 1 << 20,
             },
+            block_status: true,
         }]
     }
 
@@ -411,6 +488,130 @@ mod tests {
         let replies = &pipe.output[protocol::GREETING_LEN..];
         let first = protocol::decode_option_reply_header(&replies[..20]).unwrap();
         assert_eq!((first.option, first.reply), (Opt::List, Rep::ErrTlsReqd));
+    }
+
+    /// The replies' (option, reply type, data) after the greeting.
+    fn replies(output: &[u8]) -> Vec<(Opt, Rep, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut rest = &output[protocol::GREETING_LEN..];
+        while rest.len() >= protocol::OPTION_REPLY_HEADER_LEN {
+            let h = protocol::decode_option_reply_header(rest).unwrap();
+            let end = protocol::OPTION_REPLY_HEADER_LEN + h.length as usize;
+            out.push((
+                h.option,
+                h.reply,
+                rest[protocol::OPTION_REPLY_HEADER_LEN..end].to_vec(),
+            ));
+            rest = &rest[end..];
+        }
+        out
+    }
+
+    #[test]
+    fn base_allocation_is_selected_only_after_structured_replies_and_for_its_export() {
+        let meta = |queries: &[&str]| {
+            MetaRequest {
+                name: "disk".into(),
+                queries: queries.iter().map(|q| q.to_string()).collect(),
+            }
+            .encode()
+        };
+        let go = InfoRequest {
+            name: "disk".into(),
+            requests: vec![],
+        }
+        .encode();
+        let run = |opts: &[(Opt, Vec<u8>)]| {
+            let mut bytes = client_flags::FIXED_NEWSTYLE.to_be_bytes().to_vec();
+            for (o, d) in opts {
+                bytes.extend(option(*o, d));
+            }
+            let mut pipe = Pipe {
+                input: Cursor::new(bytes),
+                output: Vec::new(),
+            };
+            let end = negotiate(&mut pipe, &exports()).unwrap();
+            (end, replies(&pipe.output))
+        };
+        // Set before structured replies: refused; the GO selects nothing.
+        let (end, r) = run(&[
+            (Opt::SetMetaContext, meta(&["base:allocation"])),
+            (Opt::Go, go.clone()),
+        ]);
+        assert_eq!(r[0].1, Rep::ErrInvalid);
+        assert!(matches!(
+            end,
+            HandshakeEnd::Transmission {
+                structured: false,
+                block_status: false,
+                ..
+            }
+        ));
+        // List with no query names the context (id 0); unknown names are left out; the set
+        // selects it with its id.
+        let (end, r) = run(&[
+            (Opt::ListMetaContext, meta(&[])),
+            (Opt::StructuredReply, vec![]),
+            (
+                Opt::SetMetaContext,
+                meta(&["qemu:dirty-bitmap:x", "base:allocation"]),
+            ),
+            (Opt::Go, go.clone()),
+        ]);
+        let ctx = |id| protocol::encode_meta_context(id, protocol::BASE_ALLOCATION);
+        assert_eq!(r[0], (Opt::ListMetaContext, Rep::MetaContext, ctx(0)));
+        assert_eq!(r[1].1, Rep::Ack);
+        assert_eq!(r[2].1, Rep::Ack);
+        assert_eq!(
+            r[3],
+            (
+                Opt::SetMetaContext,
+                Rep::MetaContext,
+                ctx(protocol::BASE_ALLOCATION_ID)
+            )
+        );
+        assert_eq!(r[4].1, Rep::Ack);
+        assert!(matches!(
+            end,
+            HandshakeEnd::Transmission {
+                structured: true,
+                block_status: true,
+                ..
+            }
+        ));
+        // Unknown contexts only: an empty answer and no block status; a bad request or an
+        // unknown export is refused.
+        let mut unknown = meta(&[]);
+        unknown[3] = 5;
+        let (end, r) = run(&[
+            (Opt::StructuredReply, vec![]),
+            (Opt::SetMetaContext, meta(&["base:allocation"])),
+            (Opt::SetMetaContext, meta(&["nope:x", "base:"])),
+            (Opt::SetMetaContext, vec![0, 0]),
+            (Opt::ListMetaContext, unknown),
+            (Opt::Go, go),
+        ]);
+        let kinds: Vec<Rep> = r.iter().map(|x| x.1).collect();
+        assert_eq!(
+            kinds,
+            [
+                Rep::Ack,
+                Rep::MetaContext,
+                Rep::Ack,
+                Rep::Ack,
+                Rep::ErrInvalid,
+                Rep::ErrInvalid,
+                Rep::Info,
+                Rep::Ack
+            ]
+        );
+        assert!(matches!(
+            end,
+            HandshakeEnd::Transmission {
+                block_status: false,
+                ..
+            }
+        ));
     }
 
     /// Before TLS, a server that requires it says nothing about its exports: every reply is a
@@ -446,6 +647,8 @@ mod tests {
             Opt::Abort,
             Opt::ExportName,
             Opt::StructuredReply,
+            Opt::ListMetaContext,
+            Opt::SetMetaContext,
         ];
         for _ in 0..3000 {
             let mut bytes = (client_flags::FIXED_NEWSTYLE | client_flags::NO_ZEROES)
@@ -460,6 +663,11 @@ mod tests {
                     }
                     .encode(),
                     Opt::ExportName => b"disk".to_vec(),
+                    Opt::ListMetaContext | Opt::SetMetaContext => MetaRequest {
+                        name: "disk".into(),
+                        queries: vec![protocol::BASE_ALLOCATION.into()],
+                    }
+                    .encode(),
                     _ if rng.gen_bool(0.2) => vec![rng.gen(); rng.gen_range(1..9)],
                     _ => Vec::new(),
                 };

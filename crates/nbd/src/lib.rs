@@ -1,7 +1,8 @@
 //! NBD for kura: a server that exports kura devices to any NBD client, and a client that makes a
 //! remote export a kura device.
 //!
-//! - [`protocol`]: the wire format (fixed newstyle handshake, simple replies), pure and bounded;
+//! - [`protocol`]: the wire format (fixed newstyle handshake, simple and structured replies),
+//!   pure and bounded;
 //! - [`handshake`]: the server's option haggling, over any byte stream;
 //! - [`server`]: [`serve`] named [`Export`]s over TCP (or [`serve_unix`] over a Unix socket)
 //!   with a stop handle and limits on handshakes, idle clients, peers and bytes in flight;
@@ -16,8 +17,10 @@
 //! - [`remote`]: the `remote:HOST:PORT/EXPORT` drive — the client with bounded waits, one
 //!   reconnect, and replay of what is safe to replay.
 //!
-//! Structured replies, metadata contexts and extended headers are not negotiated (the server
-//! answers `NBD_REP_ERR_UNSUP`), so every reply is a simple reply.
+//! The server offers structured replies and the `base:allocation` metadata context
+//! (`NBD_CMD_BLOCK_STATUS`, from [`kura_engine::BlockDevice::allocation`]) to clients that ask;
+//! extended headers are not offered (`NBD_REP_ERR_UNSUP`). kura's own client speaks simple
+//! replies only.
 
 pub mod client;
 mod driver;

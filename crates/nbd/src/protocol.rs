@@ -1,5 +1,6 @@
 //! The NBD wire format: every message of the fixed newstyle handshake and of the transmission
-//! phase (simple replies only), as pure functions over bytes.
+//! phase (simple replies, and structured reply chunks: data, none, error, block status), as pure
+//! functions over bytes.
 //!
 //! This module owns the constants (magics, flags, option, reply, info and command codes, error
 //! values), the encoders, the decoders and the semantic check of a transmission request against an
@@ -24,8 +25,17 @@ pub const OPTION_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 pub const REQUEST_MAGIC: u32 = 0x2560_9513;
 /// Prefix of every simple reply.
 pub const SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
-/// Prefix of a structured reply chunk (never negotiated here; recognised to report it).
+/// Prefix of a structured reply chunk.
 pub const STRUCTURED_REPLY_MAGIC: u32 = 0x668e_33ef;
+/// Bytes of a structured reply chunk header: magic, flags, type, cookie, length.
+pub const CHUNK_HEADER_LEN: usize = 20;
+/// The one metadata context this server offers.
+pub const BASE_ALLOCATION: &str = "base:allocation";
+/// The id the server gives `base:allocation` when a client selects it.
+pub const BASE_ALLOCATION_ID: u32 = 1;
+/// Most descriptors one block-status reply carries; a reply may describe only a prefix of the
+/// range asked about, and the client asks again for the rest.
+pub const MAX_EXTENTS: usize = 1 << 16;
 
 /// The largest read or write payload accepted or sent (the protocol's interoperable 32 MiB).
 pub const MAX_PAYLOAD: u32 = 32 << 20;
@@ -99,6 +109,30 @@ pub mod cmd_flags {
     pub const FAST_ZERO: u16 = 1 << 4;
     /// Extended headers' payload length (needs extended headers).
     pub const PAYLOAD_LEN: u16 = 1 << 5;
+}
+
+/// Flags of a structured reply chunk.
+pub mod chunk_flags {
+    /// The last chunk of the reply.
+    pub const DONE: u16 = 1 << 0;
+}
+
+/// Types of structured reply chunks.
+pub mod chunk_type {
+    pub const NONE: u16 = 0;
+    pub const OFFSET_DATA: u16 = 1;
+    pub const OFFSET_HOLE: u16 = 2;
+    pub const BLOCK_STATUS: u16 = 5;
+    pub const ERROR: u16 = (1 << 15) + 1;
+    pub const ERROR_OFFSET: u16 = (1 << 15) + 2;
+}
+
+/// Status flags of `base:allocation` extents.
+pub mod state_flags {
+    /// Not allocated.
+    pub const HOLE: u32 = 1 << 0;
+    /// Reads as zeroes.
+    pub const ZERO: u32 = 1 << 1;
 }
 
 /// Information types of `NBD_REP_INFO` replies and `NBD_OPT_INFO`/`NBD_OPT_GO` requests.
@@ -620,6 +654,79 @@ impl InfoRequest {
     }
 }
 
+/// The data of `NBD_OPT_LIST_META_CONTEXT` and `NBD_OPT_SET_META_CONTEXT`: an export name and
+/// the context queries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MetaRequest {
+    pub name: String,
+    pub queries: Vec<String>,
+}
+
+impl MetaRequest {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        out.extend_from_slice(&(self.name.len() as u32).to_be_bytes());
+        out.extend_from_slice(self.name.as_bytes());
+        out.extend_from_slice(&(self.queries.len() as u32).to_be_bytes());
+        for q in &self.queries {
+            out.extend_from_slice(&(q.len() as u32).to_be_bytes());
+            out.extend_from_slice(q.as_bytes());
+        }
+        out
+    }
+
+    /// Decodes the option data; the parts must add up to exactly its length, and every string
+    /// is checked like an export name.
+    pub fn decode(data: &[u8]) -> ProtoResult<MetaRequest> {
+        const WHAT: &str = "NBD_OPT_*_META_CONTEXT data";
+        let malformed = |reason: String| ProtocolError::Malformed { what: WHAT, reason };
+        let mut c = Cursor::new(data, WHAT);
+        let name_len = c.u32()? as usize;
+        if name_len > c.remaining() {
+            return Err(malformed(format!(
+                "name length {name_len} exceeds the {} bytes of option data",
+                data.len()
+            )));
+        }
+        let name = decode_string(c.take(name_len)?, "export name")?;
+        let count = c.u32()? as usize;
+        // Each query takes at least its 4-byte length: a count past that is a lie.
+        if count > c.remaining() / 4 {
+            return Err(malformed(format!(
+                "{count} queries cannot fit in {} bytes",
+                c.remaining()
+            )));
+        }
+        let mut queries = Vec::with_capacity(count);
+        for _ in 0..count {
+            let len = c.u32()? as usize;
+            if len > c.remaining() {
+                return Err(malformed(format!("query length {len} exceeds the data")));
+            }
+            queries.push(decode_string(c.take(len)?, "context query")?);
+        }
+        if c.remaining() != 0 {
+            return Err(malformed(format!("{} trailing bytes", c.remaining())));
+        }
+        Ok(MetaRequest { name, queries })
+    }
+}
+
+/// The data of an `NBD_REP_META_CONTEXT` reply: the context's id and name.
+pub fn encode_meta_context(id: u32, name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(4 + name.len());
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(name.as_bytes());
+    out
+}
+
+/// Decodes an `NBD_REP_META_CONTEXT` reply's data into (id, name).
+pub fn decode_meta_context(data: &[u8]) -> ProtoResult<(u32, String)> {
+    let mut c = Cursor::new(data, "NBD_REP_META_CONTEXT data");
+    let id = c.u32()?;
+    Ok((id, decode_string(c.rest(), "context name")?))
+}
+
 /// The data of an `NBD_REP_SERVER` reply to `NBD_OPT_LIST`: name, then a description.
 pub fn encode_server_entry(name: &str, description: &str) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + name.len() + description.len());
@@ -957,6 +1064,130 @@ impl SimpleReply {
     }
 }
 
+/// One `base:allocation` extent of a block-status reply: `length` bytes with `flags`
+/// ([`state_flags`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStatusExtent {
+    pub length: u32,
+    pub flags: u32,
+}
+
+/// A structured reply chunk's payload, as this server sends it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Chunk<'a> {
+    /// `NBD_REPLY_TYPE_NONE`: success with nothing to say (only as the last chunk).
+    None,
+    /// `NBD_REPLY_TYPE_OFFSET_DATA`: read data at `offset` (the data follows the header and the
+    /// offset; it is counted in the header's length but not carried here).
+    OffsetData { offset: u64, data_len: u32 },
+    /// `NBD_REPLY_TYPE_OFFSET_HOLE`: `length` bytes at `offset` read as zeroes.
+    OffsetHole { offset: u64, length: u32 },
+    /// `NBD_REPLY_TYPE_BLOCK_STATUS`: extents of one metadata context.
+    BlockStatus {
+        context: u32,
+        extents: &'a [BlockStatusExtent],
+    },
+    /// `NBD_REPLY_TYPE_ERROR`: the command failed with `error` ([`ErrorCode`] value).
+    Error { error: u32, message: &'a str },
+}
+
+/// The header and fixed payload of a structured reply chunk (for `OffsetData`, everything but
+/// the data). `done` sets `NBD_REPLY_FLAG_DONE`. A message is cut to [`MAX_STRING_LEN`] bytes
+/// (at a character boundary); extents past [`MAX_EXTENTS`] are left out.
+pub fn encode_chunk(cookie: u64, done: bool, chunk: &Chunk<'_>) -> Vec<u8> {
+    let mut body = Vec::new();
+    let (kind, extra) = match chunk {
+        Chunk::None => (chunk_type::NONE, 0),
+        Chunk::OffsetData { offset, data_len } => {
+            body.extend_from_slice(&offset.to_be_bytes());
+            (chunk_type::OFFSET_DATA, *data_len)
+        }
+        Chunk::OffsetHole { offset, length } => {
+            body.extend_from_slice(&offset.to_be_bytes());
+            body.extend_from_slice(&length.to_be_bytes());
+            (chunk_type::OFFSET_HOLE, 0)
+        }
+        Chunk::BlockStatus { context, extents } => {
+            body.extend_from_slice(&context.to_be_bytes());
+            for e in extents.iter().take(MAX_EXTENTS) {
+                body.extend_from_slice(&e.length.to_be_bytes());
+                body.extend_from_slice(&e.flags.to_be_bytes());
+            }
+            (chunk_type::BLOCK_STATUS, 0)
+        }
+        Chunk::Error { error, message } => {
+            let mut cut = message.len().min(MAX_STRING_LEN);
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            body.extend_from_slice(&error.to_be_bytes());
+            body.extend_from_slice(&(cut as u16).to_be_bytes());
+            body.extend_from_slice(&message.as_bytes()[..cut]);
+            (chunk_type::ERROR, 0)
+        }
+    };
+    let flags = if done { chunk_flags::DONE } else { 0 };
+    let mut out = Vec::with_capacity(CHUNK_HEADER_LEN + body.len());
+    out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
+    out.extend_from_slice(&flags.to_be_bytes());
+    out.extend_from_slice(&kind.to_be_bytes());
+    out.extend_from_slice(&cookie.to_be_bytes());
+    out.extend_from_slice(&(body.len() as u32 + extra).to_be_bytes());
+    out.extend_from_slice(&body);
+    out
+}
+
+/// A structured reply chunk header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkHeader {
+    pub flags: u16,
+    pub kind: u16,
+    pub cookie: u64,
+    /// Bytes of payload that follow.
+    pub length: u32,
+}
+
+impl ChunkHeader {
+    pub fn decode(bytes: &[u8]) -> ProtoResult<ChunkHeader> {
+        let mut c = Cursor::new(bytes, "structured reply chunk");
+        let magic = c.u32()?;
+        if magic != STRUCTURED_REPLY_MAGIC {
+            return Err(ProtocolError::BadMagic {
+                what: "structured reply chunk",
+                found: u64::from(magic),
+                expected: u64::from(STRUCTURED_REPLY_MAGIC),
+            });
+        }
+        Ok(ChunkHeader {
+            flags: c.u16()?,
+            kind: c.u16()?,
+            cookie: c.u64()?,
+            length: c.u32()?,
+        })
+    }
+}
+
+/// Decodes a block-status chunk's payload into its context id and extents; the length must be
+/// the id plus whole descriptors, at least one.
+pub fn decode_block_status(payload: &[u8]) -> ProtoResult<(u32, Vec<BlockStatusExtent>)> {
+    let mut c = Cursor::new(payload, "block status chunk");
+    let context = c.u32()?;
+    if c.remaining() == 0 || !c.remaining().is_multiple_of(8) {
+        return Err(ProtocolError::Malformed {
+            what: "block status chunk",
+            reason: format!("{} bytes of descriptors", c.remaining()),
+        });
+    }
+    let mut extents = Vec::with_capacity(c.remaining() / 8);
+    while c.remaining() > 0 {
+        extents.push(BlockStatusExtent {
+            length: c.u32()?,
+            flags: c.u32()?,
+        });
+    }
+    Ok((context, extents))
+}
+
 /// The error values a reply may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorCode {
@@ -1061,6 +1292,8 @@ pub struct ExportLimits {
     pub read_only: bool,
     /// Largest read or write payload.
     pub max_payload: u32,
+    /// The connection selected `base:allocation`, so `NBD_CMD_BLOCK_STATUS` is allowed.
+    pub block_status: bool,
 }
 
 /// Why a well-formed request is refused.
@@ -1084,13 +1317,15 @@ impl Refusal {
 
 /// Judges a request against an export: flags, command, payload limit, range and permissions.
 ///
-/// - unknown flags, or flags not valid for the command or not advertised (`DF`, `REQ_ONE`,
-///   `FAST_ZERO`, `PAYLOAD_LEN`; `NO_HOLE` outside write-zeroes) → `EINVAL`; `FUA` is accepted
-///   on every command, as the protocol requires once `SEND_FUA` is advertised;
-/// - commands not advertised (`CACHE`, `BLOCK_STATUS`, `RESIZE`) and unknown ones → `EINVAL`;
+/// - unknown flags, or flags not valid for the command or not advertised (`DF`, `FAST_ZERO`,
+///   `PAYLOAD_LEN`; `NO_HOLE` outside write-zeroes; `REQ_ONE` outside block status) → `EINVAL`;
+///   `FUA` is accepted on every command, as the protocol requires once `SEND_FUA` is advertised;
+/// - `BLOCK_STATUS` without a selected metadata context, or of length zero → `EINVAL`;
+/// - commands not advertised (`RESIZE`) and unknown ones → `EINVAL`;
 /// - a read longer than `max_payload` → `EINVAL`; a write longer than it → `EINVAL`, fatal;
 /// - write, trim or write-zeroes on a read-only export → `EPERM`;
-/// - past the end: write and write-zeroes → `ENOSPC`, read and trim → `EINVAL`;
+/// - past the end: write and write-zeroes → `ENOSPC`, read, trim, cache and block status →
+///   `EINVAL`;
 /// - flush with a non-zero offset or length → `EINVAL`.
 ///
 /// `NBD_CMD_DISC` is always accepted. Zero-length requests inside the export are accepted (they
@@ -1099,6 +1334,7 @@ pub fn check_request(h: &RequestHeader, limits: &ExportLimits) -> Result<(), Ref
     use cmd_flags::*;
     let allowed = match h.command {
         Command::WriteZeroes => FUA | NO_HOLE,
+        Command::BlockStatus => FUA | REQ_ONE,
         _ => FUA,
     };
     let bad_flags = h.flags & !allowed != 0;
@@ -1111,10 +1347,15 @@ pub fn check_request(h: &RequestHeader, limits: &ExportLimits) -> Result<(), Ref
                 fatal: true,
             })
         }
-        Command::Read | Command::Write | Command::Trim | Command::WriteZeroes | Command::Flush => {}
-        Command::Cache | Command::BlockStatus | Command::Resize | Command::Other(_) => {
-            return Err(inval)
-        }
+        Command::BlockStatus if !limits.block_status || h.length == 0 => return Err(inval),
+        Command::Read
+        | Command::Write
+        | Command::Trim
+        | Command::WriteZeroes
+        | Command::Flush
+        | Command::Cache
+        | Command::BlockStatus => {}
+        Command::Resize | Command::Other(_) => return Err(inval),
     }
     if bad_flags {
         return Err(inval);
@@ -1281,6 +1522,7 @@ mod tests {
             size: 1 << 20,
             read_only: false,
             max_payload: MAX_PAYLOAD,
+            block_status: false,
         };
         let ro = ExportLimits {
             read_only: true,
@@ -1318,10 +1560,35 @@ mod tests {
             err(req(Command::Other(99), 0, 0, 0), &lim),
             Err(ErrorCode::Inval)
         );
+        assert_eq!(err(req(Command::Cache, 0, 0, 1), &lim), Ok(()));
         assert_eq!(
-            err(req(Command::Cache, 0, 0, 1), &lim),
+            err(req(Command::Cache, 0, 1 << 20, 1), &lim),
             Err(ErrorCode::Inval)
         );
+        // Block status: only once a context is selected, never empty or past the end, and
+        // REQ_ONE only there.
+        let bs = ExportLimits {
+            block_status: true,
+            ..lim
+        };
+        assert_eq!(
+            err(req(Command::BlockStatus, 0, 0, 4096), &lim),
+            Err(ErrorCode::Inval)
+        );
+        assert_eq!(err(req(Command::BlockStatus, 0, 0, 4096), &bs), Ok(()));
+        let one = cmd_flags::REQ_ONE;
+        assert_eq!(err(req(Command::BlockStatus, one, 0, 1), &bs), Ok(()));
+        assert_eq!(
+            err(req(Command::Read, one, 0, 1), &bs),
+            Err(ErrorCode::Inval)
+        );
+        for (offset, length) in [(0, 0), (1 << 20, 1), (0, (1 << 20) + 1), (u64::MAX, 1)] {
+            assert_eq!(
+                err(req(Command::BlockStatus, 0, offset, length), &bs),
+                Err(ErrorCode::Inval),
+                "{offset} {length}"
+            );
+        }
         assert_eq!(
             err(req(Command::Read, 0x40, 0, 1), &lim),
             Err(ErrorCode::Inval)
@@ -1366,6 +1633,153 @@ mod tests {
                 ErrorCode::from_errno(ErrorCode::from_code(code).to_errno()).code() == code,
                 code != 95
             );
+        }
+    }
+
+    #[test]
+    fn structured_chunks_have_the_wire_layout() {
+        let none = encode_chunk(7, true, &Chunk::None);
+        let h = ChunkHeader::decode(&none).unwrap();
+        assert_eq!(
+            (h.flags, h.kind, h.cookie, h.length),
+            (chunk_flags::DONE, chunk_type::NONE, 7, 0)
+        );
+        assert_eq!(none.len(), CHUNK_HEADER_LEN);
+        let data = encode_chunk(
+            8,
+            true,
+            &Chunk::OffsetData {
+                offset: 4096,
+                data_len: 512,
+            },
+        );
+        let h = ChunkHeader::decode(&data).unwrap();
+        assert_eq!((h.kind, h.length), (chunk_type::OFFSET_DATA, 8 + 512));
+        assert_eq!(&data[CHUNK_HEADER_LEN..], &4096u64.to_be_bytes());
+        let hole = encode_chunk(
+            8,
+            false,
+            &Chunk::OffsetHole {
+                offset: 1,
+                length: 2,
+            },
+        );
+        let h = ChunkHeader::decode(&hole).unwrap();
+        assert_eq!(
+            (h.flags, h.kind, h.length),
+            (0, chunk_type::OFFSET_HOLE, 12)
+        );
+        let err = encode_chunk(
+            9,
+            true,
+            &Chunk::Error {
+                error: 22,
+                message: "bad",
+            },
+        );
+        let h = ChunkHeader::decode(&err).unwrap();
+        assert_eq!((h.kind, h.length), (chunk_type::ERROR, 4 + 2 + 3));
+        assert_eq!(
+            &err[CHUNK_HEADER_LEN..],
+            &[0, 0, 0, 22, 0, 3, b'b', b'a', b'd']
+        );
+        // A long message is cut at a character boundary within the string limit.
+        let long = "é".repeat(MAX_STRING_LEN);
+        let cut = encode_chunk(
+            1,
+            true,
+            &Chunk::Error {
+                error: 5,
+                message: &long,
+            },
+        );
+        let h = ChunkHeader::decode(&cut).unwrap();
+        assert_eq!(h.length as usize, 6 + MAX_STRING_LEN);
+        assert!(std::str::from_utf8(&cut[CHUNK_HEADER_LEN + 6..]).is_ok());
+        let mut bad = none.clone();
+        bad[0] ^= 1;
+        assert!(matches!(
+            ChunkHeader::decode(&bad),
+            Err(ProtocolError::BadMagic { .. })
+        ));
+        assert!(ChunkHeader::decode(&none[..19]).is_err());
+        assert!(decode_block_status(&[0, 0, 0, 1]).is_err());
+        assert!(decode_block_status(&[0, 0, 0, 1, 0, 0, 0, 9]).is_err());
+    }
+
+    #[test]
+    fn meta_context_requests_decode_strictly() {
+        let r = MetaRequest {
+            name: "disk".into(),
+            queries: vec![BASE_ALLOCATION.into(), "base:".into()],
+        };
+        assert_eq!(MetaRequest::decode(&r.encode()).unwrap(), r);
+        let mut trailing = r.encode();
+        trailing.push(0);
+        assert!(MetaRequest::decode(&trailing).is_err());
+        // A query count no data could hold, a query length past the end, a NUL in a query.
+        assert!(MetaRequest::decode(&[0, 0, 0, 0, 0xff, 0xff, 0xff, 0xff]).is_err());
+        assert!(MetaRequest::decode(&[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 9]).is_err());
+        assert!(MetaRequest::decode(&[0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1, 0]).is_err());
+        let m = encode_meta_context(BASE_ALLOCATION_ID, BASE_ALLOCATION);
+        assert_eq!(
+            decode_meta_context(&m).unwrap(),
+            (BASE_ALLOCATION_ID, BASE_ALLOCATION.to_string())
+        );
+    }
+
+    proptest::proptest! {
+        /// Block-status chunks carry exactly what was encoded (up to MAX_EXTENTS), with a
+        /// length that matches the payload.
+        #[test]
+        fn block_status_chunks_round_trip(
+            cookie: u64,
+            done: bool,
+            context: u32,
+            raw in proptest::collection::vec((1u32.., 0u32..4), 1..64),
+        ) {
+            let extents: Vec<BlockStatusExtent> = raw
+                .iter()
+                .map(|&(length, flags)| BlockStatusExtent { length, flags })
+                .collect();
+            let bytes = encode_chunk(cookie, done, &Chunk::BlockStatus { context, extents: &extents });
+            let h = ChunkHeader::decode(&bytes).unwrap();
+            proptest::prop_assert_eq!(h.cookie, cookie);
+            proptest::prop_assert_eq!(h.flags & chunk_flags::DONE != 0, done);
+            proptest::prop_assert_eq!(h.kind, chunk_type::BLOCK_STATUS);
+            proptest::prop_assert_eq!(h.length as usize, bytes.len() - CHUNK_HEADER_LEN);
+            let (id, back) = decode_block_status(&bytes[CHUNK_HEADER_LEN..]).unwrap();
+            proptest::prop_assert_eq!(id, context);
+            proptest::prop_assert_eq!(back, extents);
+        }
+
+        /// Arbitrary bytes never panic the new decoders, and what decodes re-encodes the same.
+        #[test]
+        fn new_decoders_take_any_bytes(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..128)) {
+            if let Ok(r) = MetaRequest::decode(&bytes) {
+                proptest::prop_assert_eq!(r.encode(), bytes.clone());
+            }
+            let _ = ChunkHeader::decode(&bytes);
+            let _ = decode_block_status(&bytes);
+            let _ = decode_meta_context(&bytes);
+        }
+
+        /// check_request never panics, and a block-status request it accepts lies inside the
+        /// export and is not empty.
+        #[test]
+        fn block_status_requests_are_judged_totally(
+            flags: u16,
+            offset: u64,
+            length: u32,
+            size in 0u64..(1 << 40),
+            selected: bool,
+        ) {
+            let h = RequestHeader { flags, command: Command::BlockStatus, cookie: 1, offset, length };
+            let limits = ExportLimits { size, read_only: false, max_payload: MAX_PAYLOAD, block_status: selected };
+            if check_request(&h, &limits).is_ok() {
+                proptest::prop_assert!(selected && length > 0);
+                proptest::prop_assert!(offset.checked_add(u64::from(length)).is_some_and(|e| e <= size));
+            }
         }
     }
 }

@@ -30,8 +30,9 @@ use crate::handshake::{
     self, ExportInfo, HandshakeEnd, HandshakeError, Negotiated, Resume, TlsMode,
 };
 use crate::protocol::{
-    check_request, cmd_flags, tx_flags, BlockSizes, Command, ErrorCode, ExportLimits,
-    ProtocolError, Refusal, RequestHeader, SimpleReply, MAX_PAYLOAD, REQUEST_LEN,
+    check_request, cmd_flags, encode_chunk, tx_flags, BlockSizes, Chunk, Command, ErrorCode,
+    ExportLimits, ProtocolError, Refusal, RequestHeader, SimpleReply, BASE_ALLOCATION_ID,
+    MAX_PAYLOAD, REQUEST_LEN,
 };
 use crate::psk::{PskServer, PskStream};
 use crate::tls::TlsStream;
@@ -114,12 +115,12 @@ impl Export {
     /// What the handshake advertises for this export, with the protocol's default minimum block
     /// size of 1 (see [`ServeOptions::device_min_block_size`]).
     pub fn info(&self) -> ExportInfo {
-        self.info_with(false)
+        self.info_with(false, true)
     }
 
     /// What the handshake advertises; `device_min` advertises the device's block size as the
-    /// minimum block size instead of 1.
-    fn info_with(&self, device_min: bool) -> ExportInfo {
+    /// minimum block size instead of 1; `block_status` offers `base:allocation`.
+    fn info_with(&self, device_min: bool, block_status: bool) -> ExportInfo {
         let geo = self.device.geometry();
         let min = if device_min { geo.block_size.max(1) } else { 1 };
         ExportInfo {
@@ -132,6 +133,7 @@ impl Export {
                 preferred: geo.block_size.max(512),
                 max_payload: MAX_PAYLOAD,
             },
+            block_status,
         }
     }
 }
@@ -146,12 +148,12 @@ impl fmt::Debug for Export {
     }
 }
 
-/// Transmission flags of an export: flush, FUA and multi-connection always (every connection
-/// goes through the same device queue, so a flush covers all of them); trim and write-zeroes
-/// unless read-only.
+/// Transmission flags of an export: flush, FUA, cache and multi-connection always (every
+/// connection goes through the same device queue, so a flush covers all of them); trim and
+/// write-zeroes unless read-only.
 pub fn export_flags(read_only: bool) -> u16 {
     use tx_flags::*;
-    let base = HAS_FLAGS | SEND_FLUSH | SEND_FUA | CAN_MULTI_CONN;
+    let base = HAS_FLAGS | SEND_FLUSH | SEND_FUA | SEND_CACHE | CAN_MULTI_CONN;
     if read_only {
         base | READ_ONLY
     } else {
@@ -192,6 +194,10 @@ pub struct ServeOptions {
     pub write_timeout: Duration,
     /// On stop, time connections get to finish what is in flight before they are cut.
     pub stop_grace: Duration,
+    /// Offer the `base:allocation` metadata context, so clients that negotiate structured
+    /// replies can ask `NBD_CMD_BLOCK_STATUS` which ranges are holes. Off: no context is
+    /// offered (structured replies still are), as for a server without block status.
+    pub block_status: bool,
 }
 
 impl Default for ServeOptions {
@@ -209,6 +215,7 @@ impl Default for ServeOptions {
             device_min_block_size: false,
             write_timeout: Duration::from_secs(60),
             stop_grace: Duration::from_secs(2),
+            block_status: true,
         }
     }
 }
@@ -716,7 +723,7 @@ fn serve_with(
     }
     let infos: Vec<ExportInfo> = exports
         .iter()
-        .map(|e| e.info_with(opts.device_min_block_size))
+        .map(|e| e.info_with(opts.device_min_block_size, opts.block_status))
         .collect();
     for (i, e) in infos.iter().enumerate() {
         if infos[..i].iter().any(|o| o.name == e.name) {
@@ -775,6 +782,7 @@ fn serve_with(
                 size: info.size,
                 read_only,
                 max_payload: MAX_PAYLOAD,
+                block_status: false,
             },
             block_size: u64::from(info.block_sizes.min.max(1)),
             device_block_size: u64::from(device_block_size.max(1)),
@@ -996,6 +1004,8 @@ fn connection(stream: Sock, id: u64, ctx: &Ctx) {
             HandshakeEnd::Transmission {
                 export,
                 block_size_agreed,
+                structured,
+                block_status,
             },
             tls,
         )) => {
@@ -1008,8 +1018,12 @@ fn connection(stream: Sock, id: u64, ctx: &Ctx) {
                     Some(session) => session.split(),
                 };
                 if let Ok((reader, writer)) = halves {
-                    let strict = ctx.opts.device_min_block_size && block_size_agreed;
-                    transmission(reader, writer, &stream, id, rt, strict, ctx);
+                    let session = Negotiation {
+                        strict: ctx.opts.device_min_block_size && block_size_agreed,
+                        structured,
+                        block_status,
+                    };
+                    transmission(reader, writer, &stream, id, rt, session, ctx);
                 }
             }
         }
@@ -1139,20 +1153,33 @@ fn read_message<R: Read>(r: &mut R, buf: &mut [u8]) -> io::Result<bool> {
     Ok(true)
 }
 
+/// What one connection's handshake settled for its transmission phase.
+#[derive(Debug, Clone, Copy)]
+struct Negotiation {
+    /// The client agreed to the advertised block sizes, so unaligned requests get `EINVAL`
+    /// instead of a read-modify-write that would drain the export's queue for every client.
+    strict: bool,
+    /// Replies are structured chunks.
+    structured: bool,
+    /// `base:allocation` is selected: `NBD_CMD_BLOCK_STATUS` is answered.
+    block_status: bool,
+}
+
 /// The transmission phase of one connection: this thread reads requests from `input`; a writer
 /// thread sends replies through `output`. `stream` is the socket under both, to cut it.
-///
-/// `strict`: the client agreed to the advertised block sizes, so unaligned requests get `EINVAL`
-/// instead of a read-modify-write that would drain the export's queue for every client.
 fn transmission(
     input: Box<dyn Read + '_>,
     output: Box<dyn Write + Send>,
     stream: &Sock,
     id: u64,
     rt: &ExportRt,
-    strict: bool,
+    session: Negotiation,
     ctx: &Ctx,
 ) {
+    let limits = ExportLimits {
+        block_status: session.block_status,
+        ..rt.limits
+    };
     let counters = &ctx.shared.counters;
     let Ok(cut) = stream.try_clone() else {
         return;
@@ -1166,7 +1193,8 @@ fn transmission(
         global: &ctx.shared.budget,
     };
     let (tx, rx) = mpsc::channel::<Outgoing>();
-    let Ok(writer) = spawn_writer(output, cut, rx, &budget, &ctx.shared, id) else {
+    let structured = session.structured;
+    let Ok(writer) = spawn_writer(output, cut, rx, &budget, &ctx.shared, id, structured) else {
         return;
     };
 
@@ -1176,6 +1204,7 @@ fn transmission(
             cookie,
             error: error.map_or(0, ErrorCode::code),
             data: None,
+            extents: None,
             cost: 0,
         });
     };
@@ -1187,7 +1216,7 @@ fn transmission(
     // mid-header or mid-payload, a header that does not decode, or NBD_CMD_DISC.
     while let Some(h) = next_request(&mut reader, &mut head, counters) {
         bump(&counters.requests, 1);
-        if let Some(refusal) = refusal(&h, rt, strict) {
+        if let Some(refusal) = refusal(&h, &limits, rt.block_size, session.strict) {
             reply_now(h.cookie, Some(refusal.error));
             if refusal.fatal {
                 bump(&counters.protocol_errors, 1);
@@ -1203,6 +1232,20 @@ fn transmission(
         let (kind, cost) = match h.command {
             Command::Disc => break,
             Command::Flush => (JobKind::Flush, 0),
+            // Advisory, and kura's devices keep no cache a read could usefully warm ahead of
+            // time from here: acknowledged once the range is checked (see docs/nbd-serve.md).
+            Command::Cache => {
+                reply_now(h.cookie, None);
+                continue;
+            }
+            Command::BlockStatus => (
+                JobKind::BlockStatus {
+                    offset: h.offset,
+                    len,
+                    one: h.flags & cmd_flags::REQ_ONE != 0,
+                },
+                driver::MAX_STATUS_BYTES,
+            ),
             _ if len == 0 => {
                 reply_now(h.cookie, None);
                 continue;
@@ -1283,6 +1326,7 @@ fn spawn_writer(
     budget: &Arc<Budget>,
     shared: &Arc<Shared>,
     id: u64,
+    structured: bool,
 ) -> io::Result<JoinHandle<()>> {
     let writer_budget = Arc::clone(budget);
     let writer_shared = Arc::clone(shared);
@@ -1293,7 +1337,7 @@ fn spawn_writer(
                 own: &writer_budget,
                 global: &writer_shared.budget,
             };
-            write_replies(output, cut, rx, &budgets, &writer_shared)
+            write_replies(output, cut, rx, &budgets, &writer_shared, structured)
         })
 }
 
@@ -1328,13 +1372,18 @@ fn next_request<R: Read>(
 }
 
 /// Why a request is answered with an error without reaching the driver: the protocol's checks
-/// against the export ([`check_request`]), then, when `strict`, the block alignment the client
-/// agreed to.
-fn refusal(h: &RequestHeader, rt: &ExportRt, strict: bool) -> Option<Refusal> {
-    if let Err(refusal) = check_request(h, &rt.limits) {
+/// against the export as this connection negotiated it ([`check_request`]), then, when
+/// `strict`, the block alignment (`block_size`) the client agreed to.
+fn refusal(
+    h: &RequestHeader,
+    limits: &ExportLimits,
+    block_size: u64,
+    strict: bool,
+) -> Option<Refusal> {
+    if let Err(refusal) = check_request(h, limits) {
         return Some(refusal);
     }
-    let aligned = |v: u64| v.is_multiple_of(rt.block_size);
+    let aligned = |v: u64| v.is_multiple_of(block_size);
     if strict
         && matches!(
             h.command,
@@ -1365,12 +1414,14 @@ fn dispatch(jobs: &Sender<ToDriver>, job: Job) {
             cookie: job.cookie,
             error: ErrorCode::Shutdown.code(),
             data: None,
+            extents: None,
             cost: job.cost,
         });
     }
 }
 
-/// The writer of one connection: sends replies as they come, flushing when none are waiting.
+/// The writer of one connection: sends replies as they come, flushing when none are waiting,
+/// as simple replies or, when `structured`, as one structured chunk each (see [`encode_reply`]).
 /// After a failed write it keeps draining (to release the budget) but sends nothing.
 fn write_replies(
     output: Box<dyn Write + Send>,
@@ -1378,6 +1429,7 @@ fn write_replies(
     rx: Receiver<Outgoing>,
     budget: &Budgets<'_>,
     shared: &Shared,
+    structured: bool,
 ) {
     let counters = &shared.counters;
     let mut w = BufWriter::with_capacity(IO_BUFFER, output);
@@ -1401,14 +1453,9 @@ fn write_replies(
             bump(&counters.error_replies, 1);
         }
         if healthy {
-            let reply = SimpleReply {
-                error: msg.error,
-                cookie: msg.cookie,
-            };
+            let head = encode_reply(&msg, structured);
             let data = msg.data.as_ref().map_or(&[][..], |d| d.bytes());
-            let sent = w
-                .write_all(&reply.encode())
-                .and_then(|()| w.write_all(data));
+            let sent = w.write_all(&head).and_then(|()| w.write_all(data));
             match sent {
                 Ok(()) => bump(&counters.bytes_out, data.len() as u64),
                 Err(_) => {
@@ -1422,4 +1469,37 @@ fn write_replies(
     if healthy {
         let _ = w.flush();
     }
+}
+
+/// The bytes of a reply that go before its read data (if any). Simple: the simple reply header.
+/// Structured: one chunk with `NBD_REPLY_FLAG_DONE`: `ERROR` for a failure, `BLOCK_STATUS`
+/// (context [`BASE_ALLOCATION_ID`]) for block status, `OFFSET_DATA` for read data, `NONE` for
+/// everything else. Errors carry no message: the error value says it all.
+fn encode_reply(msg: &Outgoing, structured: bool) -> Vec<u8> {
+    if !structured {
+        let reply = SimpleReply {
+            error: msg.error,
+            cookie: msg.cookie,
+        };
+        return reply.encode().to_vec();
+    }
+    let chunk = if msg.error != 0 {
+        Chunk::Error {
+            error: msg.error,
+            message: "",
+        }
+    } else if let Some(extents) = &msg.extents {
+        Chunk::BlockStatus {
+            context: BASE_ALLOCATION_ID,
+            extents,
+        }
+    } else if let Some(d) = &msg.data {
+        Chunk::OffsetData {
+            offset: d.offset,
+            data_len: d.len as u32,
+        }
+    } else {
+        Chunk::None
+    };
+    encode_chunk(msg.cookie, true, &chunk)
 }

@@ -151,9 +151,10 @@ fn refused_and_malformed_options_get_error_replies_and_haggling_goes_on() {
             String::from_utf8_lossy(&msg)
         );
     };
-    expect(&mut r, Opt::StructuredReply, &[], Rep::ErrUnsup);
+    expect(&mut r, Opt::StructuredReply, b"x", Rep::ErrInvalid);
     expect(&mut r, Opt::StartTls, &[], Rep::ErrUnsup);
-    expect(&mut r, Opt::SetMetaContext, &[0; 8], Rep::ErrUnsup);
+    expect(&mut r, Opt::SetMetaContext, &[0; 8], Rep::ErrInvalid);
+    expect(&mut r, Opt::ListMetaContext, &[0; 3], Rep::ErrInvalid);
     expect(&mut r, Opt::ExtendedHeaders, &[], Rep::ErrUnsup);
     expect(&mut r, Opt::Other(999), &[1, 2, 3], Rep::ErrUnsup);
     expect(&mut r, Opt::Other(u32::MAX), &[], Rep::ErrUnsup);
@@ -215,7 +216,7 @@ fn bad_requests_get_error_replies_and_the_connection_lives_on() {
             0,
             inval,
         ),
-        ("cache (not advertised)", Command::Cache, 0, 0, 4096, inval),
+        ("cache past the end", Command::Cache, 0, size, 4096, inval),
         (
             "block status (not negotiated)",
             Command::BlockStatus,

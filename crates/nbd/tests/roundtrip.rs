@@ -223,6 +223,7 @@ fn exports_are_listed_described_and_chosen_by_name() {
         | tx_flags::SEND_FUA
         | tx_flags::SEND_TRIM
         | tx_flags::SEND_WRITE_ZEROES
+        | tx_flags::SEND_CACHE
         | tx_flags::CAN_MULTI_CONN;
     assert_eq!(alpha.flags, want);
     let sizes = alpha.block_sizes.unwrap();
