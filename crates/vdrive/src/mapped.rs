@@ -210,6 +210,50 @@ impl<L: Layout> BlockDevice for MappedDrive<L> {
 
     fanout_methods!(stats = layer_stats);
 
+    /// Each child's answer for its pieces, put back in the drive's order along the map (a child
+    /// that cannot tell counts as data).
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<kura_engine::Extent>>> {
+        kura_engine::device::check_range(&self.geo, lba, blocks)?;
+        let mut pieces = Vec::new();
+        self.layout.map(lba, blocks, &mut pieces);
+        // (first block within the range, blocks, state), from every child's answer.
+        let mut runs = Vec::new();
+        for piece in pieces {
+            let leg = &mut self.fan.legs[piece.leg].dev;
+            let mut child = Vec::new();
+            let answer = leg.allocation(piece.lba, piece.blocks)?;
+            kura_engine::device::push_child_extents(&mut child, answer, piece.blocks);
+            // The child's extents run along the piece's segments, in child order.
+            let mut extents = child.into_iter().map(|e| (e.blocks, e.state));
+            let mut current = extents.next();
+            for (mut at, mut left) in piece.segs {
+                while left > 0 {
+                    let Some((n, state)) = current.as_mut() else {
+                        return Ok(None);
+                    };
+                    let take = (*n).min(left);
+                    runs.push((at, take, *state));
+                    at += take;
+                    left -= take;
+                    *n -= take;
+                    if *n == 0 {
+                        current = extents.next();
+                    }
+                }
+            }
+        }
+        runs.sort_unstable_by_key(|r| r.0);
+        let mut out = Vec::new();
+        for (_, n, state) in runs {
+            kura_engine::device::push_extent(&mut out, n, state);
+        }
+        Ok(Some(out))
+    }
+
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
         let bs = self.geo.block_size as usize;
         self.fan

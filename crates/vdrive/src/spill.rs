@@ -435,6 +435,44 @@ impl BlockDevice for Spill {
         )
     }
 
+    /// From the chunk map: each run of chunks on REMOTE is REMOTE's answer for it, each placed
+    /// chunk LOCAL's answer for its slot (a device that cannot tell counts as data).
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<kura_engine::Extent>>> {
+        kura_engine::device::check_range(&self.geo, lba, blocks)?;
+        let mut out = Vec::new();
+        let end = lba + blocks;
+        let mut at = lba;
+        while at < end {
+            let chunk = at / self.chunk_blocks;
+            let home = self.home(chunk);
+            // Consecutive chunks on REMOTE are one question to it.
+            let mut run_end = ((chunk + 1) * self.chunk_blocks).min(end);
+            while home == Home::Remote
+                && run_end < end
+                && self.home(run_end / self.chunk_blocks) == Home::Remote
+            {
+                run_end = ((run_end / self.chunk_blocks + 1) * self.chunk_blocks).min(end);
+            }
+            let n = run_end - at;
+            let answer = match home {
+                Home::Remote => self.remote.allocation(at, n)?,
+                Home::Local(slot) => {
+                    let local = self.data_start
+                        + slot * self.chunk_blocks
+                        + (at - chunk * self.chunk_blocks);
+                    self.local.allocation(local, n)?
+                }
+            };
+            kura_engine::device::push_child_extents(&mut out, answer, n);
+            at = run_end;
+        }
+        Ok(Some(out))
+    }
+
     /// The drive, then LOCAL, then REMOTE.
     fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
         let s = Spill::stats(self);

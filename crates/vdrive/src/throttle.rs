@@ -223,6 +223,15 @@ impl BlockDevice for Throttle {
         self.at_child.len() + self.held.len()
     }
 
+    /// The child's: throttling changes when data arrives, not what it is.
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<kura_engine::Extent>>> {
+        self.child.allocation(lba, blocks)
+    }
+
     fn stats(&self, out: &mut Vec<kura_engine::DriveStats>) {
         let s = self.stats;
         out.push(

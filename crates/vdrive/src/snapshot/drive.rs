@@ -393,6 +393,37 @@ impl BlockDevice for SnapshotDrive {
         }
     }
 
+    /// From the version's chunk map: an unmapped chunk reads as zeroes (a hole); a mapped one
+    /// is the child's answer for its physical chunk (a child that cannot tell counts as data).
+    fn allocation(
+        &mut self,
+        lba: u64,
+        blocks: u64,
+    ) -> DeviceResult<Option<Vec<kura_engine::Extent>>> {
+        kura_engine::device::check_range(&self.geo, lba, blocks)?;
+        let core = self.core.clone();
+        let mut core = lock(&core);
+        let Some(vi) = core.version_index(self.version) else {
+            return Err(DeviceError::Offline {
+                reason: format!("version `{}` was deleted", self.name),
+            });
+        };
+        let mut out = Vec::new();
+        for (vc, off, n, _) in Self::runs(&core, lba, blocks) {
+            let pc = core.versions[vi].map[vc];
+            if pc == UNMAPPED {
+                kura_engine::device::push_extent(&mut out, n, kura_engine::Allocation::Hole);
+                continue;
+            }
+            // Writes still in the volume's queue must land before the child is asked.
+            core.settle(pc)?;
+            let child_lba = core.child_lba(pc, off);
+            let answer = core.child.allocation(child_lba, n)?;
+            kura_engine::device::push_child_extents(&mut out, answer, n);
+        }
+        Ok(Some(out))
+    }
+
     fn in_flight(&self) -> usize {
         self.accepted
     }
