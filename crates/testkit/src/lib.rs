@@ -20,6 +20,13 @@
 //!
 //! [`skip_in`] is [`skip`] with the environment passed in ([`SkipEnv`]), so the CI rule and the
 //! allow-list can be tested without touching process-wide environment variables.
+//!
+//! Under user-mode emulation (`scripts/aarch64.sh` runs aarch64 test binaries through
+//! `qemu-aarch64` with `KURA_EMULATOR=qemu-aarch64`) a skip's capability is prefixed with the
+//! emulator's name, e.g. `qemu-aarch64:io_uring`: what qemu-user cannot emulate is allowed under
+//! its own name in `.ci/allowed-skips`, while the same capability missing on a native run stays a
+//! failure. The variable is honoured only in binaries built for a target other than x86-64, so a
+//! stray `KURA_EMULATOR` cannot loosen the native x86-64 run.
 #![forbid(unsafe_code)]
 
 mod nbdfuse;
@@ -40,6 +47,8 @@ pub struct SkipEnv {
     pub log: PathBuf,
     /// The allow-list of capabilities that may be missing under CI.
     pub allow_list: PathBuf,
+    /// The user-mode emulator running this binary (`qemu-aarch64`), which prefixes capabilities.
+    pub emulator: Option<String>,
 }
 
 impl SkipEnv {
@@ -57,8 +66,17 @@ impl SkipEnv {
             ci,
             log,
             allow_list: workspace_root().join(".ci").join("allowed-skips"),
+            emulator: emulator_of(std::env::var("KURA_EMULATOR").ok()),
         }
     }
+}
+
+/// The emulator named by `KURA_EMULATOR`, honoured only off x86-64 (see the crate docs).
+fn emulator_of(var: Option<String>) -> Option<String> {
+    if cfg!(target_arch = "x86_64") {
+        return None;
+    }
+    var.map(|v| one_line(&v)).filter(|v| !v.is_empty())
 }
 
 /// Whether a value of `CI` means "this is a CI run".
@@ -84,7 +102,10 @@ pub fn skip_with(env: &SkipEnv, test: &str, capability: &str, reason: &str) {
 /// capability is not allowed, or under CI the log or the allow-list cannot be used).
 pub fn skip_in(env: &SkipEnv, test: &str, capability: &str, reason: &str) -> Result<(), String> {
     let test = one_line(test);
-    let capability = one_line(capability);
+    let capability = match &env.emulator {
+        Some(emulator) => format!("{emulator}:{}", one_line(capability)),
+        None => one_line(capability),
+    };
     let reason = one_line(reason);
     eprintln!("SKIPPED {test}: {capability}: {reason}");
     let logged = append_line(&env.log, &format!("{test}\t{capability}\t{reason}\n"));
@@ -354,6 +375,7 @@ mod tests {
             ci,
             log: dir.join("target").join("skips.log"),
             allow_list,
+            emulator: None,
         }
     }
 
@@ -389,6 +411,32 @@ mod tests {
         let e = parse_allow_list("fuse why not\nnbdinfo\n").unwrap_err();
         assert!(e.contains("line 2") && e.contains("nbdinfo"), "{e}");
         assert!(parse_allow_list("nbdinfo   \t\n").is_err());
+    }
+
+    #[test]
+    fn under_an_emulator_only_the_prefixed_capability_is_allowed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let native = env(
+            dir.path(),
+            true,
+            Some("qemu-aarch64:io_uring qemu-user does not emulate io_uring_setup\n"),
+        );
+        assert!(
+            skip_in(&native, "t1", "io_uring", "ENOSYS").is_err(),
+            "a native run stays strict"
+        );
+        let emulated = SkipEnv {
+            emulator: Some("qemu-aarch64".into()),
+            ..native
+        };
+        skip_in(&emulated, "t2", "io_uring", "ENOSYS").expect("allowed under qemu-aarch64");
+        assert!(skip_in(&emulated, "t3", "root", "x").is_err());
+        assert!(log(&emulated).contains("t2\tqemu-aarch64:io_uring\tENOSYS\n"));
+        // KURA_EMULATOR counts only in binaries that are not x86-64.
+        let honoured = emulator_of(Some("qemu-aarch64".into()));
+        assert_eq!(honoured.is_some(), !cfg!(target_arch = "x86_64"));
+        assert_eq!(emulator_of(Some(" ".into())), None);
+        assert_eq!(emulator_of(None), None);
     }
 
     #[test]
