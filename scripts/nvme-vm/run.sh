@@ -6,7 +6,8 @@
 #   run.sh OUT_DIR INIT_SCRIPT TIMEOUT_SECONDS BINARY...
 # INIT_SCRIPT is the guest's /init (init: the tests; init-bench: `kura bench io`; init-nbd: ext4
 # on the guest kernel's NBD driver attached to `kura serve`); the binaries go to the guest's /bin.
-# KURA_VM_APPEND adds to the kernel command line.
+# KURA_VM_APPEND adds to the kernel command line; KURA_VM_QEMU_ARGS adds arguments to QEMU's
+# (split on white space; init-vhost: shared guest RAM and a vhost-user-blk disk).
 # Leaves OUT_DIR/console.log and the images; exits with QEMU's status (124 on timeout), or 77
 # with the reason in OUT_DIR/skipped where QEMU, a kernel, busybox-static or cpio is missing.
 set -uo pipefail
@@ -37,6 +38,7 @@ truncate -s 32M "$OUT/fs.img"
 # the kernel's NBD driver has two hardware queues for two connections).
 CPUS=$(sed -n 's/^# kura-vm-cpus: *\([0-9]*\)$/\1/p' "$INIT")
 T0=$(date +%s%N)
+# shellcheck disable=SC2086 # KURA_VM_QEMU_ARGS is a list of arguments.
 timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp "${CPUS:-1}" -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
   -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
@@ -44,7 +46,7 @@ timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp "${CP
   -device nvme,id=nvme0,serial=kura0001 \
   -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" -device nvme-ns,drive=nvm,bus=nvme0,nsid=1 \
   -drive "file=$OUT/fs.img,if=none,id=nvm2,format=raw" -device nvme-ns,drive=nvm2,bus=nvme0,nsid=2 \
-  -no-reboot < /dev/null > "$OUT/console.log" 2>&1
+  ${KURA_VM_QEMU_ARGS:-} -no-reboot < /dev/null > "$OUT/console.log" 2>&1
 RC=$?
 echo "qemu rc=$RC, $(( ($(date +%s%N) - T0) / 1000000 )) ms" >> "$OUT/console.log"
 exit $RC

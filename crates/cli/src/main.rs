@@ -15,6 +15,7 @@ mod mount;
 mod nvme;
 mod pattern;
 mod serve;
+mod serve_vhost;
 mod stream;
 
 use clap::{Parser, Subcommand};

@@ -24,8 +24,9 @@ use std::time::Duration;
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
     /// Exports as NAME=SPEC, with `:ro` appended for a read-only export, e.g.
-    /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`.
-    #[arg(required = true)]
+    /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`. None when only --vhost-user disks
+    /// are served.
+    #[arg(required_unless_present = "vhost_user")]
     exports: Vec<String>,
     /// Address to listen on.
     #[arg(long, default_value = kura_nbd::server::DEFAULT_ADDR)]
@@ -90,6 +91,8 @@ pub struct ServeArgs {
     /// stop) every SECS seconds while serving.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     stats_interval: Option<u64>,
+    #[command(flatten)]
+    vhost: crate::serve_vhost::VhostArgs,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -114,6 +117,13 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
              plaintext anyway",
             args.listen
         );
+    }
+    let vhost = crate::serve_vhost::start(&args.vhost)?;
+    if args.exports.is_empty() {
+        wait_for_stop(args.stats_interval, || crate::serve_vhost::print_stats(&vhost))?;
+        let mut failed = Vec::new();
+        crate::serve_vhost::stop(vhost, &mut failed);
+        return stopped(failed);
     }
     let mut exports = Vec::new();
     for arg in &args.exports {
@@ -161,6 +171,44 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             (server, url)
         }
     };
+    eprintln!(
+        "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",
+        args.exports.len(),
+    );
+    wait_for_stop(args.stats_interval, || {
+        for (name, layers) in server.export_stats(STATS_WAIT) {
+            print_stats(&name, &layers);
+        }
+        crate::serve_vhost::print_stats(&vhost);
+    })?;
+    let mut failed = Vec::new();
+    for mut export in server.stop() {
+        let name = export.name().to_string();
+        if let Err(e) = export.device_mut().flush_all() {
+            eprintln!("kura: flushing export {name}: {e}");
+            failed.push(name.clone());
+        }
+        print_stats(&name, &kura_engine::device::stats_of(export.device_mut()));
+    }
+    crate::serve_vhost::stop(vhost, &mut failed);
+    stopped(failed)
+}
+
+/// The end of a stop: an error naming the exports that could not be flushed, if any.
+fn stopped(failed: Vec<String>) -> anyhow::Result<()> {
+    if !failed.is_empty() {
+        bail!(
+            "export(s) {} could not be flushed; their last writes may not be durable",
+            failed.join(", ")
+        );
+    }
+    eprintln!("kura: stopped; every export flushed");
+    Ok(())
+}
+
+/// Waits for the first SIGINT, SIGTERM or SIGHUP (a second one exits at once with status 130),
+/// calling `stats` every `stats_interval` seconds meanwhile.
+fn wait_for_stop(stats_interval: Option<u64>, mut stats: impl FnMut()) -> anyhow::Result<()> {
     let (tx, rx) = mpsc::channel();
     let signals = AtomicUsize::new(0);
     ctrlc::set_handler(move || {
@@ -173,11 +221,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         let _ = tx.send(());
     })
     .context("installing the signal handler")?;
-    eprintln!(
-        "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",
-        args.exports.len(),
-    );
-    match args.stats_interval {
+    match stats_interval {
         None => {
             let _ = rx.recv();
         }
@@ -185,39 +229,21 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             while let Err(mpsc::RecvTimeoutError::Timeout) =
                 rx.recv_timeout(Duration::from_secs(secs))
             {
-                for (name, layers) in server.export_stats(STATS_WAIT) {
-                    print_stats(&name, &layers);
-                }
+                stats();
             }
         }
     }
     eprintln!("kura: stopping; finishing requests in flight");
-    let mut failed = Vec::new();
-    for mut export in server.stop() {
-        let name = export.name().to_string();
-        if let Err(e) = export.device_mut().flush_all() {
-            eprintln!("kura: flushing export {name}: {e}");
-            failed.push(name.clone());
-        }
-        print_stats(&name, &kura_engine::device::stats_of(export.device_mut()));
-    }
-    if !failed.is_empty() {
-        bail!(
-            "export(s) {} could not be flushed; their last writes may not be durable",
-            failed.join(", ")
-        );
-    }
-    eprintln!("kura: stopped; every export flushed");
     Ok(())
 }
 
 /// How long `--stats-interval` waits for an export's driver thread to report (it answers between
 /// two rounds of I/O, so only a stuck device takes this long).
-const STATS_WAIT: Duration = Duration::from_secs(5);
+pub(crate) const STATS_WAIT: Duration = Duration::from_secs(5);
 
 /// One line on stderr per layer of the export's device stack, top-down, each indented two
 /// spaces per level below the top: `kura serve: export NAME: cache hits=.. misses=..`.
-fn print_stats(name: &str, layers: &[DriveStats]) {
+pub(crate) fn print_stats(name: &str, layers: &[DriveStats]) {
     for layer in layers {
         eprintln!(
             "kura serve: export {name}: {:indent$}{layer}",

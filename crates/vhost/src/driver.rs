@@ -1,0 +1,375 @@
+//! The thread that owns an export's [`BlockDevice`] queue pair: every virtqueue's thread sends it
+//! decoded requests ([`Job`]s); it keeps the device's queue full (submits up to the queue depth,
+//! polls, submits more), copies read data into guest memory and answers each request on its
+//! virtqueue.
+//!
+//! **In-order answers.** Requests of one virtqueue are put on the used ring in the order they were
+//! taken from the available ring ([`QueueOrder`]), even when the device completes them out of
+//! order. A backend that dies therefore leaves the used index exactly at the first request it
+//! had not answered, and QEMU, which restarts a reconnected backend from the used index, hands
+//! every unanswered request to the next backend again and no answered one (the vhost-user crates
+//! offer no inflight-fd area, which would otherwise be how to track out-of-order answers).
+
+use kura_engine::device::stats_of;
+use kura_engine::{BlockDevice, BufferPool, Completion, DeviceError, DriveStats, IoBuf, Request};
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use vhost_user_backend::{VringRwLock, VringT};
+use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
+
+use crate::blk::{STATUS_IOERR, STATUS_OK};
+
+pub(crate) type Mem = GuestMemoryMmap<()>;
+pub(crate) type Vring = VringRwLock<GuestMemoryAtomic<Mem>>;
+
+/// One guest buffer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Seg {
+    pub addr: GuestAddress,
+    pub len: u32,
+}
+
+/// Copies guest bytes from `segs` (after skipping `skip` bytes) into `out`; false when the
+/// segments are too short or outside guest memory.
+pub(crate) fn gather(mem: &Mem, segs: &[Seg], mut skip: u64, out: &mut [u8]) -> bool {
+    let mut done = 0;
+    for seg in segs {
+        if done == out.len() {
+            break;
+        }
+        let len = u64::from(seg.len);
+        if skip >= len {
+            skip -= len;
+            continue;
+        }
+        let n = ((len - skip) as usize).min(out.len() - done);
+        let Some(addr) = seg.addr.0.checked_add(skip) else {
+            return false;
+        };
+        if mem
+            .read_slice(&mut out[done..done + n], GuestAddress(addr))
+            .is_err()
+        {
+            return false;
+        }
+        done += n;
+        skip = 0;
+    }
+    done == out.len()
+}
+
+/// Copies `data` into the guest buffers `segs`, in order; false when they are outside guest
+/// memory. Returns with `data` cut to what fits.
+pub(crate) fn scatter(mem: &Mem, segs: &[Seg], data: &[u8]) -> bool {
+    let mut done = 0;
+    for seg in segs {
+        if done == data.len() {
+            break;
+        }
+        let n = (seg.len as usize).min(data.len() - done);
+        if mem.write_slice(&data[done..done + n], seg.addr).is_err() {
+            return false;
+        }
+        done += n;
+    }
+    true
+}
+
+/// A data buffer from the registered pool, or from the heap when the pool is exhausted.
+pub(crate) fn alloc(len: usize) -> IoBuf {
+    BufferPool::global()
+        .alloc(len)
+        .unwrap_or_else(|_| IoBuf::heap(len, kura_engine::buffer::POOL_ALIGN))
+}
+
+/// Answers of one virtqueue waiting to go on its used ring in available-ring order.
+#[derive(Default)]
+struct InOrder {
+    /// Sequence number of `slots[0]`.
+    base: u64,
+    /// `None` while the request is in flight, then its head index and the bytes written.
+    slots: VecDeque<Option<(u16, u32)>>,
+}
+
+/// The answer order of one virtqueue, shared by its thread (which registers requests as it takes
+/// them) and the driver (which answers them).
+#[derive(Default)]
+pub(crate) struct QueueOrder {
+    inner: Mutex<InOrder>,
+    idle: Condvar,
+}
+
+impl QueueOrder {
+    fn lock(&self) -> std::sync::MutexGuard<'_, InOrder> {
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The sequence number of the request just taken from the available ring.
+    pub fn register(&self) -> u64 {
+        let mut q = self.lock();
+        q.slots.push_back(None);
+        q.base + q.slots.len() as u64 - 1
+    }
+
+    /// Records the answer of `seq` and returns the answers now ready for the used ring.
+    fn complete(&self, seq: u64, head: u16, written: u32) -> Vec<(u16, u32)> {
+        let mut q = self.lock();
+        let index = (seq - q.base) as usize;
+        if let Some(slot) = q.slots.get_mut(index) {
+            *slot = Some((head, written));
+        }
+        let mut ready = Vec::new();
+        while let Some(Some(answer)) = q.slots.front() {
+            ready.push(*answer);
+            q.slots.pop_front();
+            q.base += 1;
+        }
+        if q.slots.is_empty() {
+            self.idle.notify_all();
+        }
+        ready
+    }
+
+    /// Waits until every request taken from this virtqueue has been answered; false on timeout.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut q = self.lock();
+        while !q.slots.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            q = self
+                .idle
+                .wait_timeout(q, left)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        true
+    }
+}
+
+/// What a request asks of the device.
+pub(crate) enum Work {
+    /// Decided without the device (GET_ID, or a request refused while decoding).
+    Answer {
+        status: u8,
+        written: u32,
+    },
+    Read {
+        lba: u64,
+        blocks: u64,
+        into: Vec<Seg>,
+    },
+    Write {
+        lba: u64,
+        blocks: u64,
+        buf: IoBuf,
+    },
+    Flush,
+    Discard {
+        lba: u64,
+        blocks: u64,
+    },
+    WriteZeroes {
+        lba: u64,
+        blocks: u64,
+    },
+}
+
+/// One guest request on its way to the device.
+pub(crate) struct Job {
+    pub vring: Vring,
+    pub order: Arc<QueueOrder>,
+    pub seq: u64,
+    pub head: u16,
+    pub mem: Arc<Mem>,
+    /// Where the status byte goes; `None` for a chain without room for one.
+    pub status: Option<GuestAddress>,
+    pub work: Work,
+}
+
+pub(crate) enum ToDriver {
+    Job(Job),
+    /// The device's counters, answered between two rounds of I/O.
+    Stats(Sender<Vec<DriveStats>>),
+}
+
+/// Runs until every sender is gone and every request has been answered, then hands the device
+/// back (for the final flush and counters).
+pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<dyn BlockDevice> {
+    let block_size = u64::from(dev.geometry().block_size);
+    let mut waiting: HashMap<u64, Job> = HashMap::new();
+    let mut backlog: VecDeque<Request> = VecDeque::new();
+    let mut next_tag = 0u64;
+    let mut completions: Vec<Completion> = Vec::new();
+    let mut open = true;
+    // Set when the queue pair itself failed: every later request is answered with an I/O error.
+    let mut broken = false;
+    loop {
+        let mut incoming = Vec::new();
+        if open && dev.in_flight() == 0 && backlog.is_empty() {
+            match rx.recv() {
+                Ok(msg) => incoming.push(msg),
+                Err(_) => open = false,
+            }
+        }
+        while open {
+            match rx.try_recv() {
+                Ok(msg) => incoming.push(msg),
+                Err(TryRecvError::Empty) => break,
+                Err(TryRecvError::Disconnected) => open = false,
+            }
+        }
+        for msg in incoming {
+            let job = match msg {
+                ToDriver::Stats(reply) => {
+                    let _ = reply.send(stats_of(&dev));
+                    continue;
+                }
+                ToDriver::Job(job) => job,
+            };
+            if broken {
+                answer(job, STATUS_IOERR, 1);
+                continue;
+            }
+            let tag = next_tag;
+            next_tag += 1;
+            match request(tag, job, block_size) {
+                (job, Some(req)) => {
+                    backlog.push_back(req);
+                    waiting.insert(tag, job);
+                }
+                (job, None) => finish(job, None, Ok(())),
+            }
+        }
+        if !open && dev.in_flight() == 0 && backlog.is_empty() {
+            return dev;
+        }
+        while let Some(req) = backlog.pop_front() {
+            if let Err(rejected) = dev.submit(req) {
+                if matches!(rejected.error, DeviceError::QueueFull { .. }) {
+                    backlog.push_front(rejected.request);
+                    break;
+                }
+                if let Some(job) = waiting.remove(&rejected.request.tag) {
+                    finish(job, rejected.request.buf, Err(rejected.error));
+                }
+            }
+        }
+        if dev.in_flight() == 0 {
+            continue;
+        }
+        if let Err(e) = dev.poll(&mut completions, 1) {
+            eprintln!("kura vhost: the device's queue failed ({e}); answering every request with an I/O error");
+            broken = true;
+            for req in backlog.drain(..) {
+                if let Some(job) = waiting.remove(&req.tag) {
+                    finish(job, None, Err(e.clone()));
+                }
+            }
+            for (_, job) in waiting.drain() {
+                answer(job, STATUS_IOERR, 1);
+            }
+            // Nothing in flight will be polled again; a device that still reports some would
+            // keep this loop from ever waiting on the channel.
+            if dev.in_flight() > 0 {
+                return dev;
+            }
+        }
+        for c in completions.drain(..) {
+            if let Some(job) = waiting.remove(&c.tag) {
+                finish(job, c.buf, c.status);
+            }
+        }
+    }
+}
+
+/// The device request of a job, or `None` when the job is answered without the device.
+fn request(tag: u64, mut job: Job, block_size: u64) -> (Job, Option<Request>) {
+    let req = match std::mem::replace(
+        &mut job.work,
+        Work::Answer {
+            status: STATUS_OK,
+            written: 1,
+        },
+    ) {
+        Work::Answer { status, written } => {
+            job.work = Work::Answer { status, written };
+            return (job, None);
+        }
+        Work::Read { lba, blocks, into } => {
+            let buf = alloc((blocks * block_size) as usize);
+            job.work = Work::Read { lba, blocks, into };
+            Request::read(tag, lba, blocks, buf)
+        }
+        Work::Write { lba, blocks, buf } => Request::write(tag, lba, blocks, buf),
+        Work::Flush => Request::flush(tag),
+        Work::Discard { lba, blocks } => Request::discard(tag, lba, blocks),
+        Work::WriteZeroes { lba, blocks } => Request::write_zeroes(tag, lba, blocks),
+    };
+    (job, Some(req))
+}
+
+/// Answers a job with the device's outcome: read data into the guest's buffers, then the status.
+fn finish(job: Job, buf: Option<IoBuf>, status: kura_engine::DeviceResult<()>) {
+    if let Work::Answer { status, written } = job.work {
+        return answer(job, status, written);
+    }
+    if status.is_err() {
+        return answer(job, STATUS_IOERR, 1);
+    }
+    let mut written = 1;
+    if let (Work::Read { into, .. }, Some(buf)) = (&job.work, &buf) {
+        if !scatter(&job.mem, into, buf) {
+            return answer(job, STATUS_IOERR, 1);
+        }
+        let len: u64 = into.iter().map(|s| u64::from(s.len)).sum();
+        written += u32::try_from(len).unwrap_or(u32::MAX - 1);
+    }
+    answer(job, STATUS_OK, written)
+}
+
+/// Writes the status byte and puts every answer of the job's virtqueue that is now in order on
+/// the used ring, notifying the guest when it asked to be.
+fn answer(job: Job, status: u8, written: u32) {
+    let (written, status_written) = match job.status {
+        Some(addr) => (written, job.mem.write_obj(status, addr).is_ok()),
+        None => (0, true),
+    };
+    let written = if status_written { written } else { 0 };
+    let ready = job.order.complete(job.seq, job.head, written);
+    if ready.is_empty() {
+        return;
+    }
+    for (head, len) in ready {
+        // A used ring outside guest memory leaves nothing to answer on.
+        let _ = job.vring.add_used(head, len);
+    }
+    if job.vring.needs_notification().unwrap_or(true) {
+        let _ = job.vring.signal_used_queue();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_leave_in_the_order_requests_arrived() {
+        let order = QueueOrder::default();
+        let a = order.register();
+        let b = order.register();
+        let c = order.register();
+        assert!(order.complete(c, 3, 1).is_empty());
+        assert!(order.complete(b, 2, 1).is_empty());
+        assert!(!order.wait_idle(Duration::from_millis(1)));
+        assert_eq!(order.complete(a, 1, 513), vec![(1, 513), (2, 1), (3, 1)]);
+        assert!(order.wait_idle(Duration::from_millis(1)));
+        let d = order.register();
+        assert_eq!(d, 3);
+        assert_eq!(order.complete(d, 4, 1), vec![(4, 1)]);
+    }
+}

@@ -1,0 +1,243 @@
+//! kura-vhost: any kura drive as the disk of an unmodified virtual machine, over vhost-user-blk.
+//!
+//! QEMU (`-device vhost-user-blk-pci,chardev=...`) or cloud-hypervisor connects to a Unix socket;
+//! the guest sees an ordinary virtio-blk disk whose virtqueues this process reads straight out of
+//! the guest's shared memory. [`serve`] opens the socket and runs, per export:
+//!
+//! - a listener thread: one vhost-user connection at a time, accepted again when the hypervisor
+//!   reconnects (QEMU's `reconnect=` chardev option), so a VM survives its backend restarting;
+//! - per connection, one thread per virtqueue ([`backend`]) decoding requests ([`blk`]);
+//! - one driver thread owning the [`BlockDevice`] queue pair ([`driver`]), keeping it at depth
+//!   across all virtqueues and answering each virtqueue in order.
+//!
+//! The protocol, virtqueue and guest-memory handling are the rust-vmm crates' (`vhost`,
+//! `vhost-user-backend`, `virtio-queue`, `vm-memory`); this crate owns the virtio-blk semantics
+//! and the mapping onto kura's device interface.
+
+#![forbid(unsafe_code)]
+
+mod backend;
+pub mod blk;
+mod driver;
+
+use backend::Backend;
+use driver::{QueueOrder, ToDriver};
+use kura_engine::{BlockDevice, DriveStats};
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use vhost::vhost_user::Listener;
+use vhost_user_backend::{ShutdownHandle, VhostUserDaemon};
+use vm_memory::{GuestMemoryAtomic, GuestMemoryMmap};
+
+/// How long a stopping virtqueue or connection waits for the device to answer what it took.
+pub(crate) const DRAIN_WAIT: Duration = Duration::from_secs(30);
+
+/// Errors starting an export.
+#[derive(Debug, thiserror::Error)]
+pub enum VhostError {
+    #[error("{path}: exists and is not a socket; refusing to replace it")]
+    NotASocket { path: PathBuf },
+    #[error("listening on {path}: {reason}")]
+    Listen { path: PathBuf, reason: String },
+    #[error("the device's block size {0} is not a multiple of virtio-blk's 512-byte sector")]
+    BlockSize(u32),
+    #[error("{0} virtqueues asked; 1 to 64 are possible")]
+    Queues(u16),
+    #[error("export {0}: its device thread panicked; the device is lost")]
+    DriverLost(String),
+    #[error("starting a thread: {0}")]
+    Thread(std::io::Error),
+}
+
+/// How an export is offered to the guest.
+#[derive(Debug, Clone)]
+pub struct VhostOptions {
+    /// The export's name: thread names, messages, and the GET_ID answer (the guest's
+    /// `/sys/block/vdX/serial`), cut to 20 bytes.
+    pub name: String,
+    /// Offer `VIRTIO_BLK_F_RO` and refuse every mutation.
+    pub read_only: bool,
+    /// Virtqueues offered; the guest enables up to this many (QEMU: `num-queues`).
+    pub num_queues: u16,
+}
+
+impl VhostOptions {
+    pub fn new(name: impl Into<String>) -> VhostOptions {
+        VhostOptions {
+            name: name.into(),
+            read_only: false,
+            num_queues: 4,
+        }
+    }
+}
+
+/// A running export. Stop it with [`VhostServer::stop`] to get the device back.
+pub struct VhostServer {
+    name: String,
+    socket: PathBuf,
+    stopping: Arc<AtomicBool>,
+    connection: Arc<Mutex<Option<ShutdownHandle>>>,
+    listener: Option<JoinHandle<()>>,
+    driver: Option<JoinHandle<Box<dyn BlockDevice>>>,
+    to_driver: Sender<ToDriver>,
+}
+
+/// Serves `dev` as a vhost-user-blk device on a Unix socket at `socket` (mode 0600; a stale
+/// socket is replaced, any other file refused) until [`VhostServer::stop`].
+pub fn serve(
+    socket: &Path,
+    dev: Box<dyn BlockDevice>,
+    opts: VhostOptions,
+) -> Result<VhostServer, VhostError> {
+    let geo = dev.geometry();
+    if geo.block_size < 512 || geo.block_size % 512 != 0 {
+        return Err(VhostError::BlockSize(geo.block_size));
+    }
+    if opts.num_queues == 0 || opts.num_queues > 64 {
+        return Err(VhostError::Queues(opts.num_queues));
+    }
+    if let Ok(meta) = std::fs::symlink_metadata(socket) {
+        if !meta.file_type().is_socket() {
+            return Err(VhostError::NotASocket {
+                path: socket.to_path_buf(),
+            });
+        }
+    }
+    let listen_err = |reason: String| VhostError::Listen {
+        path: socket.to_path_buf(),
+        reason,
+    };
+    let mut listener = Listener::new(socket, true).map_err(|e| listen_err(e.to_string()))?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| listen_err(e.to_string()))?;
+    let shape = blk::Shape::new(&geo, opts.read_only, opts.num_queues);
+    let (to_driver, rx) = mpsc::channel();
+    let driver = std::thread::Builder::new()
+        .name(format!("vhost-{}-dev", opts.name))
+        .spawn(move || driver::run(dev, rx))
+        .map_err(VhostError::Thread)?;
+    let orders: Vec<Arc<QueueOrder>> = (0..opts.num_queues)
+        .map(|_| Arc::new(QueueOrder::default()))
+        .collect();
+    let stopping = Arc::new(AtomicBool::new(false));
+    let connection = Arc::new(Mutex::new(None));
+    let id = blk::id_bytes(&opts.name);
+    let listener_thread = {
+        let (stopping, connection, to_driver) =
+            (stopping.clone(), connection.clone(), to_driver.clone());
+        let name = opts.name.clone();
+        std::thread::Builder::new()
+            .name(format!("vhost-{}", opts.name))
+            .spawn(move || {
+                while !stopping.load(Ordering::SeqCst) {
+                    let backend = Backend::new(shape, id, to_driver.clone(), orders.clone());
+                    let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
+                    let mut daemon = match VhostUserDaemon::new(name.clone(), backend, memory) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            eprintln!("kura vhost: export {name}: {e}");
+                            return;
+                        }
+                    };
+                    if let Err(e) = daemon.start(&mut listener) {
+                        eprintln!("kura vhost: export {name}: accepting a connection: {e}");
+                        return;
+                    }
+                    *connection.lock().unwrap_or_else(PoisonError::into_inner) =
+                        daemon.shutdown_handle();
+                    // A stop that came while accepting finds the handle only after this point.
+                    if stopping.load(Ordering::SeqCst) {
+                        daemon.request_shutdown();
+                    } else {
+                        eprintln!("kura vhost: export {name}: hypervisor connected");
+                    }
+                    let ended = daemon.wait();
+                    *connection.lock().unwrap_or_else(PoisonError::into_inner) = None;
+                    if !stopping.load(Ordering::SeqCst) {
+                        match ended {
+                            Ok(())
+                            | Err(vhost_user_backend::Error::HandleRequest(
+                                vhost::vhost_user::Error::Disconnected,
+                            )) => eprintln!("kura vhost: export {name}: hypervisor disconnected"),
+                            Err(e) => eprintln!("kura vhost: export {name}: connection ended: {e}"),
+                        }
+                    }
+                    // Requests already taken from the rings are answered before the next
+                    // connection sets the rings up again.
+                    for order in &orders {
+                        order.wait_idle(DRAIN_WAIT);
+                    }
+                }
+            })
+            .map_err(VhostError::Thread)?
+    };
+    Ok(VhostServer {
+        name: opts.name,
+        socket: socket.to_path_buf(),
+        stopping,
+        connection,
+        listener: Some(listener_thread),
+        driver: Some(driver),
+        to_driver,
+    })
+}
+
+impl VhostServer {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    /// Every layer's counters of the device stack, or nothing when the driver does not answer
+    /// within `wait`.
+    pub fn stats(&self, wait: Duration) -> Vec<DriveStats> {
+        let (tx, rx) = mpsc::channel();
+        if self.to_driver.send(ToDriver::Stats(tx)).is_err() {
+            return Vec::new();
+        }
+        rx.recv_timeout(wait).unwrap_or_default()
+    }
+
+    /// Closes the connection and the socket, lets every request taken from the virtqueues
+    /// finish, and hands the device back (not flushed: the caller decides).
+    pub fn stop(self) -> Result<Box<dyn BlockDevice>, VhostError> {
+        let VhostServer {
+            name,
+            socket,
+            stopping,
+            connection,
+            listener,
+            driver,
+            to_driver,
+        } = self;
+        stopping.store(true, Ordering::SeqCst);
+        if let Some(conn) = connection
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            conn.shutdown();
+        }
+        // Wakes a listener blocked in accept; it sees `stopping` and closes what it accepted.
+        let _ = UnixStream::connect(&socket);
+        if let Some(listener) = listener {
+            let _ = listener.join();
+        }
+        let _ = std::fs::remove_file(&socket);
+        // The driver stops once every sender is gone and every request is answered.
+        drop(to_driver);
+        match driver.map(JoinHandle::join) {
+            Some(Ok(dev)) => Ok(dev),
+            _ => Err(VhostError::DriverLost(name)),
+        }
+    }
+}
