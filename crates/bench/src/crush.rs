@@ -6,8 +6,11 @@
 //! all of that algorithm); rule 0 (`chooseleaf firstn 0 type host`) maps inputs 0..N-1 to 3
 //! replicas. The sides take turns in every round ([`crate::stats::interleave`]):
 //!
-//! * kura's mapper on one thread without AVX2 ("scalar 1T") and with it ("simd 1T"; the
-//!   same where the CPU lacks AVX2), and both over every core ([`kura_crush::map_range`]);
+//! * kura's mapper on one thread, input by input without AVX2 ("scalar 1T"), and through the
+//!   batch API ([`kura_crush::map_range`], straw2 draws of eight inputs in SIMD lanes, AVX2
+//!   where the CPU has it: "simd 1T"), and both over the most threads asked ("allT");
+//! * the batch API over each thread count of `--threads` (default 1, 2, 4, … up to every
+//!   core): "simd NT", the scaling with cores;
 //! * kura printing crushtool's `--show-mappings` lines ([`kura_crush::tester::run_test`] into a
 //!   sink): the in-process equivalent of the first peer;
 //! * `crushtool --test --show-mappings` (the lines written to /dev/null) and `crushtool --test
@@ -53,9 +56,10 @@ pub struct CrushBenchArgs {
     /// Replicas per input.
     #[arg(long, default_value_t = 3)]
     pub replicas: usize,
-    /// Threads of the multi-threaded sides (default: every core).
-    #[arg(long)]
-    pub threads: Option<usize>,
+    /// Thread counts of the scaling sides, comma-separated (default 1,2,4,… up to every
+    /// core); the largest is also the allT sides' count.
+    #[arg(long, value_delimiter = ',')]
+    pub threads: Option<Vec<usize>>,
     /// Rounds (sides interleaved in each; default 5, 1 with --quick).
     #[arg(long)]
     pub rounds: Option<usize>,
@@ -85,6 +89,16 @@ pub struct SidePoint {
     pub mappings_per_s: Spread,
 }
 
+/// The batch mapper's rate on one thread count.
+#[derive(Debug, Clone, Serialize)]
+pub struct ScalingPoint {
+    pub threads: usize,
+    /// Mappings per second, median [min–max] over the rounds.
+    pub mappings_per_s: Spread,
+    /// Against the first thread count of the list, round by round.
+    pub vs_first: Compared,
+}
+
 /// One map's figures.
 #[derive(Debug, Clone, Serialize)]
 pub struct MapPoint {
@@ -109,6 +123,8 @@ pub struct MapPoint {
     /// process's and the child's user + system seconds, 10 ms ticks; crushtool's start-up CPU
     /// taken out): what a loaded machine's wall clock hides.
     pub simd_1t_vs_statistics_cpu: Compared,
+    /// The batch mapper over each thread count asked.
+    pub scaling: Vec<ScalingPoint>,
 }
 
 /// The whole report.
@@ -117,7 +133,12 @@ pub struct CrushReport {
     pub inputs: i32,
     pub replicas: usize,
     pub rule: u32,
+    /// Threads of the allT sides (the largest of `thread_counts`).
     pub threads: usize,
+    /// The thread counts of the scaling sides.
+    pub thread_counts: Vec<usize>,
+    /// Cores this machine offers.
+    pub cores: usize,
     pub rounds: usize,
     pub avx2: bool,
     pub cpu: String,
@@ -307,8 +328,9 @@ fn measure_map(
     osds: usize,
     n: i32,
     rounds: usize,
-    threads: usize,
+    counts: &[usize],
 ) -> anyhow::Result<MapPoint> {
+    let threads = counts.iter().copied().max().unwrap_or(1);
     let tool = &args.crushtool;
     let replicas = args.replicas;
     let path = dir.join(format!("{alg}-{osds}"));
@@ -347,7 +369,7 @@ fn measure_map(
     let stats_cpu = std::cell::RefCell::new(Vec::new());
     let mut simd_1t = |_| -> anyhow::Result<f64> {
         let c0 = cpu_seconds().0;
-        let (r, s) = one_thread(&simd, n, replicas, &weights)?;
+        let (r, s) = all_threads(&simd, n, replicas, &weights, 1)?;
         simd_cpu
             .borrow_mut()
             .push(cpu_rate(n, cpu_seconds().0 - c0));
@@ -386,18 +408,31 @@ fn measure_map(
     };
     let mut ct_mappings = |_| ct(&mappings_args, None);
     let mut ct_stats = |_| ct(&stats_args, Some(&stats_cpu));
-    let taken = interleave(
-        rounds,
-        &mut [
-            &mut scalar_1t,
-            &mut simd_1t,
-            &mut scalar_all,
-            &mut simd_all,
-            &mut lines,
-            &mut ct_mappings,
-            &mut ct_stats,
-        ],
-    )?;
+    let mut scaling: Vec<_> = counts
+        .iter()
+        .map(|&t| {
+            let (simd, weights, agree) = (&simd, &weights, &agree);
+            move |_| -> anyhow::Result<f64> {
+                let (r, s) = all_threads(simd, n, replicas, weights, t)?;
+                agree(s)?;
+                Ok(r)
+            }
+        })
+        .collect();
+    let mut sides: Vec<&mut dyn FnMut(usize) -> anyhow::Result<f64>> = vec![
+        &mut scalar_1t,
+        &mut simd_1t,
+        &mut scalar_all,
+        &mut simd_all,
+        &mut lines,
+        &mut ct_mappings,
+        &mut ct_stats,
+    ];
+    for side in scaling.iter_mut() {
+        sides.push(side);
+    }
+    let taken = interleave(rounds, &mut sides)?;
+    drop(sides);
     let startup_spread = Spread::of(&startup.take());
     let (simd_cpu, stats_cpu) = (simd_cpu.take(), stats_cpu.take());
     let sides: Vec<SidePoint> = SIDES
@@ -421,6 +456,15 @@ fn measure_map(
         simd_all_vs_statistics: compare(&taken[3], &taken[6], quotient, None),
         lines_vs_show_mappings: compare(&taken[4], &taken[5], quotient, None),
         simd_1t_vs_statistics_cpu: compare(&simd_cpu, &stats_cpu, quotient, None),
+        scaling: counts
+            .iter()
+            .enumerate()
+            .map(|(k, &t)| ScalingPoint {
+                threads: t,
+                mappings_per_s: Spread::of(&taken[SIDES.len() + k]),
+                vs_first: compare(&taken[SIDES.len() + k], &taken[SIDES.len()], quotient, None),
+            })
+            .collect(),
     })
 }
 
@@ -450,10 +494,27 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
         bail!("unknown algorithm {a} (one of {})", ALGS.join(", "));
     }
     let cores = std::thread::available_parallelism().map_or(1, |v| v.get());
-    let threads = args.threads.unwrap_or(cores).max(1);
+    let counts = match &args.threads {
+        Some(list) if list.is_empty() || list.contains(&0) || list.iter().any(|&t| t > 1024) => {
+            bail!("--threads takes thread counts of 1 to 1024")
+        }
+        Some(list) => list.clone(),
+        None => {
+            let mut list: Vec<usize> = std::iter::successors(Some(1usize), |t| Some(t * 2))
+                .take_while(|&t| t < cores)
+                .collect();
+            list.push(cores);
+            list
+        }
+    };
+    let threads = counts.iter().copied().max().unwrap_or(1);
     let rounds = crate::stats::rounds(args.rounds, quick, 1);
     let dir = tempfile::tempdir()?;
+    // The AVX2 kernel exists only on x86-64; elsewhere (aarch64) the fast path is scalar.
+    #[cfg(target_arch = "x86_64")]
     let avx2 = std::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
     println!(
         "CRUSH mappings/s (millions), rule 0 chooseleaf firstn over hosts, {} replicas, x = 0..{}, \
          {threads} threads for allT, AVX2 {}; median [min-max] of {rounds} interleaved round(s); \
@@ -480,7 +541,7 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
     let mut maps = Vec::new();
     for &o in &osds {
         for alg in &algs {
-            let p = measure_map(args, dir.path(), alg, o, n, rounds, threads)?;
+            let p = measure_map(args, dir.path(), alg, o, n, rounds, &counts)?;
             let m = |i: usize| p.sides[i].mappings_per_s.scaled(1e-6).show(2);
             println!(
                 "{:<8} {:>5} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>12} {:>15} {:>15} {:>15}",
@@ -497,6 +558,19 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
                 p.lines_vs_show_mappings.ratio.show(2),
                 p.simd_1t_vs_statistics_cpu.ratio.show(2)
             );
+            let scaling: Vec<String> = p
+                .scaling
+                .iter()
+                .map(|s| {
+                    format!(
+                        "{}T {} ({}x)",
+                        s.threads,
+                        s.mappings_per_s.scaled(1e-6).show(2),
+                        s.vs_first.ratio.show(2)
+                    )
+                })
+                .collect();
+            println!("         scaling (simd, batch API): {}", scaling.join(", "));
             if let Some(v) = p.simd_1t_vs_statistics.verdict {
                 println!(
                     "         straw2 target: simd 1T >= 2x crushtool on one core: {}",
@@ -512,6 +586,8 @@ pub fn run(args: &CrushBenchArgs) -> anyhow::Result<()> {
         replicas: args.replicas,
         rule: 0,
         threads,
+        thread_counts: counts.clone(),
+        cores,
         rounds,
         avx2,
         cpu: crate::stats::cpu_model(),
@@ -578,7 +654,7 @@ mod tests {
             osds: Some(vec![10]),
             algs: Some(vec!["straw2".into(), "tree".into()]),
             replicas: 3,
-            threads: Some(2),
+            threads: Some(vec![1, 2]),
             rounds: Some(2),
             crushtool: "crushtool".into(),
             run: RunArgs {
@@ -602,6 +678,10 @@ mod tests {
                 assert!(s["mappings_per_s"]["median"].as_f64().unwrap() > 0.0, "{s}");
             }
             assert!(m["build"].as_str().unwrap().contains("--build"));
+            let scaling = m["scaling"].as_array().unwrap();
+            assert_eq!(scaling.len(), 2);
+            assert_eq!(scaling[1]["threads"], 2);
+            assert!(scaling[1]["mappings_per_s"]["median"].as_f64().unwrap() > 0.0);
         }
         assert!(v["peer_commands"][0]
             .as_str()
