@@ -1,0 +1,32 @@
+//! RAM disks for the store tests: a store on one, reopened over the same storage.
+
+use kura_engine::backend::common::QueueOptions;
+use kura_engine::backend::mem::{MemDevice, MemStorage};
+use kura_store::{Store, StoreOptions};
+
+/// 1 MiB segments, so small disks hold several and the log crosses segments quickly.
+pub const SHIFT: u32 = 20;
+
+pub fn options() -> StoreOptions {
+    StoreOptions {
+        segment_shift: SHIFT,
+        ..StoreOptions::default()
+    }
+}
+
+/// A RAM disk of `mib` MiB with `block_size`-byte blocks.
+pub fn ram_disk(mib: u64, block_size: u32) -> MemDevice {
+    MemDevice::new(
+        mib << 20,
+        QueueOptions {
+            block_size,
+            ..QueueOptions::default()
+        },
+    )
+}
+
+/// The store on `storage`, opened again.
+pub fn reopen(storage: &MemStorage) -> Store {
+    let dev = MemDevice::with_storage(storage.clone(), QueueOptions::default());
+    Store::open(Box::new(dev), options().max_group_bytes).expect("reopen")
+}
