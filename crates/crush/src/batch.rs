@@ -1,12 +1,16 @@
 //! Mapping many inputs at once: a contiguous range of `x` split into chunks over threads
-//! (`std::thread::scope`), each with its own [`Workspace`], results in one flat array with a
-//! fixed stride so no per-input allocation happens.
+//! (`std::thread::scope`), each with its own [`Workspace`], mapped through
+//! [`Mapper::do_rule_batch`] (straw2 draws made for several inputs in SIMD lanes), results in
+//! one flat array with a fixed stride so no per-input allocation happens.
 
 use std::ops::RangeInclusive;
 
 use crate::error::CrushError;
 use crate::map::ITEM_NONE;
-use crate::mapper::{Mapper, Workspace};
+use crate::mapper::{Mapper, Workspace, XLANES};
+
+/// Inputs handed to [`Mapper::do_rule_batch`] at a time.
+const BATCH: usize = XLANES * 32;
 
 /// Results for a range of inputs: input `x_first + i` mapped to
 /// `items[i * stride .. i * stride + lens[i]]`.
@@ -71,11 +75,25 @@ pub fn map_range(
     let run = |start: usize, lens: &mut [u32], items: &mut [i32]| -> Result<(), CrushError> {
         let mut ws = Workspace::new();
         let mut out = Vec::with_capacity(stride);
-        for (i, len) in lens.iter_mut().enumerate() {
-            let x = first.wrapping_add((start + i) as i32);
-            mapper.do_rule(&mut ws, rule, x, result_max, weights, &mut out)?;
-            *len = out.len() as u32;
-            items[i * stride..i * stride + out.len()].copy_from_slice(&out);
+        let mut xs = [0i32; BATCH];
+        for (b, lens) in lens.chunks_mut(BATCH).enumerate() {
+            let base = start + b * BATCH;
+            for (i, x) in xs.iter_mut().enumerate().take(lens.len()) {
+                *x = first.wrapping_add((base + i) as i32);
+            }
+            let items = &mut items[b * BATCH * stride..];
+            mapper.do_rule_batch(
+                &mut ws,
+                rule,
+                &xs[..lens.len()],
+                result_max,
+                weights,
+                &mut out,
+                |i, got| {
+                    lens[i] = got.len() as u32;
+                    items[i * stride..i * stride + got.len()].copy_from_slice(got);
+                },
+            )?;
         }
         Ok(())
     };

@@ -159,6 +159,28 @@ pub fn hash32_3_lanes<const N: usize>(a: u32, b: &[u32; N], c: u32) -> [u32; N] 
     h
 }
 
+/// [`hash32_3`] of `(a[i], b[i], c)` for `N` lanes at once: `N` inputs `x` hashed against one
+/// item each (of the same bucket or of different ones) for one replica number `c`; equal to
+/// `N` scalar calls, always inlined like [`hash32_3_lanes`].
+#[inline(always)]
+pub fn hash32_3_lanes_ab<const N: usize>(a: &[u32; N], b: &[u32; N], c: u32) -> [u32; N] {
+    let mut h = [0u32; N];
+    for i in 0..N {
+        h[i] = SEED ^ a[i] ^ b[i] ^ c;
+    }
+    let mut a = *a;
+    let mut b = *b;
+    let mut c = [c; N];
+    let mut x = [X0; N];
+    let mut y = [Y0; N];
+    mix_lanes(&mut a, &mut b, &mut h);
+    mix_lanes(&mut c, &mut x, &mut h);
+    mix_lanes(&mut y, &mut a, &mut h);
+    mix_lanes(&mut b, &mut x, &mut h);
+    mix_lanes(&mut y, &mut c, &mut h);
+    h
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -182,6 +204,11 @@ mod tests {
                 let wide = hash32_3_lanes(x, &b16, r);
                 for i in 0..16 {
                     assert_eq!(wide[i], hash32_3(x, b16[i], r));
+                }
+                let xs: [u32; LANES] = std::array::from_fn(|i| x ^ (i as u32).wrapping_mul(77));
+                let across = hash32_3_lanes_ab(&xs, &b, r);
+                for i in 0..LANES {
+                    assert_eq!(across[i], hash32_3(xs[i], b[i], r));
                 }
             }
         }

@@ -8,7 +8,9 @@
 //! permutation state and scratch vectors, one per thread, reused across calls.
 
 use crate::error::CrushError;
-use crate::hash::{hash32_2, hash32_3_lanes, typed_hash32_3, typed_hash32_4, LANES};
+use crate::hash::{
+    hash32_2, hash32_3_lanes, hash32_3_lanes_ab, typed_hash32_3, typed_hash32_4, LANES,
+};
 use crate::ln::crush_ln;
 use crate::map::{
     op, Bucket, BucketKind, ChooseArg, CrushMap, ALG_UNIFORM, ITEM_NONE, ITEM_UNDEF, MAX_REP,
@@ -29,6 +31,45 @@ pub struct Workspace {
     a: Vec<i32>,
     b: Vec<i32>,
     c: Vec<i32>,
+    /// [`Mapper::do_rule_batch`]'s draws made ahead, boxed: most workspaces never batch.
+    memos: Option<Box<Memos>>,
+}
+
+/// Inputs whose straw2 draws [`Mapper::do_rule_batch`] makes together, one SIMD lane each.
+pub const XLANES: usize = 8;
+/// Largest bucket drawn ahead (larger ones are left to the mapper).
+const SPEC_MAX_ITEMS: usize = 64;
+/// Deepest descent drawn ahead.
+const SPEC_MAX_DEPTH: usize = 8;
+/// Draws kept per input.
+const MEMO_MAX: usize = 32;
+
+/// One straw2 draw made ahead: bucket `bucket` gave `item` for replica number `r` (of the
+/// lane's input).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Memo {
+    bucket: i32,
+    r: u32,
+    item: i32,
+}
+
+/// The draws made ahead for up to [`XLANES`] inputs, and the hashes of the level being drawn
+/// (`hs[j][lane]`: item `j` of the lane's bucket), kept here so no batch re-zeroes them.
+#[derive(Debug, Clone)]
+struct Memos {
+    entries: [[Memo; MEMO_MAX]; XLANES],
+    lens: [usize; XLANES],
+    hs: [[u32; XLANES]; SPEC_MAX_ITEMS],
+}
+
+impl Default for Memos {
+    fn default() -> Memos {
+        Memos {
+            entries: [[Memo::default(); MEMO_MAX]; XLANES],
+            lens: [0; XLANES],
+            hs: [[0; XLANES]; SPEC_MAX_ITEMS],
+        }
+    }
 }
 
 impl Workspace {
@@ -98,7 +139,7 @@ pub struct Mapper<'a> {
 /// which is only done after the CPU was seen to support it.
 #[allow(unsafe_code)]
 mod simd {
-    use super::{straw2_fast, Straw2Fast};
+    use super::{straw2_fast, Mapper, Memos, Straw2Fast, XLANES};
 
     /// Whether the AVX2 build of the fast path may run on this CPU.
     pub(super) fn avx2_available() -> bool {
@@ -116,6 +157,43 @@ mod simd {
     #[target_feature(enable = "avx2")]
     unsafe fn straw2_avx2(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
         straw2_fast(f, x, r, items)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn speculate_avx2(
+        m: &Mapper<'_>,
+        take: usize,
+        xs: &[u32; XLANES],
+        count: usize,
+        reps: u32,
+        memos: &mut Memos,
+    ) {
+        m.speculate(take, xs, count, reps, memos)
+    }
+
+    /// [`Mapper::speculate`] compiled with AVX2 enabled; callers check [`avx2_available`]
+    /// first.
+    #[inline]
+    pub(super) fn speculate_with_avx2(
+        m: &Mapper<'_>,
+        take: usize,
+        xs: &[u32; XLANES],
+        count: usize,
+        reps: u32,
+        memos: &mut Memos,
+    ) {
+        #[cfg(target_arch = "x86_64")]
+        {
+            debug_assert!(avx2_available());
+            // SAFETY: as for `straw2_fast_avx2`: reached only when the mapper's `avx2` flag,
+            // set from `is_x86_feature_detected!("avx2")`, is true; the body is safe Rust.
+            unsafe { speculate_avx2(m, take, xs, count, reps, memos) }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            m.speculate(take, xs, count, reps, memos)
+        }
     }
 
     /// [`straw2_fast`] compiled with AVX2 enabled; callers check [`avx2_available`] first.
@@ -139,6 +217,8 @@ mod simd {
 struct Params<'w> {
     weights: &'w [u32],
     x: i32,
+    /// Straw2 draws for this `x` made ahead by [`Mapper::do_rule_batch`] (empty otherwise).
+    memo: &'w [Memo],
 }
 
 impl<'a> Mapper<'a> {
@@ -243,6 +323,168 @@ impl<'a> Mapper<'a> {
         weights: &[u32],
         out: &mut Vec<i32>,
     ) -> Result<(), CrushError> {
+        self.run_rule(ws, rule, x, result_max, weights, &[], out)
+    }
+
+    /// [`Mapper::do_rule`] for every input of `xs`, calling `emit(i, mapping of xs[i])` in
+    /// order; the same results. Where the rule starts by taking a straw2 bucket, the draws
+    /// each replica number `r < numrep` of the first choose step would make on its way down
+    /// from that bucket are made ahead for [`XLANES`] inputs at once, one input per SIMD lane
+    /// (the hashing across inputs; the pick from the hashes per input), and the mapper takes
+    /// them from there when it asks for the same bucket and `r`. A draw depends on the
+    /// bucket, `x` and `r` alone, so whatever the mapper asks that was not made ahead (a retry
+    /// past those `r`, tunables that vary `r` otherwise) it draws itself.
+    #[allow(clippy::too_many_arguments)]
+    pub fn do_rule_batch(
+        &self,
+        ws: &mut Workspace,
+        rule: u32,
+        xs: &[i32],
+        result_max: usize,
+        weights: &[u32],
+        out: &mut Vec<i32>,
+        mut emit: impl FnMut(usize, &[i32]),
+    ) -> Result<(), CrushError> {
+        let Some(plan) = self.map.rule(rule).and_then(|r| self.plan(r, result_max)) else {
+            for (i, &x) in xs.iter().enumerate() {
+                self.run_rule(ws, rule, x, result_max, weights, &[], out)?;
+                emit(i, out);
+            }
+            return Ok(());
+        };
+        let mut memos = ws.memos.take().unwrap_or_default();
+        let mut result = Ok(());
+        'chunks: for (c, chunk) in xs.chunks(XLANES).enumerate() {
+            let mut lanes = [0u32; XLANES];
+            for (l, &x) in lanes.iter_mut().zip(chunk) {
+                *l = x as u32;
+            }
+            let (take, reps) = plan;
+            if self.avx2 {
+                simd::speculate_with_avx2(self, take, &lanes, chunk.len(), reps, &mut memos);
+            } else {
+                self.speculate(take, &lanes, chunk.len(), reps, &mut memos);
+            }
+            for (l, &x) in chunk.iter().enumerate() {
+                let memo = &memos.entries[l][..memos.lens[l]];
+                if let Err(e) = self.run_rule(ws, rule, x, result_max, weights, memo, out) {
+                    result = Err(e);
+                    break 'chunks;
+                }
+                emit(c * XLANES + l, out);
+            }
+        }
+        ws.memos = Some(memos);
+        result
+    }
+
+    /// What [`Mapper::do_rule_batch`] draws ahead for `rule`: the bucket index its first step
+    /// takes (a straw2 bucket on the fast path) and how many replica numbers its first choose
+    /// step starts with.
+    fn plan(&self, rule: &crate::map::Rule, result_max: usize) -> Option<(usize, u32)> {
+        let take = rule.steps.first().filter(|s| s.op == op::TAKE)?.arg1;
+        let idx = usize::try_from(-1i64 - take as i64).ok()?;
+        self.fast.get(idx)?.as_ref()?;
+        let choose = rule.steps.get(1).filter(|s| {
+            matches!(
+                s.op,
+                op::CHOOSE_FIRSTN | op::CHOOSELEAF_FIRSTN | op::CHOOSE_INDEP | op::CHOOSELEAF_INDEP
+            )
+        })?;
+        let mut numrep = choose.arg1;
+        if numrep <= 0 {
+            numrep = numrep.wrapping_add(result_max as i32);
+        }
+        let reps = u32::try_from(numrep).ok()?.min(MAX_REP as u32);
+        (reps > 0).then_some((idx, reps))
+    }
+
+    /// Makes the straw2 draws of replica numbers `0..reps` for the first `count` inputs of
+    /// `xs`, from bucket index `take` down while the buckets are on the fast path and at most
+    /// [`SPEC_MAX_ITEMS`] large: one lane per input, each lane in its own bucket after the
+    /// first level, item `j` of every lane's bucket hashed in one vector.
+    #[inline(always)]
+    fn speculate(
+        &self,
+        take: usize,
+        xs: &[u32; XLANES],
+        count: usize,
+        reps: u32,
+        memos: &mut Memos,
+    ) {
+        memos.lens = [0; XLANES];
+        for r in 0..reps {
+            let mut cur: [Option<usize>; XLANES] = [None; XLANES];
+            for c in cur.iter_mut().take(count) {
+                *c = Some(take);
+            }
+            for _ in 0..SPEC_MAX_DEPTH {
+                let mut fs: [Option<(&Straw2Fast, &Bucket)>; XLANES] = [None; XLANES];
+                let mut n_max = 0;
+                for (f, c) in fs.iter_mut().zip(&cur) {
+                    let Some(idx) = *c else { continue };
+                    if let (Some(Some(fast)), Some(b)) = (self.fast.get(idx), self.bucket_at(idx)) {
+                        let n = fast.recips.len();
+                        if n > 0 && n <= SPEC_MAX_ITEMS {
+                            *f = Some((fast, b));
+                            n_max = n_max.max(n);
+                        }
+                    }
+                }
+                if n_max == 0 {
+                    break;
+                }
+                for j in 0..n_max {
+                    let mut ids = [0u32; XLANES];
+                    for (id, f) in ids.iter_mut().zip(&fs) {
+                        if let Some((fast, _)) = f {
+                            *id = fast.ids.get(j).copied().unwrap_or(0);
+                        }
+                    }
+                    memos.hs[j] = hash32_3_lanes_ab(xs, &ids, r);
+                }
+                for (l, (f, c)) in fs.iter().zip(cur.iter_mut()).enumerate() {
+                    let Some((fast, b)) = *f else {
+                        *c = None;
+                        continue;
+                    };
+                    let n = fast.recips.len();
+                    let hs = &memos.hs;
+                    let pick = match fast.equal {
+                        Some(w) => equal_pick(n, |j| hs[j][l] & 0xffff, w),
+                        None => weighted_pick(&fast.recips, |j| hs[j][l]),
+                    };
+                    let item = b.items[pick];
+                    let len = memos.lens[l];
+                    if len < MEMO_MAX {
+                        memos.entries[l][len] = Memo {
+                            bucket: b.id,
+                            r,
+                            item,
+                        };
+                        memos.lens[l] = len + 1;
+                    }
+                    *c = if item < 0 {
+                        usize::try_from(-1i64 - item as i64).ok()
+                    } else {
+                        None
+                    };
+                }
+            }
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_rule(
+        &self,
+        ws: &mut Workspace,
+        rule: u32,
+        x: i32,
+        result_max: usize,
+        weights: &[u32],
+        memo: &[Memo],
+        out: &mut Vec<i32>,
+    ) -> Result<(), CrushError> {
         out.clear();
         if result_max > MAX_REP {
             return Err(CrushError::TooLarge {
@@ -272,9 +514,9 @@ impl<'a> Mapper<'a> {
         let mut local_fallback_retries: u32 = t.choose_local_fallback_tries;
         let mut vary_r: u32 = t.chooseleaf_vary_r as u32;
         let mut stable: u32 = t.chooseleaf_stable as u32;
-        let p = Params { weights, x };
+        let p = Params { weights, x, memo };
 
-        let Workspace { perms, a, b, c } = ws;
+        let Workspace { perms, a, b, c, .. } = ws;
         let (mut w, mut o): (&mut Vec<i32>, &mut Vec<i32>) = (a, b);
         let mut wsize = 0usize;
 
@@ -453,6 +695,7 @@ impl<'a> Mapper<'a> {
         x: i32,
         r: i32,
         position: usize,
+        memo: &[Memo],
     ) -> i32 {
         let xu = x as u32;
         let ru = r as u32;
@@ -511,6 +754,9 @@ impl<'a> Mapper<'a> {
             }
             BucketKind::Straw2 { item_weights } => {
                 if let Some(Some(f)) = self.fast.get((-1i64 - b.id as i64) as usize) {
+                    if let Some(m) = memo.iter().find(|m| m.bucket == b.id && m.r == ru) {
+                        return m.item;
+                    }
                     return if self.avx2 {
                         simd::straw2_fast_avx2(f, xu, ru, &b.items)
                     } else {
@@ -598,7 +844,7 @@ impl<'a> Mapper<'a> {
                         {
                             self.perm_choose(perms, inb, x, r)
                         } else {
-                            self.bucket_choose(perms, inb, x, r, outpos)
+                            self.bucket_choose(perms, inb, x, r, outpos, p.memo)
                         };
                         if item >= self.map.max_devices {
                             skip_rep = true;
@@ -744,7 +990,7 @@ impl<'a> Mapper<'a> {
                     if size == 0 {
                         break;
                     }
-                    let item = self.bucket_choose(perms, inb, x, r, outpos);
+                    let item = self.bucket_choose(perms, inb, x, r, outpos, p.memo);
                     if item >= self.map.max_devices {
                         out[rep] = ITEM_NONE;
                         if let Some(o2) = out2.as_deref_mut() {
@@ -865,17 +1111,7 @@ fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
             let Some(recip) = f.recips.get(i) else {
                 break;
             };
-            let draw = match recip {
-                Some(recip) => {
-                    let ln = crush_ln(hj & 0xffff) as i64 - 0x1_0000_0000_0000;
-                    if ln < 0 {
-                        -(recip.div(ln.unsigned_abs()) as i64)
-                    } else {
-                        recip.div(ln as u64) as i64
-                    }
-                }
-                None => i64::MIN,
-            };
+            let draw = weighted_draw(recip, hj);
             if i == 0 || draw > high_draw {
                 high = i;
                 high_draw = draw;
@@ -883,6 +1119,38 @@ fn straw2_fast(f: &Straw2Fast, x: u32, r: u32, items: &[i32]) -> i32 {
         }
     }
     items[high]
+}
+
+/// One item's straw2 draw from its hash: `(crush_ln(u) - 2^48) / weight`, `i64::MIN` for
+/// weight 0.
+#[inline(always)]
+fn weighted_draw(recip: &Option<Recip>, h: u32) -> i64 {
+    match recip {
+        Some(recip) => {
+            let ln = crush_ln(h & 0xffff) as i64 - 0x1_0000_0000_0000;
+            if ln < 0 {
+                -(recip.div(ln.unsigned_abs()) as i64)
+            } else {
+                recip.div(ln as u64) as i64
+            }
+        }
+        None => i64::MIN,
+    }
+}
+
+/// The index [`straw2_fast`] picks, from item `i`'s hash `h(i)`.
+#[inline(always)]
+fn weighted_pick(recips: &[Option<Recip>], h: impl Fn(usize) -> u32) -> usize {
+    let mut high = 0usize;
+    let mut high_draw = 0i64;
+    for (i, recip) in recips.iter().enumerate() {
+        let draw = weighted_draw(recip, h(i));
+        if i == 0 || draw > high_draw {
+            high = i;
+            high_draw = draw;
+        }
+    }
+    high
 }
 
 /// `crush_ln(0xffff)`: the one input where Ceph's table logarithm steps down (it is below
@@ -927,10 +1195,16 @@ fn straw2_equal(f: &Straw2Fast, w: u64, x: u32, r: u32, items: &[i32]) -> i32 {
             }
         }
     }
-    let u = &u[..n];
+    items[equal_pick(n, |i| u[i], w)]
+}
+
+/// The index [`straw2_equal`] picks among `n` items of weight `w`, from item `i`'s low 16
+/// hash bits `u(i)`.
+#[inline(always)]
+fn equal_pick(n: usize, u: impl Fn(usize) -> u32, w: u64) -> usize {
     let mut umax: Option<u32> = None;
     let mut has_top = false;
-    for &v in u {
+    for v in (0..n).map(&u) {
         if v == 0xffff {
             has_top = true;
         } else if umax.is_none_or(|m| v > m) {
@@ -970,11 +1244,10 @@ fn straw2_equal(f: &Straw2Fast, w: u64, x: u32, r: u32, items: &[i32]) -> i32 {
             }
         }
     }
-    let winner = u
-        .iter()
-        .position(|&v| if v == 0xffff { top_wins } else { v >= thr })
-        .unwrap_or(0);
-    items[winner]
+    (0..n)
+        .map(u)
+        .position(|v| if v == 0xffff { top_wins } else { v >= thr })
+        .unwrap_or(0)
 }
 
 /// Whether device `item` is out for input `x`: weight 0 (or none) is out, 0x10000 and above is

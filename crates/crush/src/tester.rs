@@ -11,7 +11,10 @@ use std::io::{self, Write};
 use crate::error::CrushError;
 use crate::hash::hash32_2;
 use crate::map::{CrushMap, ITEM_NONE};
-use crate::mapper::{Mapper, Workspace};
+use crate::mapper::{Mapper, Workspace, XLANES};
+
+/// Inputs handed to the mapper at a time.
+const TEST_BATCH: usize = XLANES * 32;
 
 /// What to test and what to print; the defaults are crushtool's.
 #[derive(Debug, Clone, PartialEq)]
@@ -246,35 +249,73 @@ pub fn run_test(
             let expected_objects = nr
                 .min(maximum_affected_by_rule(map, ru))
                 .wrapping_mul(num_objects) as f32;
-            for x in min_x..=max_x {
-                let real_x = match opts.pool_id {
-                    Some(pool) => hash32_2(x as u32, pool) as i32,
-                    None => x,
-                };
-                mapper
-                    .do_rule(&mut ws, ru, real_x, nr.max(0) as usize, &weight, &mut res)
-                    .map_err(|e: CrushError| io::Error::other(e.to_string()))?;
-                if opts.show_mappings {
-                    line.clear();
-                    let _ = write!(line, "CRUSH rule {r} x {x} {}", vec_str(&res));
-                    writeln!(out, "{line}")?;
-                }
-                let mut has_none = false;
-                for &d in &res {
-                    if d == ITEM_NONE {
-                        has_none = true;
-                    } else if d >= 0 && (d as usize) < ndev {
-                        per[d as usize] += 1;
+            // Inputs go to the mapper in batches (its SIMD draws across inputs), each
+            // mapping printed in order as it comes back.
+            let mut xs: Vec<i32> = Vec::with_capacity(TEST_BATCH);
+            let mut reals: Vec<i32> = Vec::with_capacity(TEST_BATCH);
+            let mut next = (min_x <= max_x).then_some(min_x);
+            while let Some(first) = next {
+                xs.clear();
+                reals.clear();
+                next = None;
+                let mut x = first;
+                loop {
+                    xs.push(x);
+                    reals.push(match opts.pool_id {
+                        Some(pool) => hash32_2(x as u32, pool) as i32,
+                        None => x,
+                    });
+                    if x == max_x {
+                        break;
+                    }
+                    x += 1;
+                    if xs.len() == TEST_BATCH {
+                        next = Some(x);
+                        break;
                     }
                 }
-                *sizes.entry(res.len()).or_insert(0) += 1;
-                if opts.show_bad_mappings && (res.len() != nr as usize || has_none) {
-                    writeln!(
-                        out,
-                        "bad mapping rule {r} x {x} num_rep {nr} result {}",
-                        vec_str(&res)
-                    )?;
-                }
+                let mut written: io::Result<()> = Ok(());
+                let mut emit = |i: usize, res: &[i32]| -> io::Result<()> {
+                    let x = xs[i];
+                    if opts.show_mappings {
+                        line.clear();
+                        let _ = write!(line, "CRUSH rule {r} x {x} {}", vec_str(res));
+                        writeln!(out, "{line}")?;
+                    }
+                    let mut has_none = false;
+                    for &d in res {
+                        if d == ITEM_NONE {
+                            has_none = true;
+                        } else if d >= 0 && (d as usize) < ndev {
+                            per[d as usize] += 1;
+                        }
+                    }
+                    *sizes.entry(res.len()).or_insert(0) += 1;
+                    if opts.show_bad_mappings && (res.len() != nr as usize || has_none) {
+                        writeln!(
+                            out,
+                            "bad mapping rule {r} x {x} num_rep {nr} result {}",
+                            vec_str(res)
+                        )?;
+                    }
+                    Ok(())
+                };
+                mapper
+                    .do_rule_batch(
+                        &mut ws,
+                        ru,
+                        &reals,
+                        nr.max(0) as usize,
+                        &weight,
+                        &mut res,
+                        |i, res| {
+                            if written.is_ok() {
+                                written = emit(i, res);
+                            }
+                        },
+                    )
+                    .map_err(|e: CrushError| io::Error::other(e.to_string()))?;
+                written?;
             }
             if opts.show_utilization && !stats {
                 for (i, p) in per.iter().enumerate() {
