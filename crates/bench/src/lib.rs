@@ -15,5 +15,6 @@ pub mod io;
 pub mod kv;
 pub mod output;
 pub mod paper;
+pub mod qos;
 pub mod rbd;
 pub mod stats;

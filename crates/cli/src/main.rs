@@ -15,6 +15,7 @@ mod mount;
 mod nvme;
 mod pattern;
 mod serve;
+mod serve_ctl;
 mod serve_vhost;
 mod stream;
 
@@ -81,6 +82,9 @@ enum BenchCommand {
     Io(kura_bench::io::IoArgs),
     /// CRC32C: table-driven vs the crc32 instruction vs vectorized folding, 64 B to 1 MiB.
     Crc(kura_bench::crc::CrcArgs),
+    /// QoS: a limited and an unlimited tenant on one NBD server; the limited one's rate vs its
+    /// limit and p99 latency, the unlimited one's throughput beside it vs alone.
+    Qos(kura_bench::qos::QosArgs),
     /// File system: read/write/write+sync latency by size on AccelFS, the raw engine, ext4
     /// syscalls and redirect; fsync'd appends/s; sequential read bandwidth (the paper's Fig. 5).
     Fs(kura_bench::fs::FsBenchArgs),
@@ -126,6 +130,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Drive(cmd) => drive::run(cmd),
         Command::Bench(BenchCommand::Io(args)) => kura_bench::io::run(&args, &dev::open_dev),
         Command::Bench(BenchCommand::Crc(args)) => kura_bench::crc::run(&args),
+        Command::Bench(BenchCommand::Qos(args)) => kura_bench::qos::run(&args),
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),

@@ -22,6 +22,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
 pub struct ServeArgs {
     /// Exports as NAME=SPEC, with `:ro` appended for a read-only export, e.g.
     /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`. None when only --vhost-user disks
@@ -91,11 +92,24 @@ pub struct ServeArgs {
     /// stop) every SECS seconds while serving.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     stats_interval: Option<u64>,
+    /// Limits of an export as NAME=KEY=VALUE,... (iops, bw, read_iops, write_iops, read_bw,
+    /// write_bw, burst; `docs/nbd-serve.md`); repeatable. Requests above them are held back.
+    #[arg(long, value_name = "NAME=LIMITS")]
+    qos: Vec<String>,
+    /// Serve a control socket at PATH (mode 0600) through which `kura serve ctl` shows and
+    /// changes export limits and resizes exports while serving.
+    #[arg(long, value_name = "PATH")]
+    ctl: Option<PathBuf>,
+    #[command(subcommand)]
+    sub: Option<crate::serve_ctl::ServeSub>,
     #[command(flatten)]
     vhost: crate::serve_vhost::VhostArgs,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
+    if let Some(sub) = &args.sub {
+        return crate::serve_ctl::run_sub(sub);
+    }
     let psk = match &args.tls_psk {
         Some(path) => Some(
             PskServer::from_file(path).with_context(|| format!("--tls-psk {}", path.display()))?,
@@ -125,6 +139,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         crate::serve_vhost::stop(vhost, &mut failed);
         return stopped(failed);
     }
+    let mut controls = crate::serve_ctl::Controls::new(&args.qos, args.ctl.is_some())?;
     let mut exports = Vec::new();
     for arg in &args.exports {
         let (name, spec) = arg
@@ -134,7 +149,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             Some(s) => (s, true),
             None => (spec, false),
         };
-        let dev = crate::dev::open_dev(spec)?;
+        let dev = controls.export(name, crate::dev::open_dev(spec)?);
         let description = if args.describe { spec } else { "" };
         exports.push(
             Export::new(name, dev)
@@ -151,6 +166,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         device_min_block_size: !args.byte_granular,
         ..ServeOptions::default()
     };
+    controls.check_all_used()?;
     let (server, url) = match &args.unix {
         Some(path) => {
             let listener =
@@ -170,6 +186,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             let url = format!("{scheme}://{}", server.local_addr());
             (server, url)
         }
+    };
+    let _ctl = match &args.ctl {
+        Some(path) => Some(crate::serve_ctl::listen(path, std::sync::Arc::new(controls))?),
+        None => None,
     };
     eprintln!(
         "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",

@@ -122,6 +122,10 @@ fn persistent_specs(dir: &Path, server: &Server, registry: &Registry) -> Vec<(St
             ),
         ),
         (
+            "qos",
+            format!("qos({})?iops=100000&bw=2G", img("qos.img", "64M")),
+        ),
+        (
             "atomic",
             format!("atomic({})?log=4M", img("atomic.img", "68M")),
         ),

@@ -1,0 +1,287 @@
+//! The control socket of a running `kura serve` (`--ctl PATH`) and its client,
+//! `kura serve ctl --socket PATH show|set`: per-export QoS limits changed while serving, without
+//! restarting the server or cutting its clients.
+//!
+//! **Access.** The socket is a Unix-domain socket created mode 0600 (the umask is narrowed around
+//! `bind`, as for `--unix`), so only the user running the server (and root) can connect; the file
+//! mode is the whole authentication, and nothing else listens. A stale socket nobody listens on
+//! is replaced; anything else at the path is refused and left alone; the file is removed when
+//! the server stops.
+//!
+//! **Protocol.** One command per connection: the client writes one line (at most 4 KiB) and
+//! reads the answer until the server closes. The answer's first line is `ok` or
+//! `error: MESSAGE`; after `ok` come the command's result lines.
+//!
+//! | line | answer |
+//! |------|--------|
+//! | `show` | one line per export: `NAME read_iops=.. read_bw=.. write_iops=.. write_bw=.. burst=..us` |
+//! | `set NAME KEY=VALUE[,KEY=VALUE...]` | the export's limits after the change (given keys replaced, others kept; `off` lifts one) |
+
+use anyhow::{bail, Context};
+use kura_engine::BlockDevice;
+use kura_vdrive::{Qos, QosHandle, QosLimits};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Longest command line a client may send.
+const MAX_LINE: u64 = 4096;
+/// How long a client has to send its line, and the server to answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the control socket can change: each export's limits.
+pub struct Controls {
+    /// `--qos` limits not yet given to an export.
+    asked: Vec<(String, QosLimits)>,
+    /// Every export goes behind a qos drive (a control socket may limit any of them later).
+    live: bool,
+    exports: Vec<(String, QosHandle)>,
+}
+
+impl Controls {
+    /// Controls for `--qos NAME=LIMITS` arguments; `live` when a control socket will be served.
+    pub fn new(qos: &[String], live: bool) -> anyhow::Result<Self> {
+        let mut asked = Vec::new();
+        for arg in qos {
+            let (name, limits) = arg
+                .split_once('=')
+                .with_context(|| format!("--qos `{arg}` is not NAME=KEY=VALUE,..."))?;
+            let limits = QosLimits::default()
+                .parse_list(limits)
+                .with_context(|| format!("--qos {arg}"))?;
+            asked.retain(|(n, _): &(String, QosLimits)| n != name);
+            asked.push((name.to_string(), limits));
+        }
+        Ok(Controls {
+            asked,
+            live,
+            exports: Vec::new(),
+        })
+    }
+
+    /// Export `name`'s device: `dev` behind a qos drive when it has `--qos` limits or limits
+    /// may be set later, else `dev` itself.
+    pub fn export(&mut self, name: &str, dev: Box<dyn BlockDevice>) -> Box<dyn BlockDevice> {
+        match self.handle(name) {
+            Some(handle) => Box::new(Qos::new(dev, handle)),
+            None => dev,
+        }
+    }
+
+    /// The limits handle of export `name` (made on first use), if it is to have one.
+    pub fn handle(&mut self, name: &str) -> Option<QosHandle> {
+        if let Some((_, h)) = self.exports.iter().find(|(n, _)| n == name) {
+            return Some(h.clone());
+        }
+        let asked = self.asked.iter().position(|(n, _)| n == name);
+        let limits = match asked {
+            Some(i) => self.asked.remove(i).1,
+            None if self.live => QosLimits::default(),
+            None => return None,
+        };
+        let handle = QosHandle::new(limits);
+        self.exports.push((name.to_string(), handle.clone()));
+        Some(handle)
+    }
+
+    /// Fails when a `--qos` names no export.
+    pub fn check_all_used(&self) -> anyhow::Result<()> {
+        match self.asked.first() {
+            Some((name, _)) => bail!("--qos {name}=...: there is no export named `{name}`"),
+            None => Ok(()),
+        }
+    }
+
+    /// Runs one command line; the answer's lines after `ok`, or the error.
+    fn execute(&self, line: &str) -> Result<Vec<String>, String> {
+        let words: Vec<&str> = line.split_whitespace().collect();
+        let export = |name: &str| {
+            self.exports
+                .iter()
+                .find(|(n, _)| n == name)
+                .map(|(_, h)| h)
+                .ok_or_else(|| format!("no export named `{name}`"))
+        };
+        match words.as_slice() {
+            ["show"] => Ok(self
+                .exports
+                .iter()
+                .map(|(name, h)| format!("{name} {}", h.limits()))
+                .collect()),
+            ["set", name, settings @ ..] if !settings.is_empty() => {
+                let handle = export(name)?;
+                let limits = handle
+                    .limits()
+                    .parse_list(&settings.join(","))
+                    .map_err(|e| e.to_string())?;
+                handle.set(limits);
+                Ok(vec![format!("{name} {limits}")])
+            }
+            _ => Err(format!(
+                "unknown command `{line}` (show | set NAME KEY=VALUE,...)"
+            )),
+        }
+    }
+}
+
+/// The listening control socket; its file is removed when this is dropped.
+pub struct CtlSocket {
+    path: PathBuf,
+}
+
+impl Drop for CtlSocket {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// Listens on `path` (mode 0600) and answers commands on a thread of its own until the process
+/// ends.
+pub fn listen(path: &Path, controls: Arc<Controls>) -> anyhow::Result<CtlSocket> {
+    let listener =
+        kura_nbd::bind_unix(path).with_context(|| format!("control socket {}", path.display()))?;
+    let socket = CtlSocket {
+        path: path.to_path_buf(),
+    };
+    std::thread::Builder::new()
+        .name("serve-ctl".into())
+        .spawn(move || accept(listener, &controls))
+        .context("starting the control socket's thread")?;
+    Ok(socket)
+}
+
+fn accept(listener: UnixListener, controls: &Controls) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else { continue };
+        // One client at a time: commands are rare and each is short , so answering in order keeps changes serialised.
+        if let Err(e) = answer(stream, controls) {
+            eprintln!("kura serve: control socket: {e}");
+        }
+    }
+}
+
+fn answer(stream: UnixStream, controls: &Controls) -> std::io::Result<()> {
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    let mut line = String::new();
+    BufReader::new((&stream).take(MAX_LINE)).read_line(&mut line)?;
+    let line = line.trim();
+    let reply = match controls.execute(line) {
+        Ok(lines) => {
+            eprintln!("kura serve: control: {line}");
+            std::iter::once("ok".to_string()).chain(lines).collect()
+        }
+        Err(e) => vec![format!("error: {e}")],
+    };
+    let mut w = &stream;
+    for l in reply {
+        writeln!(w, "{l}")?;
+    }
+    w.flush()
+}
+
+/// `kura serve`'s subcommand.
+#[derive(Debug, clap::Subcommand)]
+pub enum ServeSub {
+    /// Talk to a running server's control socket (`kura serve --ctl PATH`): show or change
+    /// export limits.
+    Ctl(CtlArgs),
+}
+
+pub fn run_sub(sub: &ServeSub) -> anyhow::Result<()> {
+    match sub {
+        ServeSub::Ctl(args) => run(args),
+    }
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CtlArgs {
+    /// The server's control socket (`kura serve --ctl PATH`).
+    #[arg(long, value_name = "PATH")]
+    socket: PathBuf,
+    #[command(subcommand)]
+    command: CtlCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+enum CtlCommand {
+    /// Every export's QoS limits.
+    Show,
+    /// Change an export's limits while it serves: KEY=VALUE settings (iops, bw, read_iops,
+    /// write_iops, read_bw, write_bw, burst; `off` lifts a limit), replacing those given.
+    Set {
+        name: String,
+        #[arg(required = true)]
+        settings: Vec<String>,
+    },
+}
+
+/// `kura serve ctl ...`: sends one command, prints the answer.
+pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
+    let line = match &args.command {
+        CtlCommand::Show => "show".to_string(),
+        CtlCommand::Set { name, settings } => format!("set {name} {}", settings.join(",")),
+    };
+    if line.contains('\n') {
+        bail!("a name or setting may not contain a line break");
+    }
+    let mut stream = UnixStream::connect(&args.socket).with_context(|| {
+        format!(
+            "connecting to the control socket {} (is `kura serve --ctl` running?)",
+            args.socket.display()
+        )
+    })?;
+    stream.set_read_timeout(Some(IO_TIMEOUT * 2))?;
+    writeln!(stream, "{line}")?;
+    let mut answer = String::new();
+    stream
+        .read_to_string(&mut answer)
+        .context("reading the server's answer")?;
+    let mut lines = answer.lines();
+    match lines.next() {
+        Some("ok") => {
+            for l in lines {
+                println!("{l}");
+            }
+            Ok(())
+        }
+        Some(e) if e.starts_with("error: ") => bail!("{}", &e["error: ".len()..]),
+        _ => bail!("the server sent no answer"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands_change_and_show_limits_and_bad_ones_say_why() {
+        let mut c = Controls::new(&["a=iops=5".into()], true).unwrap();
+        let h = c.handle("a").unwrap();
+        assert_eq!(h.limits().read.iops, Some(5.0));
+        c.handle("b");
+        let out = c.execute("set a iops=100 bw=1M").unwrap();
+        assert!(out[0].starts_with("a read_iops=100 "), "{out:?}");
+        assert_eq!(h.limits().write.bw, Some(1048576.0));
+        let shown = c.execute("show").unwrap();
+        assert_eq!(shown.len(), 2);
+        assert!(shown[1].starts_with("b read_iops=off"), "{shown:?}");
+        assert!(c.execute("set a iops=0").unwrap_err().contains("positive"));
+        assert!(c
+            .execute("set zz iops=1")
+            .unwrap_err()
+            .contains("no export"));
+        assert!(c.execute("set a").unwrap_err().contains("unknown command"));
+        assert!(c.execute("").unwrap_err().contains("unknown command"));
+        // Without a control socket only exports with --qos are wrapped.
+        let mut c = Controls::new(&["a=iops=5".into(), "x=bw=1M".into()], false).unwrap();
+        assert!(c.handle("a").is_some());
+        assert!(c.handle("b").is_none());
+        assert!(c.check_all_used().unwrap_err().to_string().contains("`x`"));
+        let bad = |q: &str| Controls::new(&[q.into()], false).err().unwrap().to_string();
+        assert!(bad("a").contains("NAME=KEY=VALUE"));
+        assert!(bad("a=iops=fast").contains("--qos a=iops=fast"));
+    }
+}
