@@ -18,4 +18,4 @@ mod space;
 mod store;
 
 pub use error::StoreError;
-pub use store::{Store, StoreOptions, StoreStats, WriteBatch};
+pub use store::{Pair, Store, StoreOptions, StoreStats, WriteBatch};

@@ -114,6 +114,9 @@ struct Io {
     stopped: Option<StoreError>,
 }
 
+/// A key and its value, as scans return them.
+pub type Pair = (Vec<u8>, Vec<u8>);
+
 /// The newest value of a key (`None`: deleted).
 type Memtable = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
 
@@ -231,6 +234,33 @@ impl Store {
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
         let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
         Ok(mem.get(key).cloned().flatten())
+    }
+
+    /// Up to `limit` live pairs with `from <= key < to` (an absent bound is open), in key order
+    /// or, with `reverse`, from the largest key down. A consistent view: a batch committed
+    /// meanwhile is in it entirely or not at all.
+    pub fn scan(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<Vec<Pair>, StoreError> {
+        use std::ops::Bound;
+        let lower = from.map_or(Bound::Unbounded, Bound::Included);
+        let upper = to.map_or(Bound::Unbounded, Bound::Excluded);
+        if from.zip(to).is_some_and(|(f, t)| f >= t) {
+            return Ok(Vec::new());
+        }
+        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
+        let range = mem.range::<[u8], _>((lower, upper));
+        let live =
+            |(k, v): (&Vec<u8>, &Option<Vec<u8>>)| v.as_ref().map(|v| (k.clone(), v.clone()));
+        Ok(if reverse {
+            range.rev().filter_map(live).take(limit).collect()
+        } else {
+            range.filter_map(live).take(limit).collect()
+        })
     }
 
     /// Writes `batch` atomically; with `sync`, returns only once it is durable.

@@ -21,6 +21,7 @@ enum Action {
     Delete(u8, bool),
     Batch(Vec<(u8, Option<Vec<u8>>)>, bool),
     Get(u8),
+    Scan(Option<u8>, Option<u8>, usize, bool),
     Reopen,
     DropAndReopen,
 }
@@ -37,6 +38,8 @@ fn action() -> impl Strategy<Value = Action> {
         2 => (vec((0u8..40, proptest::option::of(vec(any::<u8>(), 0..500))), 0..8), any::<bool>())
             .prop_map(|(ops, s)| Action::Batch(ops, s)),
         4 => (0u8..40).prop_map(Action::Get),
+        2 => (proptest::option::of(0u8..42), proptest::option::of(0u8..42), 0usize..50, any::<bool>())
+            .prop_map(|(f, t, n, r)| Action::Scan(f, t, n, r)),
         1 => Just(Action::Reopen),
         1 => Just(Action::DropAndReopen),
     ]
@@ -93,6 +96,14 @@ proptest! {
                     store.write(b, sync).expect("batch");
                 }
                 Action::Get(k) => prop_assert_eq!(store.get(&key(k)).expect("get"), model.get(&key(k)).cloned()),
+                Action::Scan(from, to, limit, reverse) => {
+                    let (from, to) = (from.map(key), to.map(key));
+                    let got = store.scan(from.as_deref(), to.as_deref(), limit, reverse).expect("scan");
+                    let in_range = |k: &&Vec<u8>| from.as_ref().is_none_or(|f| *k >= f) && to.as_ref().is_none_or(|t| *k < t);
+                    let pairs = model.iter().filter(|(k, _)| in_range(k)).map(|(k, v)| (k.clone(), v.clone()));
+                    let expected: Vec<_> = if reverse { pairs.rev().take(limit).collect() } else { pairs.take(limit).collect() };
+                    prop_assert_eq!(got, expected);
+                }
                 Action::Reopen => {
                     store.close().expect("close");
                     store = reopen(&storage);
