@@ -357,7 +357,8 @@ mod tests {
                     Command::Read { lba, blocks } | Command::Write { lba, blocks }
                     | Command::Discard { lba, blocks } | Command::WriteZeroes { lba, blocks } => {
                         prop_assert!(blocks > 0 && lba + blocks <= s.num_blocks);
-                        prop_assert!(!ro || matches!(cmd, Command::Read { .. }));
+                        let is_read = matches!(cmd, Command::Read { .. });
+                        prop_assert!(!ro || is_read);
                     }
                     Command::Flush | Command::GetId => {}
                 }

@@ -96,7 +96,7 @@ pub fn serve(
     opts: VhostOptions,
 ) -> Result<VhostServer, VhostError> {
     let geo = dev.geometry();
-    if geo.block_size < 512 || geo.block_size % 512 != 0 {
+    if geo.block_size < 512 || !geo.block_size.is_multiple_of(512) {
         return Err(VhostError::BlockSize(geo.block_size));
     }
     if opts.num_queues == 0 || opts.num_queues > 64 {
