@@ -13,6 +13,7 @@
 mod error;
 pub mod format;
 mod log;
+pub mod run;
 mod segments;
 mod space;
 mod store;

@@ -275,7 +275,7 @@ pub fn decode_leaf(page: &[u8], place: PagePlace) -> Result<Vec<LeafEntry>, Form
     Ok(out)
 }
 
-/// An index page of `entries` (keys ascending; the caller's job).
+/// An index page of `entries` (keys non-decreasing; the caller's job).
 pub fn encode_index(
     place: PagePlace,
     entries: &[IndexEntry],
@@ -308,7 +308,9 @@ pub fn decode_index(page: &[u8], place: PagePlace) -> Result<Vec<IndexEntry>, Fo
         }
         let key = r.bytes(key_len)?.to_vec();
         r.finish()?;
-        if out.last().is_some_and(|prev| prev.key >= key) {
+        // Non-decreasing: the versions of one key may span leaves, so two children can end
+        // with the same key.
+        if out.last().is_some_and(|prev| prev.key > key) {
             return Err(FormatError::BadField {
                 what: "index entry order",
                 value: child.into(),
@@ -460,25 +462,30 @@ impl Footer {
     }
 }
 
-/// The bit positions the bloom filter probes for `key` in a filter of `m` bits with `k` probes.
-pub fn bloom_probes(key: &[u8], m: u32, k: u8) -> impl Iterator<Item = u32> {
-    let h = crc32c(key);
+/// The hash a key's bloom probes derive from: its CRC32C.
+pub fn bloom_hash(key: &[u8]) -> u32 {
+    crc32c(key)
+}
+
+/// The bit positions the bloom filter probes for a key of hash `h` (see [`bloom_hash`]) in a
+/// filter of `m` bits with `k` probes.
+pub fn bloom_probes(h: u32, m: u32, k: u8) -> impl Iterator<Item = u32> {
     let d = h.rotate_right(17);
     (0..u32::from(k)).map(move |j| h.wrapping_add(j.wrapping_mul(d)) % m.max(1))
 }
 
-/// Sets `key`'s bits in the `m`-bit filter `bits` (which must hold at least `m` bits).
-pub fn bloom_add(bits: &mut [u8], m: u32, k: u8, key: &[u8]) {
-    for bit in bloom_probes(key, m, k) {
+/// Sets the bits of a key of hash `h` in the `m`-bit filter `bits` (at least `m` bits long).
+pub fn bloom_add(bits: &mut [u8], m: u32, k: u8, h: u32) {
+    for bit in bloom_probes(h, m, k) {
         if let Some(byte) = bits.get_mut((bit / 8) as usize) {
             *byte |= 1 << (bit % 8);
         }
     }
 }
 
-/// False only when `key` was certainly never added to the `m`-bit filter `bits`.
-pub fn bloom_may_contain(bits: &[u8], m: u32, k: u8, key: &[u8]) -> bool {
-    bloom_probes(key, m, k).all(|bit| {
+/// False only when no key of hash `h` was ever added to the `m`-bit filter `bits`.
+pub fn bloom_may_contain(bits: &[u8], m: u32, k: u8, h: u32) -> bool {
+    bloom_probes(h, m, k).all(|bit| {
         bits.get((bit / 8) as usize)
             .is_some_and(|b| b & (1 << (bit % 8)) != 0)
     })
