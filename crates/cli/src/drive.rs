@@ -59,6 +59,19 @@ pub enum DriveCommand {
     List { spec: String },
     /// Make the head equal snapshot (or clone) NAME; the head's changes since are dropped.
     Rollback { spec: String, name: String },
+    /// Grow or shrink an image file (file:, uring: or sync: spec). Growing adds zeroes (a
+    /// hole); shrinking is refused when the image holds a kura format or data past the new end,
+    /// unless --force. An image a `kura serve --ctl` exports is resized with `kura serve ctl
+    /// resize` instead.
+    Resize {
+        spec: String,
+        /// New size in bytes (K/M/G/T suffixes), a multiple of 4096.
+        #[arg(long)]
+        size: String,
+        /// Shrink even though data past the new end, or the image's format, is cut.
+        #[arg(long)]
+        force: bool,
+    },
     /// Make NEW, a writable clone of snapshot (or clone) FROM; open it with `?branch=NEW`.
     Clone {
         spec: String,
@@ -177,6 +190,7 @@ pub fn run(cmd: DriveCommand) -> anyhow::Result<()> {
                 space.generation
             );
         }
+        DriveCommand::Resize { spec, size, force } => crate::resize::run(&spec, &size, force)?,
         DriveCommand::Rollback { spec, name } => {
             open_volume(&spec)?
                 .rollback(&name)

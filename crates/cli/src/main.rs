@@ -14,6 +14,7 @@ mod mkfs_fsck;
 mod mount;
 mod nvme;
 mod pattern;
+mod resize;
 mod serve;
 mod serve_ctl;
 mod serve_vhost;

@@ -149,7 +149,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             Some(s) => (s, true),
             None => (spec, false),
         };
-        let dev = controls.export(name, crate::dev::open_dev(spec)?);
+        let dev = controls.export(name, spec, ro, crate::dev::open_dev(spec)?);
         let description = if args.describe { spec } else { "" };
         exports.push(
             Export::new(name, dev)
@@ -188,7 +188,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         }
     };
     let _ctl = match &args.ctl {
-        Some(path) => Some(crate::serve_ctl::listen(path, std::sync::Arc::new(controls))?),
+        Some(path) => {
+            controls.enable_resize(server.swapper());
+            Some(crate::serve_ctl::listen(path, std::sync::Arc::new(controls))?)
+        }
         None => None,
     };
     eprintln!(

@@ -1,6 +1,6 @@
 //! The control socket of a running `kura serve` (`--ctl PATH`) and its client,
-//! `kura serve ctl --socket PATH show|set`: per-export QoS limits changed while serving, without
-//! restarting the server or cutting its clients.
+//! `kura serve ctl --socket PATH show|set|resize`: per-export QoS limits changed while serving,
+//! and exports reopened at a new size, without restarting the server or cutting its clients.
 //!
 //! **Access.** The socket is a Unix-domain socket created mode 0600 (the umask is narrowed around
 //! `bind`, as for `--unix`), so only the user running the server (and root) can connect; the file
@@ -16,9 +16,10 @@
 //! |------|--------|
 //! | `show` | one line per export: `NAME read_iops=.. read_bw=.. write_iops=.. write_bw=.. burst=..us` |
 //! | `set NAME KEY=VALUE[,KEY=VALUE...]` | the export's limits after the change (given keys replaced, others kept; `off` lifts one) |
+//! | `resize NAME SIZE [force]` | the export's new size in bytes (see [`crate::resize`]) |
 
 use anyhow::{bail, Context};
-use kura_engine::BlockDevice;
+use kura_engine::{BlockDevice, BlockingIo};
 use kura_vdrive::{Qos, QosHandle, QosLimits};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -31,13 +32,17 @@ const MAX_LINE: u64 = 4096;
 /// How long a client has to send its line, and the server to answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// What the control socket can change: each export's limits.
+/// What the control socket can change: each export's limits, and its size through `resize`.
 pub struct Controls {
     /// `--qos` limits not yet given to an export.
     asked: Vec<(String, QosLimits)>,
     /// Every export goes behind a qos drive (a control socket may limit any of them later).
     live: bool,
     exports: Vec<(String, QosHandle)>,
+    /// Each export's spec and whether it is read-only, to reopen it after a resize.
+    specs: Vec<(String, String, bool)>,
+    /// Set once the server runs: swaps an export's device for one at the new size.
+    swapper: Option<kura_nbd::DeviceSwapper>,
 }
 
 impl Controls {
@@ -58,12 +63,22 @@ impl Controls {
             asked,
             live,
             exports: Vec::new(),
+            specs: Vec::new(),
+            swapper: None,
         })
     }
 
     /// Export `name`'s device: `dev` behind a qos drive when it has `--qos` limits or limits
     /// may be set later, else `dev` itself.
-    pub fn export(&mut self, name: &str, dev: Box<dyn BlockDevice>) -> Box<dyn BlockDevice> {
+    pub fn export(
+        &mut self,
+        name: &str,
+        spec: &str,
+        read_only: bool,
+        dev: Box<dyn BlockDevice>,
+    ) -> Box<dyn BlockDevice> {
+        self.specs
+            .push((name.to_string(), spec.to_string(), read_only));
         match self.handle(name) {
             Some(handle) => Box::new(Qos::new(dev, handle)),
             None => dev,
@@ -94,6 +109,72 @@ impl Controls {
         }
     }
 
+    /// Lets `resize` reopen exports of the running server through `swapper`.
+    pub fn enable_resize(&mut self, swapper: kura_nbd::DeviceSwapper) {
+        self.swapper = Some(swapper);
+    }
+
+    /// Resizes export `name`'s image and reopens the export on its driver thread, once the
+    /// requests sent before have been answered: flush, resize (refused as
+    /// [`crate::resize::resize_image`] says), close, open the same spec again behind the same
+    /// limits. The image is closed before it is opened again because its lock belongs to the
+    /// open file; if the reopen fails the export fails every later request (and says why).
+    fn resize(&self, name: &str, size: u64, force: bool) -> Result<u64, String> {
+        let swapper = self
+            .swapper
+            .as_ref()
+            .ok_or("this server cannot resize exports")?;
+        let (_, spec, read_only) = self
+            .specs
+            .iter()
+            .find(|(n, _, _)| n == name)
+            .ok_or_else(|| format!("no export named `{name}`"))?;
+        if *read_only {
+            return Err(format!("export `{name}` is read-only"));
+        }
+        let path = crate::resize::image_path(spec).map_err(|e| format!("{e:#}"))?;
+        let spec = spec.clone();
+        let handle = self
+            .exports
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, h)| h.clone());
+        let swap: kura_nbd::Swap = Box::new(move |slot: &mut Box<dyn BlockDevice>| {
+            let kept = |message: String| kura_nbd::SwapError {
+                message,
+                lost: false,
+            };
+            slot.flush_all()
+                .map_err(|e| kept(format!("flushing before the resize: {e}")))?;
+            let r = crate::resize::resize_image(&path, size, force)
+                .map_err(|e| kept(format!("{e:#}")))?;
+            if let Some(at) = r.cut_data_from {
+                eprintln!(
+                    "kura serve: warning: resize --force cut the data of {} from byte {at} \
+                     to {} (now lost)",
+                    path.display(),
+                    r.old
+                );
+            }
+            let placeholder = kura_engine::open("null:4K").map_err(|e| kept(e.to_string()))?;
+            drop(std::mem::replace(slot, placeholder));
+            match crate::dev::open_dev(&spec) {
+                Ok(dev) => {
+                    *slot = match handle {
+                        Some(h) => Box::new(Qos::new(dev, h)),
+                        None => dev,
+                    };
+                    Ok(())
+                }
+                Err(e) => Err(kura_nbd::SwapError {
+                    message: format!("reopening `{spec}` after the resize: {e:#}"),
+                    lost: true,
+                }),
+            }
+        });
+        swapper.swap(name, swap)
+    }
+
     /// Runs one command line; the answer's lines after `ok`, or the error.
     fn execute(&self, line: &str) -> Result<Vec<String>, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
@@ -119,8 +200,18 @@ impl Controls {
                 handle.set(limits);
                 Ok(vec![format!("{name} {limits}")])
             }
+            ["resize", name, size, rest @ ..] => {
+                let force = match rest {
+                    [] => false,
+                    ["force"] => true,
+                    _ => return Err(format!("resize takes NAME SIZE [force], not `{line}`")),
+                };
+                let bytes = kura_engine::spec::parse_size(size)?;
+                let new = self.resize(name, bytes, force)?;
+                Ok(vec![format!("{name} size={new}")])
+            }
             _ => Err(format!(
-                "unknown command `{line}` (show | set NAME KEY=VALUE,...)"
+                "unknown command `{line}` (show | set NAME KEY=VALUE,... | resize NAME SIZE [force])"
             )),
         }
     }
@@ -155,7 +246,8 @@ pub fn listen(path: &Path, controls: Arc<Controls>) -> anyhow::Result<CtlSocket>
 fn accept(listener: UnixListener, controls: &Controls) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else { continue };
-        // One client at a time: commands are rare and each is short , so answering in order keeps changes serialised.
+        // One client at a time: commands are rare and each is short (a resize waits for the
+        // export's requests in flight), so answering in order keeps changes serialised.
         if let Err(e) = answer(stream, controls) {
             eprintln!("kura serve: control socket: {e}");
         }
@@ -186,7 +278,7 @@ fn answer(stream: UnixStream, controls: &Controls) -> std::io::Result<()> {
 #[derive(Debug, clap::Subcommand)]
 pub enum ServeSub {
     /// Talk to a running server's control socket (`kura serve --ctl PATH`): show or change
-    /// export limits.
+    /// export limits, resize exports.
     Ctl(CtlArgs),
 }
 
@@ -216,6 +308,17 @@ enum CtlCommand {
         #[arg(required = true)]
         settings: Vec<String>,
     },
+    /// Resize an export's image and reopen the export at the new size; clients see it when they
+    /// next connect. Shrinking below data the image holds needs --force.
+    Resize {
+        name: String,
+        /// New size in bytes (K/M/G/T suffixes).
+        #[arg(long)]
+        size: String,
+        /// Shrink even though data past the new end is lost.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 /// `kura serve ctl ...`: sends one command, prints the answer.
@@ -223,6 +326,9 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
     let line = match &args.command {
         CtlCommand::Show => "show".to_string(),
         CtlCommand::Set { name, settings } => format!("set {name} {}", settings.join(",")),
+        CtlCommand::Resize { name, size, force } => {
+            format!("resize {name} {size}{}", if *force { " force" } else { "" })
+        }
     };
     if line.contains('\n') {
         bail!("a name or setting may not contain a line break");
@@ -274,6 +380,10 @@ mod tests {
             .unwrap_err()
             .contains("no export"));
         assert!(c.execute("set a").unwrap_err().contains("unknown command"));
+        assert!(c
+            .execute("resize a 1G")
+            .unwrap_err()
+            .contains("cannot resize"));
         assert!(c.execute("").unwrap_err().contains("unknown command"));
         // Without a control socket only exports with --qos are wrapped.
         let mut c = Controls::new(&["a=iops=5".into(), "x=bw=1M".into()], false).unwrap();

@@ -14,12 +14,13 @@ const RUN: Duration = Duration::from_millis(2400);
 
 /// Reads from both exports at once; the limited one's and the free one's IOPS after SETTLE.
 fn contend(addr: &str) -> (f64, f64) {
-    let connect = |name: &str| kura_nbd::open::open_address(&format!("{addr}/{name}")).unwrap();
+    let connect =
+        |name: &str| kura_nbd::open::open_address(&format!("{addr}/{name}")).expect("connect");
     let (mut limited, mut free) = (connect("limited"), connect("free"));
     let (lim, other) = std::thread::scope(|s| {
-        let t = s.spawn(|| closed_loop(&mut limited, 8, 1, RUN, 3).unwrap());
-        let other = closed_loop(&mut free, 8, 1, RUN, 5).unwrap();
-        (t.join().unwrap(), other)
+        let t = s.spawn(|| closed_loop(&mut limited, 8, 1, RUN, 3).expect("limited load"));
+        let other = closed_loop(&mut free, 8, 1, RUN, 5).expect("free load");
+        (t.join().expect("limited thread"), other)
     });
     (
         lim.rate_between(SETTLE, RUN),

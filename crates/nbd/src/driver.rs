@@ -38,6 +38,20 @@ use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 pub(crate) enum ToDriver {
     Job(Job),
     Stats(Sender<Vec<DriveStats>>),
+    /// Change the device once every earlier job is answered; the answer is its new capacity.
+    Swap(Swap, Sender<Result<u64, String>>),
+}
+
+/// Changes an export's device in place (reopens it at a new size, say), on an idle queue. An
+/// `Err` with `lost` set means the device in the slot can no longer serve: every later job fails.
+pub type Swap = Box<dyn FnOnce(&mut Box<dyn BlockDevice>) -> Result<(), SwapError> + Send>;
+
+/// Why a [`Swap`] failed.
+#[derive(Debug, Clone)]
+pub struct SwapError {
+    pub message: String,
+    /// The slot's device is not usable any more.
+    pub lost: bool,
 }
 
 /// One NBD request, already checked against the export, on its way to the device.
@@ -239,7 +253,35 @@ impl Driver {
             ToDriver::Stats(reply) => {
                 let _ = reply.send(kura_engine::device::stats_of(&self.dev));
             }
+            ToDriver::Swap(swap, reply) => {
+                let _ = reply.send(self.swap(swap));
+            }
         }
+    }
+
+    /// Answers every job taken so far, then lets `swap` change the device and takes on its
+    /// geometry. Jobs sent after the swap are still in the channel, so they meet the new device.
+    fn swap(&mut self, swap: Swap) -> Result<u64, String> {
+        while !self.idle() {
+            self.issue();
+            self.reap();
+        }
+        if let Some(reason) = &self.broken {
+            return Err(format!(
+                "the export's device queue failed earlier: {reason}"
+            ));
+        }
+        let outcome = swap(&mut self.dev);
+        if let Err(e) = &outcome {
+            if e.lost {
+                self.broken = Some(e.message.clone());
+            }
+        }
+        self.geo = self.dev.geometry();
+        self.bs = u64::from(self.geo.block_size.max(1));
+        outcome
+            .map(|()| self.geo.capacity_bytes())
+            .map_err(|e| e.message)
     }
 
     fn idle(&self) -> bool {

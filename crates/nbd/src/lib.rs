@@ -36,8 +36,10 @@ pub use client::{
     connect, connect_with, export_info, list_exports, ClientError, ConnectOptions, ExportDetails,
     ExportEntry, NbdClient,
 };
+pub use driver::{Swap, SwapError};
 pub use open::register;
 pub use protocol::{ErrorCode, ProtocolError};
+pub use server::DeviceSwapper;
 pub use server::{
     bind_loopback, bind_unix, serve, serve_tls, serve_tls_psk, serve_unix, Export, ServeError,
     ServeOptions, Server, ServerStats, StopHandle,

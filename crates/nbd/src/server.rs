@@ -25,7 +25,7 @@
 //! their replies dropped. Nothing binds beyond loopback unless the caller's listener does
 //! ([`bind_loopback`], [`DEFAULT_ADDR`]).
 
-use crate::driver::{self, alloc_buf, Job, JobKind, Outgoing, ToDriver};
+use crate::driver::{self, alloc_buf, Job, JobKind, Outgoing, Swap, ToDriver};
 use crate::handshake::{
     self, ExportInfo, HandshakeEnd, HandshakeError, Negotiated, Resume, TlsMode,
 };
@@ -46,7 +46,7 @@ use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
@@ -458,9 +458,64 @@ pub struct Server {
     /// Each export's name and a way to its driver, for [`Server::export_stats`]; dropped before
     /// joining, since a driver ends only once every sender is gone.
     drivers: Vec<(String, Sender<ToDriver>)>,
+    /// What [`Server::swapper`] hands out: gone once the accept thread has let go of it.
+    ctx: Weak<Ctx>,
+}
+
+/// Changes the devices of a running server's exports ([`Server::swapper`]); it holds no export
+/// alive, so a server stops whether or not one exists.
+#[derive(Clone)]
+pub struct DeviceSwapper {
+    ctx: Weak<Ctx>,
+}
+
+impl DeviceSwapper {
+    /// Runs `swap` on export `name`'s device on its driver thread, once every request sent before
+    /// has been answered (requests after it wait, then meet the changed device). Clients that
+    /// connect afterwards are told the device's new size; connections already open keep the
+    /// size they were told (a client learns a size only in its handshake). Returns the new size.
+    pub fn swap(&self, name: &str, swap: Swap) -> Result<u64, String> {
+        let ctx = self.ctx.upgrade().ok_or("the server is stopping")?;
+        let i = ctx
+            .infos()
+            .iter()
+            .position(|e| e.name == name)
+            .ok_or_else(|| format!("no export named `{name}`"))?;
+        let (tx, rx) = mpsc::channel();
+        ctx.rts[i]
+            .jobs
+            .send(ToDriver::Swap(swap, tx))
+            .map_err(|_| "the export's driver has ended".to_string())?;
+        let outcome = rx
+            .recv()
+            .map_err(|_| "the export's driver ended before answering".to_string())?;
+        // The device may have changed even when the swap failed; advertise what it has now.
+        let size = match &outcome {
+            Ok(size) => Some(*size),
+            Err(_) => None,
+        };
+        if let Some(size) = size {
+            ctx.infos.write().unwrap_or_else(PoisonError::into_inner)[i].size = size;
+            ctx.rts[i].size.store(size, Ordering::Release);
+        }
+        outcome
+    }
+}
+
+impl fmt::Debug for DeviceSwapper {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeviceSwapper").finish_non_exhaustive()
+    }
 }
 
 impl Server {
+    /// A handle that changes exports' devices while the server runs ([`DeviceSwapper::swap`]).
+    pub fn swapper(&self) -> DeviceSwapper {
+        DeviceSwapper {
+            ctx: self.ctx.clone(),
+        }
+    }
+
     /// The address it listens on.
     /// The TCP address it listens on; `0.0.0.0:0` for a Unix-socket server (see
     /// [`Server::unix_path`]).
@@ -564,6 +619,8 @@ impl fmt::Debug for Server {
 /// One export at run time: what the handshake says, what requests are judged by, where jobs go.
 struct ExportRt {
     limits: ExportLimits,
+    /// The export's size now (`limits.size` is the size at start): a swapped device may change it.
+    size: AtomicU64,
     /// The advertised minimum block size: clients that agreed to it must align to it.
     block_size: u64,
     /// The device's block size (reads allocate whole device blocks).
@@ -784,6 +841,7 @@ fn serve_with(
                 max_payload: MAX_PAYLOAD,
                 block_status: false,
             },
+            size: AtomicU64::new(info.size),
             block_size: u64::from(info.block_sizes.min.max(1)),
             device_block_size: u64::from(device_block_size.max(1)),
             jobs: tx,
@@ -803,11 +861,12 @@ fn serve_with(
     });
     let ctx = Arc::new(Ctx {
         shared: Arc::clone(&shared),
-        infos,
+        infos: RwLock::new(infos),
         rts,
         opts,
         tls,
     });
+    let weak_ctx = Arc::downgrade(&ctx);
     let accept = thread::Builder::new()
         .name("nbd-accept".into())
         .spawn(move || accept_loop(listener, ctx, drivers))
@@ -819,17 +878,29 @@ fn serve_with(
         shared,
         accept: Some(accept),
         drivers: stats_senders,
+        ctx: weak_ctx,
     })
 }
 
 /// What every connection needs.
 struct Ctx {
     shared: Arc<Shared>,
-    infos: Vec<ExportInfo>,
+    /// Sizes change when a device is swapped ([`DeviceSwapper`]); handshakes read a copy.
+    infos: RwLock<Vec<ExportInfo>>,
     rts: Vec<ExportRt>,
     opts: ServeOptions,
     /// Set when every client must start TLS.
     tls: Option<ServerTls>,
+}
+
+impl Ctx {
+    /// What handshakes advertise now.
+    fn infos(&self) -> Vec<ExportInfo> {
+        self.infos
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 type DriverHandle = (String, String, bool, JoinHandle<Box<dyn BlockDevice>>);
@@ -989,7 +1060,7 @@ fn connection(stream: Sock, id: u64, ctx: &Ctx) {
     } else {
         TlsMode::Unavailable
     };
-    let outcome = match handshake::negotiate_until_tls(&mut &stream, &ctx.infos, mode) {
+    let outcome = match handshake::negotiate_until_tls(&mut &stream, &ctx.infos(), mode) {
         Ok(Negotiated::Done(end)) => Ok((end, None)),
         Ok(Negotiated::StartTls(resume)) => start_tls(&stream, resume, ctx),
         Err(e) => Err(e),
@@ -1052,12 +1123,12 @@ fn start_tls(
                 rustls::ServerConnection::new(Arc::clone(config)).map_err(io::Error::other)?;
             let mut tls = TlsStream::new(conn.into(), tcp.try_clone()?);
             tls.handshake()?;
-            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
+            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos(), resume)?;
             Ok((end, Some(Session::Certificate(Box::new(tls)))))
         }
         ServerTls::Psk(psk) => {
             let mut tls = psk.accept(tcp.try_clone()?)?;
-            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos, resume)?;
+            let end = handshake::negotiate_after_tls(&mut tls, &ctx.infos(), resume)?;
             Ok((end, Some(Session::Psk(tls))))
         }
     }
@@ -1178,6 +1249,7 @@ fn transmission(
 ) {
     let limits = ExportLimits {
         block_status: session.block_status,
+        size: rt.size.load(Ordering::Acquire),
         ..rt.limits
     };
     let counters = &ctx.shared.counters;
