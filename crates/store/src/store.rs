@@ -10,6 +10,7 @@ use crate::error::StoreError;
 use crate::format::frame::Op;
 use crate::format::{FormatError, MAX_KEY, MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT};
 use crate::log::{self, LogWriter};
+use crate::memtable::{Memtable, Pair};
 use crate::segments::RawSegments;
 use crate::space::Space;
 use kura_engine::BlockDevice;
@@ -75,6 +76,26 @@ impl WriteBatch {
     }
 }
 
+/// A consistent read-only view: the store as it was when [`Store::snapshot`] was called.
+/// Not kept across reopen.
+pub struct Snapshot<'a> {
+    store: &'a Store,
+    lsn: u64,
+}
+
+impl Snapshot<'_> {
+    /// The LSN of the last write the snapshot sees.
+    pub fn lsn(&self) -> u64 {
+        self.lsn
+    }
+}
+
+impl Drop for Snapshot<'_> {
+    fn drop(&mut self) {
+        self.store.release(self.lsn);
+    }
+}
+
 /// Counters since open.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
@@ -88,6 +109,8 @@ pub struct StoreStats {
     pub replayed_frames: u64,
     /// Live keys in the memtable.
     pub memtable_keys: u64,
+    /// Versions the memtable holds (the newest of each key, and older ones snapshots need).
+    pub memtable_versions: u64,
 }
 
 struct Pending {
@@ -114,18 +137,15 @@ struct Io {
     stopped: Option<StoreError>,
 }
 
-/// A key and its value, as scans return them.
-pub type Pair = (Vec<u8>, Vec<u8>);
-
-/// The newest value of a key (`None`: deleted).
-type Memtable = BTreeMap<Vec<u8>, Option<Vec<u8>>>;
-
 /// An open store.
 pub struct Store {
     queue: Mutex<Queue>,
     queue_changed: Condvar,
     io: Mutex<Io>,
     mem: RwLock<Memtable>,
+    /// Live snapshots: LSN -> how many handles hold it. Taken with `mem` held (read or write),
+    /// so a snapshot is never created between a write's pruning and its publication.
+    snapshots: Mutex<BTreeMap<u64, usize>>,
     max_group_bytes: usize,
     max_payload: usize,
     damage: Option<String>,
@@ -174,15 +194,9 @@ impl Store {
         damage: Option<String>,
         max_group_bytes: usize,
     ) -> Result<Store, StoreError> {
-        let mut mem = Memtable::new();
-        let replayed = log::replay(&mut space, |_, op| match op {
-            Op::Put { key, value } => {
-                mem.insert(key, Some(value));
-            }
-            Op::Delete { key } => {
-                mem.insert(key, None);
-            }
-        })?;
+        let mut mem = Memtable::default();
+        let no_snapshots = BTreeMap::new();
+        let replayed = log::replay(&mut space, |lsn, op| mem.apply(lsn, op, &no_snapshots))?;
         let sb = space.superblock();
         let log = LogWriter::new(replayed.end, sb.store_tag(), sb.segment_pages());
         let max_payload = log::max_payload(sb.segment_pages());
@@ -196,6 +210,7 @@ impl Store {
                 stopped: None,
             }),
             mem: RwLock::new(mem),
+            snapshots: Mutex::new(BTreeMap::new()),
             max_group_bytes,
             max_payload,
             damage,
@@ -232,8 +247,38 @@ impl Store {
 
     /// The newest value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
-        Ok(mem.get(key).cloned().flatten())
+        Ok(self.read_mem().get(key, u64::MAX))
+    }
+
+    /// The value of `key` as `snapshot` saw it.
+    pub fn get_at(
+        &self,
+        snapshot: &Snapshot<'_>,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        Ok(self.read_mem().get(key, snapshot.lsn))
+    }
+
+    /// A consistent view of the store as it is now, kept until the handle is dropped.
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        let mem = self.read_mem();
+        let lsn = mem.visible();
+        *lock(&self.snapshots).entry(lsn).or_insert(0) += 1;
+        Snapshot { store: self, lsn }
+    }
+
+    fn release(&self, lsn: u64) {
+        let mut snapshots = lock(&self.snapshots);
+        if let Some(holders) = snapshots.get_mut(&lsn) {
+            *holders -= 1;
+            if *holders == 0 {
+                snapshots.remove(&lsn);
+            }
+        }
+    }
+
+    fn read_mem(&self) -> std::sync::RwLockReadGuard<'_, Memtable> {
+        self.mem.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Up to `limit` live pairs with `from <= key < to` (an absent bound is open), in key order
@@ -246,21 +291,19 @@ impl Store {
         limit: usize,
         reverse: bool,
     ) -> Result<Vec<Pair>, StoreError> {
-        use std::ops::Bound;
-        let lower = from.map_or(Bound::Unbounded, Bound::Included);
-        let upper = to.map_or(Bound::Unbounded, Bound::Excluded);
-        if from.zip(to).is_some_and(|(f, t)| f >= t) {
-            return Ok(Vec::new());
-        }
-        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
-        let range = mem.range::<[u8], _>((lower, upper));
-        let live =
-            |(k, v): (&Vec<u8>, &Option<Vec<u8>>)| v.as_ref().map(|v| (k.clone(), v.clone()));
-        Ok(if reverse {
-            range.rev().filter_map(live).take(limit).collect()
-        } else {
-            range.filter_map(live).take(limit).collect()
-        })
+        Ok(self.read_mem().scan(from, to, u64::MAX, limit, reverse))
+    }
+
+    /// [`Store::scan`] as `snapshot` saw the store.
+    pub fn scan_at(
+        &self,
+        snapshot: &Snapshot<'_>,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<Vec<Pair>, StoreError> {
+        Ok(self.read_mem().scan(from, to, snapshot.lsn, limit, reverse))
     }
 
     /// Writes `batch` atomically; with `sync`, returns only once it is durable.
@@ -371,11 +414,9 @@ impl Store {
             self.syncs.fetch_add(1, Ordering::Relaxed);
         }
         let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        for op in group.iter().flat_map(|p| &p.ops) {
-            match op {
-                Op::Put { key, value } => mem.insert(key.clone(), Some(value.clone())),
-                Op::Delete { key } => mem.insert(key.clone(), None),
-            };
+        let snapshots = lock(&self.snapshots);
+        for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
+            mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
         }
         Ok(())
     }
@@ -397,13 +438,14 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        let mem = self.mem.read().unwrap_or_else(|p| p.into_inner());
+        let mem = self.read_mem();
         StoreStats {
             batches: self.batches.load(Ordering::Relaxed),
             groups: self.groups.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             replayed_frames: self.replayed_frames,
-            memtable_keys: mem.values().filter(|v| v.is_some()).count() as u64,
+            memtable_keys: mem.live_keys(),
+            memtable_versions: mem.versions(),
         }
     }
 }

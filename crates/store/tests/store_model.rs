@@ -312,3 +312,110 @@ fn a_full_device_says_so() {
     // What was written before stays readable.
     assert_eq!(store.get(&0u32.to_le_bytes()).expect("get"), Some(value));
 }
+
+#[derive(Debug, Clone)]
+enum SnapAction {
+    Put(u8, Vec<u8>),
+    Delete(u8),
+    Batch(Vec<(u8, Option<Vec<u8>>)>),
+    Take,
+    Release(prop::sample::Index),
+    Check(prop::sample::Index, Option<u8>, Option<u8>, bool),
+}
+
+fn snap_action() -> impl Strategy<Value = SnapAction> {
+    prop_oneof![
+        5 => (0u8..20, vec(any::<u8>(), 0..64)).prop_map(|(k, v)| SnapAction::Put(k, v)),
+        2 => (0u8..20).prop_map(SnapAction::Delete),
+        2 => vec((0u8..20, proptest::option::of(vec(any::<u8>(), 0..64))), 0..6).prop_map(SnapAction::Batch),
+        2 => Just(SnapAction::Take),
+        1 => any::<prop::sample::Index>().prop_map(SnapAction::Release),
+        3 => (any::<prop::sample::Index>(), proptest::option::of(0u8..22), proptest::option::of(0u8..22), any::<bool>())
+            .prop_map(|(i, f, t, r)| SnapAction::Check(i, f, t, r)),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(32))]
+
+    /// Every snapshot keeps answering gets and scans as the store was when it was taken, while
+    /// writes go on; the present state matches the model throughout.
+    #[test]
+    fn snapshots_keep_their_view(actions in vec(snap_action(), 1..150)) {
+        let store = Store::create(Box::new(ram_disk(8, 4096)), &options()).expect("create");
+        let mut model = BTreeMap::new();
+        let mut snaps = Vec::new();
+        for a in actions {
+            match a {
+                SnapAction::Put(k, v) => {
+                    store.put(&key(k), &v, false).expect("put");
+                    model.insert(key(k), v);
+                }
+                SnapAction::Delete(k) => {
+                    store.delete(&key(k), false).expect("delete");
+                    model.remove(&key(k));
+                }
+                SnapAction::Batch(ops) => {
+                    let mut b = WriteBatch::new();
+                    for (k, v) in ops {
+                        match v {
+                            Some(v) => {
+                                b.put(&key(k), &v);
+                                model.insert(key(k), v);
+                            }
+                            None => {
+                                b.delete(&key(k));
+                                model.remove(&key(k));
+                            }
+                        }
+                    }
+                    store.write(b, false).expect("batch");
+                }
+                SnapAction::Take => snaps.push((store.snapshot(), model.clone())),
+                SnapAction::Release(i) => {
+                    if !snaps.is_empty() {
+                        snaps.remove(i.index(snaps.len()));
+                    }
+                }
+                SnapAction::Check(i, from, to, reverse) => {
+                    if snaps.is_empty() {
+                        continue;
+                    }
+                    let (snap, seen) = &snaps[i.index(snaps.len())];
+                    for k in 0..20u8 {
+                        prop_assert_eq!(store.get_at(snap, &key(k)).expect("get_at"), seen.get(&key(k)).cloned());
+                    }
+                    let (from, to) = (from.map(key), to.map(key));
+                    let got = store.scan_at(snap, from.as_deref(), to.as_deref(), usize::MAX, reverse).expect("scan_at");
+                    let in_range = |k: &&Vec<u8>| from.as_ref().is_none_or(|f| *k >= f) && to.as_ref().is_none_or(|t| *k < t);
+                    let pairs = seen.iter().filter(|(k, _)| in_range(k)).map(|(k, v)| (k.clone(), v.clone()));
+                    let expected: Vec<_> = if reverse { pairs.rev().collect() } else { pairs.collect() };
+                    prop_assert_eq!(got, expected);
+                }
+            }
+        }
+        check_all(&store, &model)?;
+    }
+}
+
+#[test]
+fn versions_are_kept_only_while_a_snapshot_needs_them() {
+    let store = Store::create(Box::new(ram_disk(8, 4096)), &options()).expect("create");
+    for v in 0..3u8 {
+        store.put(b"k", &[v], false).expect("put");
+    }
+    assert_eq!(store.stats().memtable_versions, 1);
+    let snap = store.snapshot();
+    store.put(b"k", b"new", false).expect("put");
+    store.put(b"k", b"newer", false).expect("put");
+    assert_eq!(
+        store.stats().memtable_versions,
+        2,
+        "the snapshot's version and the newest"
+    );
+    assert_eq!(store.get_at(&snap, b"k").expect("get_at"), Some(vec![2]));
+    drop(snap);
+    store.put(b"k", b"newest", false).expect("put");
+    assert_eq!(store.stats().memtable_versions, 1);
+    assert_eq!(store.get(b"k").expect("get"), Some(b"newest".to_vec()));
+}
