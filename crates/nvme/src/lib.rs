@@ -19,6 +19,9 @@ pub mod prp;
 #[allow(unsafe_code)] // open/ioctl on the char device, io_uring passthrough SQEs
 pub mod pt;
 mod qpair;
+#[cfg(test)]
+#[allow(unsafe_code)] // the test's device thread reads and writes the rings by address
+mod qpair_stress;
 pub mod queue;
 pub mod regs;
 pub mod ring;
