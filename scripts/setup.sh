@@ -25,11 +25,13 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # driver is tested against (crates/nvme-guest). python3-pip: for the Python peers below.
 # libssl-dev, pkg-config: kura-nbd links OpenSSL for TLS-PSK (`kura serve --tls-psk`) when
 # pkg-config finds it; without them it builds without PSK and the PSK tests skip.
+# gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user-static: the aarch64 cross build and
+# its tests under qemu-aarch64 (scripts/aarch64.sh, with the rustup target added below).
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
   nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra
-  iproute2)
+  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
@@ -93,6 +95,8 @@ echo "== setup: Rust components"
 if command -v rustup >/dev/null; then
   rustup component add rustfmt clippy >/dev/null 2>&1 ||
     echo "rustup could not add rustfmt and clippy"
+  rustup target add aarch64-unknown-linux-gnu >/dev/null 2>&1 ||
+    echo "rustup could not add the aarch64-unknown-linux-gnu target (scripts/aarch64.sh needs it)"
   echo "done"
 else
   echo "no rustup: make sure cargo fmt and cargo clippy are installed"
