@@ -19,6 +19,9 @@ echo "== cargo test --workspace"
 cargo test --workspace --no-fail-fast "$@"
 status=$?
 
+# The same code built for aarch64, a chosen set of its tests under qemu-aarch64 (issue 21).
+scripts/aarch64.sh || status=1
+
 echo "== skipped tests"
 if [ -s "$KURA_SKIP_LOG" ]; then
   # test<TAB>capability<TAB>reason
