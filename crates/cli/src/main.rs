@@ -16,6 +16,7 @@ mod nvme;
 mod pattern;
 mod resize;
 mod serve;
+mod serve_ublk;
 mod serve_ctl;
 mod serve_vhost;
 mod stream;

@@ -27,7 +27,7 @@ pub struct ServeArgs {
     /// Exports as NAME=SPEC, with `:ro` appended for a read-only export, e.g.
     /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`. None when only --vhost-user disks
     /// are served.
-    #[arg(required_unless_present = "vhost_user")]
+    #[arg(required_unless_present_any = ["vhost_user", "ublk"])]
     exports: Vec<String>,
     /// Address to listen on.
     #[arg(long, default_value = kura_nbd::server::DEFAULT_ADDR)]
@@ -104,6 +104,8 @@ pub struct ServeArgs {
     sub: Option<crate::serve_ctl::ServeSub>,
     #[command(flatten)]
     vhost: crate::serve_vhost::VhostArgs,
+    #[command(flatten)]
+    ublk: crate::serve_ublk::UblkArgs,
 }
 
 pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
@@ -133,9 +135,11 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     let vhost = crate::serve_vhost::start(&args.vhost)?;
+    let ublk = crate::serve_ublk::start(&args.ublk)?;
     if args.exports.is_empty() {
         wait_for_stop(args.stats_interval, || crate::serve_vhost::print_stats(&vhost))?;
         let mut failed = Vec::new();
+        crate::serve_ublk::stop(ublk, &mut failed);
         crate::serve_vhost::stop(vhost, &mut failed);
         return stopped(failed);
     }
@@ -205,6 +209,8 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         crate::serve_vhost::print_stats(&vhost);
     })?;
     let mut failed = Vec::new();
+    // ublk first: removing its block devices writes back through exports still being served.
+    crate::serve_ublk::stop(ublk, &mut failed);
     for mut export in server.stop() {
         let name = export.name().to_string();
         if let Err(e) = export.device_mut().flush_all() {
