@@ -21,7 +21,7 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # nbdkit: real NBD clients and peer servers for kura-nbd's tests; openssl: test certificates
 # for NBD over TLS. minimap2, samtools: the genome pipeline's peer mapper and SAM checker;
 # ragout-examples: the real E. coli MG1655 genome. qemu-system-x86, linux-image-amd64,
-# busybox-static, cpio, kmod: the guest with an emulated NVMe controller that kura-nvme's
+# busybox-static, cpio, kmod, xz-utils: the guest with an emulated NVMe controller that kura-nvme's
 # driver is tested against (crates/nvme-guest). python3-pip: for the Python peers below.
 # libssl-dev, pkg-config: kura-nbd links OpenSSL for TLS-PSK (`kura serve --tls-psk`) when
 # pkg-config finds it; without them it builds without PSK and the PSK tests skip.
@@ -70,6 +70,30 @@ if command -v dpkg-query >/dev/null; then
 else
   echo "no dpkg here: install the equivalents of ${BUILD_PACKAGES[*]} (needed to build) and"
   echo "  ${TEST_PACKAGES[*]} (used by tests) with this system's package manager"
+fi
+
+echo "== setup: guest kernel with ublk"
+# The ublk guest test (scripts/nvme-vm/init-ublk) boots Debian's 6.12 kernel, which builds
+# ublk_drv and nbd as modules; it is unpacked into a cache, not installed, so the other guest
+# tests keep booting the installed kernel. apt-get download needs the ABI-versioned package
+# that linux-image-6.12-amd64 depends on.
+GUEST_KERNEL=/var/cache/kura/guest-kernel
+if ls "$GUEST_KERNEL"/root/lib/modules/*/modules.dep >/dev/null 2>&1; then
+  echo "present: $(ls "$GUEST_KERNEL/root/lib/modules")"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  pkg=$(apt-cache depends linux-image-6.12-amd64 2>/dev/null |
+    sed -n 's/^ *Depends: \(linux-image-6\.12[^ ]*-amd64\)$/\1/p' | head -1)
+  if [ -n "$pkg" ] && mkdir -p "$GUEST_KERNEL" &&
+    (cd "$GUEST_KERNEL" && rm -f ./*.deb && apt-get download -qq "$pkg" 2>/dev/null) &&
+    dpkg -x "$GUEST_KERNEL"/*.deb "$GUEST_KERNEL/root" &&
+    depmod -b "$GUEST_KERNEL/root" "$(ls "$GUEST_KERNEL/root/lib/modules" | sort -V | tail -1)"; then
+    rm -f "$GUEST_KERNEL"/*.deb
+    echo "unpacked $pkg into $GUEST_KERNEL/root"
+  else
+    echo "could not fetch linux-image-6.12 (${pkg:-no candidate}); the ublk guest test will skip" >&2
+  fi
+else
+  echo "missing: as root, scripts/setup.sh unpacks linux-image-6.12-amd64 into $GUEST_KERNEL"
 fi
 
 echo "== setup: Python modules"

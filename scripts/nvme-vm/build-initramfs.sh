@@ -11,6 +11,10 @@ OUT=$1
 INIT=$2
 shift 2
 KVER=${KVER:-$(ls /lib/modules | sort -V | tail -1)}
+# KDIR (from run.sh): the root an unpacked kernel package's /boot and /lib/modules are under;
+# empty for the installed kernel. Its xz-compressed modules are unpacked (busybox insmod loads
+# plain ones) and go to the guest's /lib/modules.
+KDIR=${KDIR:-}
 R="$OUT/rootfs"
 rm -rf "$R"
 mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,etc}
@@ -32,13 +36,18 @@ done
 EXTRA_MODULES=$(sed -n 's/^# kura-vm-modules: *//p' "$INIT")
 : > "$R/modules.list"
 for m in nvme vfio_iommu_type1 vfio-pci $EXTRA_MODULES; do
-  modprobe -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
+  modprobe ${KDIR:+-d "$KDIR"} -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
 done | awk '!seen[$0]++' | while read -r ko; do
-  mkdir -p "$R$(dirname "$ko")"
-  cp "$ko" "$R$ko"
-  echo "$ko" >> "$R/modules.list"
+  dest=${ko#"$KDIR"}
+  dest=${dest%.xz}
+  mkdir -p "$R$(dirname "$dest")"
+  case "$ko" in
+    *.xz) xz -dc "$ko" > "$R$dest" ;;
+    *) cp "$ko" "$R$dest" ;;
+  esac
+  echo "$dest" >> "$R/modules.list"
 done
 install -m 644 "$HERE/guest-setup.sh" "$R/guest-setup.sh"
 install -m 755 "$INIT" "$R/init"
 (cd "$R" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$OUT/initramfs.cpio.gz"
-echo "initramfs: $OUT/initramfs.cpio.gz ($(du -h "$OUT/initramfs.cpio.gz" | cut -f1)), kernel /boot/vmlinuz-$KVER"
+echo "initramfs: $OUT/initramfs.cpio.gz ($(du -h "$OUT/initramfs.cpio.gz" | cut -f1)), kernel $KDIR/boot/vmlinuz-$KVER"

@@ -25,10 +25,22 @@ for tool in qemu-system-x86_64 cpio gzip modprobe; do
   command -v "$tool" > /dev/null || skip "$tool not found (apt: qemu-system-x86 cpio kmod)"
 done
 [ -x /bin/busybox ] || skip "/bin/busybox missing (apt: busybox-static)"
+# The kernel: the newest installed one, unless INIT_SCRIPT has a `# kura-vm-kernel: cache` line
+# (init-ublk: the ublk driver is in Debian's 6.12 kernel, not in the host's), which boots the
+# kernel package scripts/setup.sh unpacked into KURA_VM_KDIR (default
+# /var/cache/kura/guest-kernel/root) without installing it.
+KDIR=
+if grep -q '^# kura-vm-kernel: cache$' "$INIT"; then
+  KDIR=${KURA_VM_KDIR:-/var/cache/kura/guest-kernel/root}
+  KVER=$(ls "$KDIR/lib/modules" 2> /dev/null | sort -V | tail -1)
+  [ -n "$KVER" ] && [ -e "$KDIR/boot/vmlinuz-$KVER" ] && [ -e "$KDIR/lib/modules/$KVER/modules.dep" ] ||
+    skip "no unpacked guest kernel in $KDIR (run scripts/setup.sh as root: it fetches linux-image-6.12)"
+  command -v xz > /dev/null || skip "xz not found (apt: xz-utils)"
+fi
 KVER=${KVER:-$(ls /lib/modules 2> /dev/null | sort -V | tail -1)}
-[ -n "$KVER" ] && [ -e "/boot/vmlinuz-$KVER" ] ||
+[ -n "$KVER" ] && [ -e "$KDIR/boot/vmlinuz-$KVER" ] ||
   skip "no /boot/vmlinuz-* with /lib/modules (apt: linux-image-amd64)"
-export KVER
+export KVER KDIR
 "$HERE/build-initramfs.sh" "$OUT" "$INIT" "$@" || exit 3
 rm -f "$OUT/disk.img"
 truncate -s 64M "$OUT/disk.img"
@@ -41,7 +53,7 @@ T0=$(date +%s%N)
 # shellcheck disable=SC2086 # KURA_VM_QEMU_ARGS is a list of arguments.
 timeout --kill-after=5 "$LIMIT" qemu-system-x86_64 -accel tcg -m 1024 -smp "${CPUS:-1}" -nographic \
   -machine q35 -device intel-iommu,aw-bits=48 \
-  -kernel "/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
+  -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
   -append "console=ttyS0 quiet loglevel=5 intel_iommu=on panic=-1 ${KURA_VM_APPEND:-}" \
   -device nvme,id=nvme0,serial=kura0001 \
   -drive "file=$OUT/disk.img,if=none,id=nvm,format=raw" -device nvme-ns,drive=nvm,bus=nvme0,nsid=1 \

@@ -230,6 +230,11 @@ impl UblkDevice {
         QueueCounters,
         Result<(), UblkError>,
     ) {
+        // With user recovery the driver fails what reaches it once STOP_DEV has begun, so the
+        // block device's page cache is written back and flushed while the queue still serves.
+        let synced = File::open(self.block_path())
+            .and_then(|f| f.sync_all())
+            .map_err(|e| UblkError::os("writing back /dev/ublkbN before stopping it", &e));
         let stopped = self.ctrl.stop_dev(self.dev_id);
         self.stop.store(true, Ordering::Release);
         let Ok((dev, counters, served)) = self.queue.join() else {
@@ -241,7 +246,11 @@ impl UblkDevice {
             );
         };
         let deleted = self.ctrl.del_dev(self.dev_id);
-        (Some(dev), counters, stopped.and(served).and(deleted))
+        (
+            Some(dev),
+            counters,
+            synced.and(stopped).and(served).and(deleted),
+        )
     }
 }
 

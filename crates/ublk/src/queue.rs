@@ -37,9 +37,10 @@ pub enum Plan {
 /// `max_io` bytes; `Err(errno)` for requests kura cannot serve (the driver fails them with it).
 pub fn plan(desc: &IoDesc, geo: &Geometry, max_io: u32, read_only: bool) -> Result<Plan, i32> {
     let bs = u64::from(geo.block_size);
-    let start = desc.start_sector.checked_mul(512).ok_or(libc::EINVAL)?;
     let bytes = u64::from(desc.nr_sectors) * 512;
+    // Flushes carry no range (the driver passes start_sector u64::MAX), so it is checked here.
     let range = || -> Result<(u64, u64), i32> {
+        let start = desc.start_sector.checked_mul(512).ok_or(libc::EINVAL)?;
         if !start.is_multiple_of(bs) || !bytes.is_multiple_of(bs) || bytes == 0 {
             return Err(libc::EINVAL);
         }
@@ -514,6 +515,11 @@ mod tests {
         let g = geo();
         assert_eq!(
             plan(&desc(sys::IO_OP_FLUSH, 0, 0, 0), &g, 4096, false),
+            Ok(Plan::Flush)
+        );
+        // What the 6.12 driver sends for a flush: no sectors, start u64::MAX.
+        assert_eq!(
+            plan(&desc(sys::IO_OP_FLUSH, 0, u64::MAX, 0), &g, 4096, false),
             Ok(Plan::Flush)
         );
         assert_eq!(

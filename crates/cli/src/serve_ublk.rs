@@ -1,0 +1,128 @@
+//! `kura serve --ublk NAME=SPEC`: kura devices as Linux block devices `/dev/ublkbN` through the
+//! kernel's ublk driver (kura-ublk), beside the NBD exports of the same `kura serve`. Each export
+//! is one ublk device with one queue served by its own thread. On stop the block devices are
+//! removed (the kernel writes back and drains them first), the ublk devices deleted, and the
+//! kura devices flushed. With `--ublk-id N` a device left behind by a killed `kura serve` is
+//! recovered instead of created: it keeps its `/dev/ublkbN`, and the I/O the kernel held while no
+//! server ran is reissued.
+
+use anyhow::Context;
+use kura_engine::BlockingIo;
+use kura_ublk::{UblkConfig, UblkDevice};
+
+#[derive(Debug, clap::Args)]
+pub struct UblkArgs {
+    /// Also serve NAME=SPEC (`:ro` appended: read-only) as a Linux block device /dev/ublkbN
+    /// through the ublk driver (Linux 6.0+, `modprobe ublk_drv`, root); repeatable.
+    #[arg(long = "ublk", value_name = "NAME=SPEC")]
+    ublk: Vec<String>,
+    /// Device id of the first --ublk export (the next ones take N+1, ...). A device of that id
+    /// that a killed `kura serve` left behind is recovered: it keeps its /dev/ublkbN and the
+    /// requests held meanwhile are reissued. Default: any free id, always a new device.
+    #[arg(long, value_name = "N")]
+    ublk_id: Option<u32>,
+    /// Requests in flight per ublk device (capped by the drive's queue depth).
+    #[arg(long, default_value_t = 128, value_name = "N",
+          value_parser = clap::value_parser!(u16).range(1..=4096))]
+    ublk_queue_depth: u16,
+    /// Largest ublk request in KiB (capped by the drive's largest transfer).
+    #[arg(long, default_value_t = 512, value_name = "KIB",
+          value_parser = clap::value_parser!(u32).range(4..=4096))]
+    ublk_max_io_kib: u32,
+}
+
+/// The ublk exports being served.
+pub struct Running {
+    devices: Vec<(String, UblkDevice)>,
+}
+
+/// Opens every `--ublk` export and starts its device; on any failure the ones already started
+/// are stopped again.
+pub fn start(args: &UblkArgs) -> anyhow::Result<Running> {
+    let mut running = Running {
+        devices: Vec::new(),
+    };
+    for (i, arg) in args.ublk.iter().enumerate() {
+        match start_one(args, i, arg) {
+            Ok(dev) => running.devices.push(dev),
+            Err(e) => {
+                stop(running, &mut Vec::new());
+                return Err(e);
+            }
+        }
+    }
+    Ok(running)
+}
+
+fn start_one(args: &UblkArgs, i: usize, arg: &str) -> anyhow::Result<(String, UblkDevice)> {
+    let (name, spec) = arg
+        .split_once('=')
+        .with_context(|| format!("--ublk `{arg}` is not NAME=SPEC"))?;
+    let (spec, read_only) = match spec.strip_suffix(":ro") {
+        Some(s) => (s, true),
+        None => (spec, false),
+    };
+    let dev = if read_only {
+        crate::dev::open_dev_read_only(spec)?
+    } else {
+        crate::dev::open_dev(spec)?
+    };
+    let dev_id = match args.ublk_id {
+        Some(first) => Some(
+            u32::try_from(i)
+                .ok()
+                .and_then(|i| first.checked_add(i))
+                .context("--ublk-id too large")?,
+        ),
+        None => None,
+    };
+    let cfg = UblkConfig {
+        dev_id,
+        queue_depth: args.ublk_queue_depth,
+        max_io_bytes: args.ublk_max_io_kib << 10,
+        read_only,
+        user_recovery: true,
+    };
+    let device = UblkDevice::start(dev, &cfg)
+        .with_context(|| format!("serving `{spec}` as ublk export {name}"))?;
+    eprintln!(
+        "kura: ublk export {name}: {} ({}) over {spec}",
+        device.block_path(),
+        if device.recovered() {
+            "recovered from a previous server"
+        } else {
+            "new"
+        }
+    );
+    Ok((name.to_string(), device))
+}
+
+/// Removes every ublk device, flushes its kura device and prints its counters; names that could
+/// not be stopped or flushed cleanly go to `failed`.
+pub fn stop(running: Running, failed: &mut Vec<String>) {
+    for (name, device) in running.devices {
+        let path = device.block_path();
+        let (dev, counters, result) = device.stop();
+        if let Err(e) = result {
+            eprintln!("kura: stopping ublk export {name} ({path}): {e}");
+            failed.push(name.clone());
+        }
+        eprintln!(
+            "kura serve: ublk export {name}: reads={} writes={} flushes={} discards={} \
+             write_zeroes={} errors={}",
+            counters.reads,
+            counters.writes,
+            counters.flushes,
+            counters.discards,
+            counters.write_zeroes,
+            counters.errors
+        );
+        if let Some(mut dev) = dev {
+            if let Err(e) = dev.flush_all() {
+                eprintln!("kura: flushing ublk export {name}: {e}");
+                failed.push(name.clone());
+            }
+            crate::serve::print_stats(&name, &kura_engine::device::stats_of(dev.as_mut()));
+        }
+    }
+}
