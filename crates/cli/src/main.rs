@@ -10,6 +10,7 @@ mod fs;
 mod genome;
 mod ingest;
 mod interrupt;
+mod kv;
 mod mkfs_fsck;
 mod mount;
 mod nvme;
@@ -70,6 +71,10 @@ enum Command {
     /// Streaming network-to-storage ingest: format, serve, send, get, ls (docs/ingest-protocol.md).
     #[command(subcommand)]
     Ingest(ingest::IngestCommand),
+    /// Key-value stores from the shell: put, get, del, scan, import, export, stats, compact,
+    /// check, on LevelDB or kura's native store.
+    #[command(subcommand, long_about = kv::ABOUT)]
+    Kv(kv::KvCommand),
     /// Explain the device spec strings every command accepts.
     Specs,
     /// The main job on an embedded default: a file-backed image in a temp dir, written through
@@ -155,5 +160,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             print!("{}", dev::specs_help(dev::registry()));
             Ok(())
         }
+        Command::Kv(cmd) => kv::run(cmd),
     }
 }
