@@ -94,7 +94,8 @@ pub struct UblkDevice {
     dev_id: u32,
     recovered: bool,
     stop: Arc<AtomicBool>,
-    queue: JoinHandle<QueueResult>,
+    /// `None` once stopped.
+    queue: Option<JoinHandle<QueueResult>>,
 }
 
 /// How long a restarted server waits for the driver to notice the old one died.
@@ -201,7 +202,7 @@ impl UblkDevice {
             dev_id,
             recovered,
             stop,
-            queue,
+            queue: Some(queue),
         })
     }
 
@@ -230,6 +231,19 @@ impl UblkDevice {
         QueueCounters,
         Result<(), UblkError>,
     ) {
+        self.teardown()
+    }
+
+    fn teardown(
+        &mut self,
+    ) -> (
+        Option<Box<dyn BlockDevice>>,
+        QueueCounters,
+        Result<(), UblkError>,
+    ) {
+        let Some(queue) = self.queue.take() else {
+            return (None, QueueCounters::default(), Ok(()));
+        };
         // With user recovery the driver fails what reaches it once STOP_DEV has begun, so the
         // block device's page cache is written back and flushed while the queue still serves.
         let synced = File::open(self.block_path())
@@ -237,7 +251,7 @@ impl UblkDevice {
             .map_err(|e| UblkError::os("writing back /dev/ublkbN before stopping it", &e));
         let stopped = self.ctrl.stop_dev(self.dev_id);
         self.stop.store(true, Ordering::Release);
-        let Ok((dev, counters, served)) = self.queue.join() else {
+        let Ok((dev, counters, served)) = queue.join() else {
             // The kura device went with the thread; nothing is left to flush.
             return (
                 None,
@@ -251,6 +265,15 @@ impl UblkDevice {
             counters,
             synced.and(stopped).and(served).and(deleted),
         )
+    }
+}
+
+/// A device dropped without [`UblkDevice::stop`] (its server bailed out on another error) is
+/// still removed and deleted, so no /dev/ublkbN is left behind without a server; its kura device
+/// is flushed by being dropped, as any device is.
+impl Drop for UblkDevice {
+    fn drop(&mut self) {
+        let _ = self.teardown();
     }
 }
 
