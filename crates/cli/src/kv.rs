@@ -85,6 +85,11 @@ pub enum KvCommand {
         /// Go ahead when a database is already there (native: format it anew; leveldb: keep it).
         #[arg(long)]
         force: bool,
+        /// Native: the segment size, a power of two from 1M to 1G. Each command that writes
+        /// starts its log in a fresh segment and kura-store frees none yet, so a device holds
+        /// about (size / segment size - 1) writing commands.
+        #[arg(long, default_value = "8M")]
+        segment_size: String,
     },
     /// Store VALUE under KEY (synced before returning).
     Put {
@@ -197,11 +202,29 @@ impl Kv {
                     error_if_exists,
                     ..DbOptions::default()
                 };
+                // LevelDB makes the directory (and its LOCK) before it finds no database, so
+                // commands that only read look for CURRENT first and leave a mistyped path alone.
+                let missing = || {
+                    anyhow::anyhow!(
+                        "no LevelDB database at `{}` (commands that write create one)",
+                        at.db
+                    )
+                };
+                let current = format!("{}/CURRENT", at.db.trim_end_matches('/'));
                 let (loc, fs) = match &at.dev {
-                    None => (Location::Dir(PathBuf::from(&at.db)), None),
+                    None => {
+                        if !create && !std::path::Path::new(&current).exists() {
+                            return Err(missing());
+                        }
+                        (Location::Dir(PathBuf::from(&at.db)), None)
+                    }
                     Some(spec) => {
                         let fs = FileSystem::mount(open_dev(spec)?, MountOptions::default())
                             .with_context(|| format!("mounting the AccelFS on `{spec}`"))?;
+                        if !create && fs.metadata(&current).is_err() {
+                            fs.unmount()?;
+                            return Err(missing());
+                        }
                         let loc = Location::AccelFs {
                             fs: fs.clone(),
                             path: at.db.clone(),
@@ -328,7 +351,11 @@ fn native_spec(at: &At) -> anyhow::Result<&str> {
 
 pub fn run(cmd: KvCommand) -> anyhow::Result<()> {
     match cmd {
-        KvCommand::Init { at, force } => init(&at, force),
+        KvCommand::Init {
+            at,
+            force,
+            segment_size,
+        } => init(&at, force, &segment_size),
         KvCommand::Put {
             at,
             key,
@@ -426,7 +453,7 @@ pub fn run(cmd: KvCommand) -> anyhow::Result<()> {
     }
 }
 
-fn init(at: &At, force: bool) -> anyhow::Result<()> {
+fn init(at: &At, force: bool, segment_size: &str) -> anyhow::Result<()> {
     match at.engine {
         Engine::Leveldb => {
             Kv::open_with(at, true, !force)?.close()?;
@@ -435,13 +462,22 @@ fn init(at: &At, force: bool) -> anyhow::Result<()> {
         }
         Engine::Native => {
             let spec = native_spec(at)?;
+            let size = kura_engine::spec::parse_size(segment_size)
+                .map_err(|e| anyhow::anyhow!("--segment-size {segment_size}: {e}"))?;
+            if !size.is_power_of_two() {
+                bail!("--segment-size {segment_size} is not a power of two");
+            }
+            let opts = StoreOptions {
+                segment_shift: size.trailing_zeros(),
+                ..StoreOptions::default()
+            };
             if !force {
                 if let Ok(existing) = Store::open(open_dev(spec)?, 1 << 20) {
                     drop(existing);
                     bail!("`{spec}` already holds a native store; --force formats it anew");
                 }
             }
-            let store = Store::create(open_dev(spec)?, &StoreOptions::default())
+            let store = Store::create(open_dev(spec)?, &opts)
                 .with_context(|| format!("formatting `{spec}` as a native store"))?;
             store.close()?;
             println!("{spec}: empty native store");
