@@ -13,6 +13,7 @@ pub mod genome;
 pub mod ingest;
 pub mod io;
 pub mod kv;
+pub mod nbdcopy;
 pub mod output;
 pub mod paper;
 pub mod qos;

@@ -113,6 +113,9 @@ enum BenchCommand {
     /// Ceph RBD: kura's rbd: against rbd bench (4 KiB random QD 1/32, 1 MiB sequential),
     /// DeLiBA's stack (cache, coalesce) against pass-through, kura serve against qemu-nbd.
     Rbd(kura_bench::rbd::RbdBenchArgs),
+    /// NBD block status: nbdcopy of a large sparse image from kura serve with base:allocation
+    /// against the same export without it (time ratio, bytes read, time against data).
+    Nbdcopy(kura_bench::nbdcopy::NbdcopyArgs),
     /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
     /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
     All(kura_bench::all::AllArgs),
@@ -141,6 +144,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Fs(args)) => kura_bench::fs::run(&args),
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
+        Command::Bench(BenchCommand::Nbdcopy(args)) => kura_bench::nbdcopy::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Bench(BenchCommand::Crush(args)) => kura_bench::crush::run(&args),
         Command::Bench(BenchCommand::Ingest(args)) => kura_bench::ingest::run(&args),

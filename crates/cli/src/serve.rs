@@ -88,6 +88,10 @@ pub struct ServeArgs {
     /// serialise everyone's I/O.
     #[arg(long)]
     byte_granular: bool,
+    /// Offer no `base:allocation` metadata context, so clients cannot ask which ranges are
+    /// holes (NBD_CMD_BLOCK_STATUS); structured replies are still offered. For comparisons.
+    #[arg(long)]
+    no_block_status: bool,
     /// Also print every export's counters (one stderr line per layer of its device stack, as on
     /// stop) every SECS seconds while serving.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
@@ -168,6 +172,7 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         idle_timeout: (args.idle_timeout > 0).then(|| Duration::from_secs(args.idle_timeout)),
         max_total_in_flight_bytes: args.max_in_flight_mib.max(32) << 20,
         device_min_block_size: !args.byte_granular,
+        block_status: !args.no_block_status,
         ..ServeOptions::default()
     };
     controls.check_all_used()?;
