@@ -803,10 +803,17 @@ fn export(at: &At, file: Option<&std::path::Path>, format: LineFormat) -> anyhow
         )),
         None => Box::new(BufWriter::new(std::io::stdout().lock())),
     };
-    // The total is unknown up front: the bar counts bytes written, shown only to a file.
+    // The total is unknown up front: a spinner counts the bytes written (to a file only, so
+    // it never mixes with the data on stdout; indicatif draws nothing when stderr is no terminal).
     let bar = file.map(|_| {
-        let bar = progress("export", 0);
-        bar.set_length(u64::MAX);
+        let bar = indicatif::ProgressBar::new_spinner();
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>8} {spinner} {bytes} {bytes_per_sec} {elapsed}",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_spinner()),
+        );
+        bar.set_message("export");
         bar
     });
     let mut count = 0u64;
@@ -818,9 +825,7 @@ fn export(at: &At, file: Option<&std::path::Path>, format: LineFormat) -> anyhow
         count += 1;
         written += line.len() as u64 + 1;
         if let Some(bar) = &bar {
-            if written >= PROGRESS_FROM {
-                bar.set_position(written);
-            }
+            bar.set_position(written);
         }
         Ok(true)
     })?;
