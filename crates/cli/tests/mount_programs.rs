@@ -136,8 +136,10 @@ fn sqlite_checks(mnt: &Path) {
     const TXNS: usize = 20;
     const ROWS: usize = 200;
     let db = mnt.join("db.sqlite");
+    // The writer waits out the readers' short exclusive moments (busy_timeout) instead of
+    // failing a statement with "database is locked", as a real application would.
     let mut sql = String::from(
-        "PRAGMA journal_mode=WAL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT UNIQUE, v BLOB);\n",
+        "PRAGMA busy_timeout=30000;\nPRAGMA journal_mode=WAL;\nCREATE TABLE t(id INTEGER PRIMARY KEY, k TEXT UNIQUE, v BLOB);\n",
     );
     let mode = run(
         mnt,
@@ -168,6 +170,20 @@ fn sqlite_checks(mnt: &Path) {
         use std::io::Write;
         stdin.write_all(sql.as_bytes()).expect("feed sqlite3");
     });
+    // Drained while the writer runs: a writer whose output filled its pipe would block forever.
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut text = String::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_string(&mut text);
+            }
+            text
+        })
+    };
+    let out = drain(writer.stdout.take().map(|p| Box::new(p) as _));
+    let err = drain(writer.stderr.take().map(|p| Box::new(p) as _));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(600);
     // The reader: while the writer runs, every count is a whole number of transactions.
     let mut last = 0usize;
     let mut reads = 0;
@@ -199,10 +215,15 @@ fn sqlite_checks(mnt: &Path) {
         if done {
             break;
         }
+        if std::time::Instant::now() > deadline {
+            let _ = writer.kill();
+            panic!("the sqlite3 writer ran past 600 s");
+        }
     }
+    let status = writer.wait().expect("writer");
+    let (out, err) = (out.join().expect("stdout"), err.join().expect("stderr"));
+    assert!(status.success(), "sqlite3 writer ({status}): {out}{err}");
     feeder.join().expect("feeder");
-    let o = writer.wait_with_output().expect("writer");
-    assert!(o.status.success(), "sqlite3 writer: {}", show(&o));
     assert!(reads > 0, "the reader never read");
     assert_eq!(last, TXNS * ROWS, "the last read after the writer finished");
     eprintln!("sqlite3 WAL: {TXNS} transactions of {ROWS} rows, {reads} concurrent reads");
