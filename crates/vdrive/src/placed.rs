@@ -822,22 +822,25 @@ impl Placed {
             self.start_flush(id);
             return;
         }
-        // Runs of the request within one chunk: (chunk, block in chunk, block in request, blocks).
+        // Runs of the request within one chunk: (chunk, block in chunk, block in request,
+        // blocks), computed as they are walked (twice), so no request allocates for them.
         let cb = self.chunk_blocks;
-        let mut runs = Vec::new();
-        let mut at = 0;
-        while at < blocks {
-            let b = lba + at;
-            let (chunk, off) = (b / cb, b % cb);
-            let n = (cb - off).min(blocks - at);
-            runs.push((chunk, off, at, n));
-            at += n;
-        }
+        let runs = move || {
+            let mut at = 0;
+            std::iter::from_fn(move || {
+                (at < blocks).then(|| {
+                    let b = lba + at;
+                    let (chunk, off) = (b / cb, b % cb);
+                    let n = (cb - off).min(blocks - at);
+                    let run = (chunk, off, at, n);
+                    at += n;
+                    run
+                })
+            })
+        };
         // Health changes only when pieces finish, so checking every run first means a request
         // is either refused whole or sent whole.
-        if let Some(&(chunk, ..)) = runs
-            .iter()
-            .find(|&&(chunk, ..)| self.next_replica(chunk, 0).is_none())
+        if let Some((chunk, ..)) = runs().find(|&(chunk, ..)| self.next_replica(chunk, 0).is_none())
         {
             let e = offline(format!(
                 "every replica of chunk {chunk} is out of service: {}",
@@ -846,9 +849,9 @@ impl Placed {
             self.fan.complete_parent(id, Err(e));
             return;
         }
-        let single = runs.len() == 1;
+        let single = blocks <= cb - lba % cb;
         let bs = self.geo.block_size as usize;
-        for (chunk, off, at, n) in runs {
+        for (chunk, off, at, n) in runs() {
             if op == Opcode::Read {
                 let idx = self.read_replica(chunk).unwrap_or(0);
                 let buf = if single {
