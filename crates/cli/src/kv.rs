@@ -901,6 +901,36 @@ mod tests {
         assert_eq!(unescape(e.as_bytes()).unwrap(), all);
     }
 
+    proptest::proptest! {
+        #[test]
+        fn every_format_round_trips_any_pair(
+            k in proptest::collection::vec(proptest::num::u8::ANY, 0..40),
+            v in proptest::collection::vec(proptest::num::u8::ANY, 0..80),
+        ) {
+            for format in [LineFormat::Tsv, LineFormat::Hex, LineFormat::JsonlHex, LineFormat::Jsonl] {
+                let Ok(line) = format_line(&k, &v, format) else {
+                    // Only JSON text refuses, and only bytes that are not UTF-8.
+                    proptest::prop_assert!(format == LineFormat::Jsonl);
+                    proptest::prop_assert!(std::str::from_utf8(&k).is_err() || std::str::from_utf8(&v).is_err());
+                    continue;
+                };
+                proptest::prop_assert!(!line.contains('\n'));
+                proptest::prop_assert_eq!(parse_line(line.as_bytes(), format), Ok((k.clone(), v.clone())));
+            }
+        }
+
+        #[test]
+        fn parsing_any_line_gives_a_pair_or_a_message(
+            line in proptest::collection::vec(proptest::num::u8::ANY, 0..120),
+        ) {
+            for format in [LineFormat::Tsv, LineFormat::Hex, LineFormat::JsonlHex, LineFormat::Jsonl] {
+                if let Err(e) = parse_line(&line, format) {
+                    proptest::prop_assert!(!e.is_empty());
+                }
+            }
+        }
+    }
+
     #[test]
     fn unescape_refuses_unknown_and_short_escapes() {
         assert!(unescape(b"a\\q").is_err());
