@@ -17,8 +17,8 @@ mod nvme;
 mod pattern;
 mod resize;
 mod serve;
-mod serve_ublk;
 mod serve_ctl;
+mod serve_ublk;
 mod serve_vhost;
 mod stream;
 
@@ -160,10 +160,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Genome(cmd) => genome::run(cmd),
         Command::Crush(cmd) => crush::run(cmd),
         Command::Ingest(cmd) => ingest::run(cmd),
+        Command::Kv(cmd) => kv::run(cmd),
         Command::Specs => {
             print!("{}", dev::specs_help(dev::registry()));
             Ok(())
         }
-        Command::Kv(cmd) => kv::run(cmd),
     }
 }

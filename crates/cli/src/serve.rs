@@ -141,7 +141,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let vhost = crate::serve_vhost::start(&args.vhost)?;
     let ublk = crate::serve_ublk::start(&args.ublk)?;
     if args.exports.is_empty() {
-        wait_for_stop(args.stats_interval, || crate::serve_vhost::print_stats(&vhost))?;
+        wait_for_stop(args.stats_interval, || {
+            crate::serve_vhost::print_stats(&vhost)
+        })?;
         let mut failed = Vec::new();
         crate::serve_ublk::stop(ublk, &mut failed);
         crate::serve_vhost::stop(vhost, &mut failed);
@@ -199,7 +201,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     let _ctl = match &args.ctl {
         Some(path) => {
             controls.enable_resize(server.swapper());
-            Some(crate::serve_ctl::listen(path, std::sync::Arc::new(controls))?)
+            Some(crate::serve_ctl::listen(
+                path,
+                std::sync::Arc::new(controls),
+            )?)
         }
         None => None,
     };

@@ -50,5 +50,8 @@ fn bench_nbdcopy_copies_the_sparse_image_with_and_without_block_status() {
         }
     }
     assert!(r["speedup"]["ratio"]["median"].as_f64().expect("ratio") > 0.0);
-    assert!(r["client"].as_str().expect("client").starts_with("nbdcopy nbd://"));
+    assert!(r["client"]
+        .as_str()
+        .expect("client")
+        .starts_with("nbdcopy nbd://"));
 }
