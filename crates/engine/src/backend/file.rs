@@ -287,6 +287,23 @@ impl BackingFile {
         .or_else(|_| self.write_zeroes_by_hand(offset, len))
     }
 
+    /// [`BackingFile::allocation`] for a backend's `BlockDevice::allocation`: the range is
+    /// checked against `geo` first, and a failed seek reports as a read error at `lba`.
+    pub(crate) fn device_allocation(
+        &self,
+        geo: &crate::device::Geometry,
+        lba: u64,
+        blocks: u64,
+    ) -> crate::error::DeviceResult<Option<Vec<crate::device::Extent>>> {
+        crate::device::check_range(geo, lba, blocks)?;
+        self.allocation(geo.block_size, lba, blocks)
+            .map_err(|errno| crate::error::DeviceError::Io {
+                op: crate::device::Opcode::Read,
+                lba,
+                errno,
+            })
+    }
+
     /// Data and holes of `blocks` blocks of `block_size` bytes at block `lba` of a regular
     /// file, from `SEEK_DATA`/`SEEK_HOLE`; `None` for a block device or a file system without
     /// them. A block with any data byte counts as data, so only whole-block holes are reported

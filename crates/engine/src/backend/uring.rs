@@ -495,14 +495,7 @@ impl BlockDevice for UringDevice {
         lba: u64,
         blocks: u64,
     ) -> DeviceResult<Option<Vec<crate::device::Extent>>> {
-        crate::device::check_range(&self.geo, lba, blocks)?;
-        self.backing
-            .allocation(self.geo.block_size, lba, blocks)
-            .map_err(|errno| DeviceError::Io {
-                op: crate::device::Opcode::Read,
-                lba,
-                errno,
-            })
+        self.backing.device_allocation(&self.geo, lba, blocks)
     }
 
     fn describe(&self) -> String {
