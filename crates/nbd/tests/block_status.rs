@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{run_bounded, start, start_with, Raw};
+use common::{have_tools, run_bounded, run_ok, start, start_with, Raw};
 use kura_nbd::protocol::{
     self, chunk_flags, chunk_type, cmd_flags, state_flags, BlockStatusExtent, ChunkHeader, Command,
     ErrorCode, MetaRequest, Opt, Rep, BASE_ALLOCATION, BASE_ALLOCATION_ID, CHUNK_HEADER_LEN,
@@ -15,7 +15,7 @@ use kura_nbd::{Export, ServeOptions, Server};
 use std::io::Read;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::process::{Command as Cmd, Output};
+use std::process::Command as Cmd;
 use std::time::Duration;
 
 const MIB: u64 = 1 << 20;
@@ -247,39 +247,13 @@ fn block_status_reports_a_sparse_image_and_hostile_requests_get_error_chunks() {
     assert_eq!(stats.protocol_errors, 0, "{stats:?}");
 }
 
-fn have(test: &str, tools: &[&str]) -> bool {
-    for t in tools {
-        let package = if *t == "qemu-img" {
-            "qemu-utils"
-        } else {
-            "libnbd-bin"
-        };
-        if let Some(m) = kura_testkit::missing_tool(t, &format!("apt-get install {package}")) {
-            m.skip(test);
-            return false;
-        }
-    }
-    true
-}
-
-fn ok(cmd: &mut Cmd) -> Output {
-    let out = run_bounded(cmd, Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
 /// `nbdinfo --map` shows the image's extents; `nbdcopy` and `qemu-img convert` copy it byte for
 /// byte, reading little more than its data (the server counts the read bytes it sends), and
 /// write sparse copies. With block status off, the same copy reads every byte.
 #[test]
 fn real_clients_see_the_extents_and_copy_only_the_data() {
     let test = "real_clients_see_the_extents_and_copy_only_the_data";
-    if !have(test, &["nbdinfo", "nbdcopy", "qemu-img"]) {
+    if !have_tools(test, &["nbdinfo", "nbdcopy", "qemu-img"]) {
         return;
     }
     let dir = tempfile::tempdir().expect("block status test");
@@ -291,7 +265,7 @@ fn real_clients_see_the_extents_and_copy_only_the_data() {
     let server = start(vec![file_export(&img)]);
     let url = format!("nbd://127.0.0.1:{}/disk", server.local_addr().port());
 
-    let map = ok(Cmd::new("nbdinfo").args(["--map", &url]));
+    let map = run_ok(Cmd::new("nbdinfo").args(["--map", &url]));
     let map = String::from_utf8_lossy(&map.stdout).into_owned();
     let mut covered = 0;
     let mut mapped_data = Vec::new();
@@ -326,11 +300,11 @@ fn real_clients_see_the_extents_and_copy_only_the_data() {
     let sent = |s: &Server| s.stats().bytes_out;
     let before = sent(&server);
     let copy = dir.path().join("nbdcopy.img");
-    ok(Cmd::new("nbdcopy").args([url.as_str(), copy.to_str().expect("block status test")]));
+    run_ok(Cmd::new("nbdcopy").args([url.as_str(), copy.to_str().expect("block status test")]));
     let nbdcopy_read = sent(&server) - before;
     let before = sent(&server);
     let converted = dir.path().join("qemu.img");
-    ok(Cmd::new("qemu-img").args([
+    run_ok(Cmd::new("qemu-img").args([
         "convert",
         "-f",
         "raw",
@@ -376,7 +350,7 @@ fn real_clients_see_the_extents_and_copy_only_the_data() {
         "{err}"
     );
     let copy = dir.path().join("full.img");
-    ok(Cmd::new("nbdcopy").args([url.as_str(), copy.to_str().expect("block status test")]));
+    run_ok(Cmd::new("nbdcopy").args([url.as_str(), copy.to_str().expect("block status test")]));
     assert!(std::fs::read(&copy).expect("block status test") == want);
     assert_eq!(sent(&off), size, "without block status every byte is read");
 }

@@ -5,43 +5,17 @@
 
 mod common;
 
-use common::{mem_disk, pattern, run_bounded, start};
+use common::{have_tools, mem_disk, pattern, run_bounded, run_ok, start};
 use kura_engine::{BlockDevice, BlockingIo, Completion, IoBuf, Request};
 use kura_nbd::client::connect;
 use kura_nbd::Export;
 use std::net::{Ipv4Addr, TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
 const MIB: u64 = 1 << 20;
-
-fn ok(cmd: &mut Command) -> Output {
-    let out = run_bounded(cmd, Duration::from_secs(60));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
-
-fn have(test: &str, tools: &[&str]) -> bool {
-    for t in tools {
-        let package = match *t {
-            "qemu-img" => "qemu-utils",
-            "nbdkit" => "nbdkit",
-            _ => "libnbd-bin",
-        };
-        if let Some(m) = kura_testkit::missing_tool(t, &format!("apt-get install {package}")) {
-            m.skip(test);
-            return false;
-        }
-    }
-    true
-}
 
 fn same_file(path: &Path, want: &[u8]) {
     let got = std::fs::read(path).expect("read the copy");
@@ -51,7 +25,7 @@ fn same_file(path: &Path, want: &[u8]) {
 
 #[test]
 fn nbdinfo_lists_exports_with_size_and_flags() {
-    if !have("nbdinfo_lists_exports_with_size_and_flags", &["nbdinfo"]) {
+    if !have_tools("nbdinfo_lists_exports_with_size_and_flags", &["nbdinfo"]) {
         return;
     }
     let (a, _) = mem_disk(8 * MIB);
@@ -61,7 +35,7 @@ fn nbdinfo_lists_exports_with_size_and_flags() {
         Export::new("golden", b).read_only(true),
     ]);
     let uri = format!("nbd://{}", server.local_addr());
-    let out = ok(Command::new("nbdinfo").args(["--list", "--json", &uri]));
+    let out = run_ok(Command::new("nbdinfo").args(["--list", "--json", &uri]));
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("nbdinfo JSON");
     assert_eq!(json["protocol"], "newstyle-fixed");
     let exports = json["exports"].as_array().expect("exports");
@@ -89,7 +63,7 @@ fn nbdinfo_lists_exports_with_size_and_flags() {
     assert_eq!(golden["is_read_only"], true);
     assert_eq!(golden["can_trim"], false);
     // One export by name; the size alone.
-    let out = ok(Command::new("nbdinfo").args(["--size", &format!("{uri}/golden")]));
+    let out = run_ok(Command::new("nbdinfo").args(["--size", &format!("{uri}/golden")]));
     assert_eq!(
         String::from_utf8_lossy(&out.stdout).trim(),
         (3 * MIB).to_string()
@@ -105,7 +79,7 @@ fn nbdinfo_lists_exports_with_size_and_flags() {
 
 #[test]
 fn nbdcopy_copies_an_image_in_and_out_byte_identically() {
-    if !have(
+    if !have_tools(
         "nbdcopy_copies_an_image_in_and_out_byte_identically",
         &["nbdcopy"],
     ) {
@@ -129,22 +103,24 @@ fn nbdcopy_copies_an_image_in_and_out_byte_identically() {
     let uri = format!("nbd://{}/disk", server.local_addr());
 
     let t = Instant::now();
-    ok(Command::new("nbdcopy").arg(&src).arg(&uri));
+    run_ok(Command::new("nbdcopy").arg(&src).arg(&uri));
     let copy_in = t.elapsed();
     assert!(
         *storage.lock().unwrap() == image,
         "export differs after nbdcopy in"
     );
     let t = Instant::now();
-    ok(Command::new("nbdcopy").arg(&uri).arg(&back));
+    run_ok(Command::new("nbdcopy").arg(&uri).arg(&back));
     let copy_out = t.elapsed();
     same_file(&back, &image);
     // One connection and a small request size: many more, smaller requests.
     std::fs::remove_file(&back).unwrap();
-    ok(Command::new("nbdcopy")
-        .args(["--connections=1", "--request-size=65536", "--flush"])
-        .arg(&uri)
-        .arg(&back));
+    run_ok(
+        Command::new("nbdcopy")
+            .args(["--connections=1", "--request-size=65536", "--flush"])
+            .arg(&uri)
+            .arg(&back),
+    );
     same_file(&back, &image);
     // Copying into a read-only export fails cleanly.
     let ro_uri = format!("nbd://{}/ro", server.local_addr());
@@ -166,7 +142,7 @@ fn nbdcopy_copies_an_image_in_and_out_byte_identically() {
 
 #[test]
 fn qemu_img_convert_copies_an_image_in_and_out_byte_identically() {
-    if !have(
+    if !have_tools(
         "qemu_img_convert_copies_an_image_in_and_out_byte_identically",
         &["qemu-img"],
     ) {
@@ -184,40 +160,48 @@ fn qemu_img_convert_copies_an_image_in_and_out_byte_identically() {
     let server = start(vec![Export::new("disk", dev)]);
     let uri = format!("nbd://{}/disk", server.local_addr());
 
-    let out = ok(Command::new("qemu-img").args(["info", "--output=json", &uri]));
+    let out = run_ok(Command::new("qemu-img").args(["info", "--output=json", &uri]));
     let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("qemu-img JSON");
     assert_eq!(info["virtual-size"], size, "{info}");
 
     // -n: the target exists (it is the export); qemu zeroes the zero stretch with write-zeroes.
-    ok(Command::new("qemu-img")
-        .args(["convert", "-n", "-f", "raw", "-O", "raw"])
-        .arg(&src)
-        .arg(&uri));
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-n", "-f", "raw", "-O", "raw"])
+            .arg(&src)
+            .arg(&uri),
+    );
     assert!(
         *storage.lock().unwrap() == image,
         "export differs after qemu-img convert in"
     );
-    ok(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "raw"])
-        .arg(&uri)
-        .arg(&back));
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "raw"])
+            .arg(&uri)
+            .arg(&back),
+    );
     same_file(&back, &image);
     // A qcow2 copy out and back in through the export gives the same bytes.
     let qcow = dir.path().join("copy.qcow2");
-    ok(Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "qcow2"])
-        .arg(&uri)
-        .arg(&qcow));
-    ok(Command::new("qemu-img")
-        .args(["compare", "-f", "qcow2", "-F", "raw"])
-        .arg(&qcow)
-        .arg(&uri));
+    run_ok(
+        Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", "qcow2"])
+            .arg(&uri)
+            .arg(&qcow),
+    );
+    run_ok(
+        Command::new("qemu-img")
+            .args(["compare", "-f", "qcow2", "-F", "raw"])
+            .arg(&qcow)
+            .arg(&uri),
+    );
     assert_eq!(server.stats().protocol_errors, 0);
 }
 
 #[test]
 fn the_kura_client_drives_an_nbdkit_export_as_a_device() {
-    if !have(
+    if !have_tools(
         "the_kura_client_drives_an_nbdkit_export_as_a_device",
         &["nbdkit"],
     ) {

@@ -204,6 +204,35 @@ pub fn run_bounded(cmd: &mut std::process::Command, limit: Duration) -> std::pro
     child.wait_with_output().expect("output")
 }
 
+/// Runs a tool (bounded at a minute) and fails the test, with its output, unless it succeeds.
+pub fn run_ok(cmd: &mut std::process::Command) -> std::process::Output {
+    let out = run_bounded(cmd, Duration::from_secs(60));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// Whether every NBD client tool in `tools` is installed; the first missing one skips `test`
+/// (naming the Debian package to install) and gives false.
+pub fn have_tools(test: &str, tools: &[&str]) -> bool {
+    for t in tools {
+        let package = match *t {
+            "qemu-img" => "qemu-utils",
+            "nbdkit" => "nbdkit",
+            _ => "libnbd-bin",
+        };
+        if let Some(m) = kura_testkit::missing_tool(t, &format!("apt-get install {package}")) {
+            m.skip(test);
+            return false;
+        }
+    }
+    true
+}
+
 /// A deterministic pseudo-random fill.
 pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
