@@ -31,7 +31,7 @@ TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit opens
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
   nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra
-  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
