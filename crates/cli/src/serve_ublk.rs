@@ -55,18 +55,7 @@ pub fn start(args: &UblkArgs) -> anyhow::Result<Running> {
 }
 
 fn start_one(args: &UblkArgs, i: usize, arg: &str) -> anyhow::Result<(String, UblkDevice)> {
-    let (name, spec) = arg
-        .split_once('=')
-        .with_context(|| format!("--ublk `{arg}` is not NAME=SPEC"))?;
-    let (spec, read_only) = match spec.strip_suffix(":ro") {
-        Some(s) => (s, true),
-        None => (spec, false),
-    };
-    let dev = if read_only {
-        crate::dev::open_dev_read_only(spec)?
-    } else {
-        crate::dev::open_dev(spec)?
-    };
+    let (name, spec, read_only, dev) = crate::dev::open_export("--ublk", arg)?;
     let dev_id = match args.ublk_id {
         Some(first) => Some(
             u32::try_from(i)

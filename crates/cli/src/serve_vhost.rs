@@ -41,18 +41,7 @@ pub fn start(args: &VhostArgs) -> anyhow::Result<Vec<VhostServer>> {
     }
     let mut servers = Vec::new();
     for arg in &args.vhost_user {
-        let (name, spec) = arg
-            .split_once('=')
-            .with_context(|| format!("--vhost-user `{arg}` is not NAME=SPEC"))?;
-        let (spec, read_only) = match spec.strip_suffix(":ro") {
-            Some(s) => (s, true),
-            None => (spec, false),
-        };
-        let dev = if read_only {
-            crate::dev::open_dev_read_only(spec)?
-        } else {
-            crate::dev::open_dev(spec)?
-        };
+        let (name, _spec, read_only, dev) = crate::dev::open_export("--vhost-user", arg)?;
         let path = PathBuf::from(template.replace("{name}", name));
         let opts = VhostOptions {
             read_only,
