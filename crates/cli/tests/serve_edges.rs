@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::Serving;
+use common::{nbdinfo_ok, Serving};
 use kura_engine::{BlockDevice, BlockingIo};
 use std::path::Path;
 use std::process::{Command, Output};
@@ -182,19 +182,11 @@ fn descriptions_are_empty_unless_asked_for_and_unix_sockets_are_served() {
         &std::fs::metadata(&sock).expect("socket").permissions(),
     );
     assert_eq!(mode & 0o777, 0o600);
-    let out = Command::new("nbdinfo")
-        .args([
-            "--json",
-            &format!("nbd+unix:///disk?socket={}", sock.display()),
-        ])
-        .output()
-        .expect("nbdinfo");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).contains("4194304"));
+    let info = nbdinfo_ok(&[
+        "--json",
+        &format!("nbd+unix:///disk?socket={}", sock.display()),
+    ]);
+    assert!(info.contains("4194304"));
     server.signal("TERM");
     assert!(server.wait(EXIT_WITHIN).success());
     assert!(!Path::new(&sock).exists(), "the socket is removed at exit");

@@ -4,24 +4,11 @@
 
 mod common;
 
-use common::{fails, ok, Serving};
+use common::{fails, nbdinfo_ok, ok, Serving};
 use kura_engine::{BlockDevice, BlockingIo};
-use std::process::Command;
 
 fn nbdinfo_size(url: &str) -> u64 {
-    let out = Command::new("nbdinfo")
-        .args(["--size", url])
-        .output()
-        .expect("nbdinfo");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .trim()
-        .parse()
-        .expect("a size")
+    nbdinfo_ok(&["--size", url]).trim().parse().expect("a size")
 }
 
 #[test]

@@ -51,6 +51,20 @@ pub fn fails(args: &[&str], says: &str) {
     assert!(text(&o).contains(says), "kura {args:?}: {}", text(&o));
 }
 
+/// Runs `nbdinfo args`, which must succeed; its stdout.
+pub fn nbdinfo_ok(args: &[&str]) -> String {
+    let out = Command::new("nbdinfo")
+        .args(args)
+        .output()
+        .expect("nbdinfo");
+    assert!(
+        out.status.success(),
+        "nbdinfo {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 pub fn mounted(dir: &Path) -> bool {
     let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
     let want = dir.to_string_lossy();
