@@ -45,6 +45,27 @@ fn action() -> impl Strategy<Value = Action> {
     ]
 }
 
+/// A batch of `ops` (a value puts, `None` deletes), applied to `model` as it is built.
+fn batch_into(
+    ops: Vec<(u8, Option<Vec<u8>>)>,
+    model: &mut BTreeMap<Vec<u8>, Vec<u8>>,
+) -> WriteBatch {
+    let mut b = WriteBatch::new();
+    for (k, v) in ops {
+        match v {
+            Some(v) => {
+                b.put(&key(k), &v);
+                model.insert(key(k), v);
+            }
+            None => {
+                b.delete(&key(k));
+                model.remove(&key(k));
+            }
+        }
+    }
+    b
+}
+
 fn check_all(store: &Store, model: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<(), TestCaseError> {
     for k in 0..40u8 {
         prop_assert_eq!(
@@ -80,20 +101,7 @@ proptest! {
                     model.remove(&key(k));
                 }
                 Action::Batch(ops, sync) => {
-                    let mut b = WriteBatch::new();
-                    for (k, v) in ops {
-                        match v {
-                            Some(v) => {
-                                b.put(&key(k), &v);
-                                model.insert(key(k), v);
-                            }
-                            None => {
-                                b.delete(&key(k));
-                                model.remove(&key(k));
-                            }
-                        }
-                    }
-                    store.write(b, sync).expect("batch");
+                    store.write(batch_into(ops, &mut model), sync).expect("batch");
                 }
                 Action::Get(k) => prop_assert_eq!(store.get(&key(k)).expect("get"), model.get(&key(k)).cloned()),
                 Action::Scan(from, to, limit, reverse) => {
@@ -356,20 +364,7 @@ proptest! {
                     model.remove(&key(k));
                 }
                 SnapAction::Batch(ops) => {
-                    let mut b = WriteBatch::new();
-                    for (k, v) in ops {
-                        match v {
-                            Some(v) => {
-                                b.put(&key(k), &v);
-                                model.insert(key(k), v);
-                            }
-                            None => {
-                                b.delete(&key(k));
-                                model.remove(&key(k));
-                            }
-                        }
-                    }
-                    store.write(b, false).expect("batch");
+                    store.write(batch_into(ops, &mut model), false).expect("batch");
                 }
                 SnapAction::Take => snaps.push((store.snapshot(), model.clone())),
                 SnapAction::Release(i) => {
