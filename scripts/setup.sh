@@ -27,11 +27,12 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # pkg-config finds it; without them it builds without PSK and the PSK tests skip.
 # gcc-aarch64-linux-gnu, libc6-dev-arm64-cross, qemu-user-static: the aarch64 cross build and
 # its tests under qemu-aarch64 (scripts/aarch64.sh, with the rustup target added below).
+# qemu-system-arm: qemu-system-aarch64, for the aarch64 guest (scripts/nvme-vm/run-aarch64.sh).
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
   nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra
-  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils)
+  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils qemu-system-arm)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
@@ -94,6 +95,32 @@ elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   fi
 else
   echo "missing: as root, scripts/setup.sh unpacks linux-image-6.12-amd64 into $GUEST_KERNEL"
+fi
+
+echo "== setup: aarch64 guest kernel and busybox"
+# The aarch64 guest (scripts/nvme-vm/run-aarch64.sh) boots Debian's arm64 kernel with an arm64
+# busybox-static, both fetched through multiarch (dpkg --add-architecture arm64) and unpacked
+# into a cache, not installed.
+GUEST_ARM64=/var/cache/kura/guest-kernel-arm64
+if ls "$GUEST_ARM64"/root/lib/modules/*/modules.dep >/dev/null 2>&1 && [ -x "$GUEST_ARM64/root/bin/busybox" ]; then
+  echo "present: $(ls "$GUEST_ARM64/root/lib/modules")"
+elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  dpkg --print-foreign-architectures | grep -qx arm64 ||
+    { dpkg --add-architecture arm64 && apt-get update -qq >/dev/null 2>&1; }
+  pkg=$(apt-cache depends linux-image-arm64:arm64 2>/dev/null |
+    sed -n 's/^ *Depends: \(linux-image-6[^ ]*-arm64\)\(:arm64\)\?$/\1/p' | head -1)
+  if [ -n "$pkg" ] && mkdir -p "$GUEST_ARM64" &&
+    (cd "$GUEST_ARM64" && rm -f ./*.deb &&
+      apt-get download -qq "$pkg:arm64" busybox-static:arm64 2>/dev/null) &&
+    (for deb in "$GUEST_ARM64"/*.deb; do dpkg -x "$deb" "$GUEST_ARM64/root" || exit 1; done) &&
+    depmod -b "$GUEST_ARM64/root" "$(ls "$GUEST_ARM64/root/lib/modules" | sort -V | tail -1)"; then
+    rm -f "$GUEST_ARM64"/*.deb
+    echo "unpacked $pkg and busybox-static:arm64 into $GUEST_ARM64/root"
+  else
+    echo "could not fetch the arm64 kernel (${pkg:-no candidate}); the aarch64 guest test will skip" >&2
+  fi
+else
+  echo "missing: as root, scripts/setup.sh unpacks linux-image-arm64 and busybox-static:arm64 into $GUEST_ARM64"
 fi
 
 echo "== setup: Python modules"
