@@ -20,6 +20,7 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # and e2fsck for ext4 on a kura export. libnbd-bin (nbdinfo, nbdcopy, nbdfuse), qemu-utils,
 # nbdkit: real NBD clients and peer servers for kura-nbd's tests; openssl: test certificates
 # for NBD over TLS. minimap2, samtools: the genome pipeline's peer mapper and SAM checker;
+# bwa, bowtie2: the other peer mappers of `kura bench genome` (and its --matrix);
 # ragout-examples: the real E. coli MG1655 genome. qemu-system-x86, linux-image-amd64,
 # busybox-static, cpio, kmod, xz-utils: the guest with an emulated NVMe controller that kura-nvme's
 # driver is tested against (crates/nvme-guest). python3-pip: for the Python peers below.
@@ -31,7 +32,7 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
-  nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra
+  nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra bwa bowtie2
   iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils qemu-system-arm)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
