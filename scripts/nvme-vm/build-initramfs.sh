@@ -15,16 +15,31 @@ KVER=${KVER:-$(ls /lib/modules | sort -V | tail -1)}
 # empty for the installed kernel. Its xz-compressed modules are unpacked (busybox insmod loads
 # plain ones) and go to the guest's /lib/modules.
 KDIR=${KDIR:-}
+# A guest of another architecture (run-aarch64.sh) sets KURA_VM_BUSYBOX (its busybox-static),
+# KURA_VM_STRIP (its binutils' strip) and KURA_VM_LIBDIR: ldd cannot run its programs, so the
+# shared libraries their ELF headers name (and the loader) are copied from that directory into
+# the guest's /lib.
+BUSYBOX=${KURA_VM_BUSYBOX:-/bin/busybox}
+STRIP=${KURA_VM_STRIP:-strip}
+LIBDIR=${KURA_VM_LIBDIR:-}
 R="$OUT/rootfs"
 rm -rf "$R"
 mkdir -p "$R"/{bin,sbin,proc,sys,dev,tmp,etc}
-cp /bin/busybox "$R/bin/busybox"
+cp "$BUSYBOX" "$R/bin/busybox"
 for BIN in "$@"; do
   DEST="$R/bin/$(basename "$BIN")"
-  if command -v strip > /dev/null; then
-    strip -o "$DEST" "$BIN"
+  if command -v "$STRIP" > /dev/null; then
+    "$STRIP" -o "$DEST" "$BIN"
   else
     cp "$BIN" "$DEST"
+  fi
+  if [ -n "$LIBDIR" ]; then
+    mkdir -p "$R/lib"
+    for lib in $(readelf -d "$BIN" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p') \
+      $(readelf -l "$BIN" | sed -n 's/.*interpreter: .*\/\([^/]*\)\]/\1/p'); do
+      cp -L "$LIBDIR/$lib" "$R/lib/$lib"
+    done
+    continue
   fi
   for lib in $(ldd "$BIN" | grep -oE '/[^ ]+\.so[^ ]*' | sort -u); do
     mkdir -p "$R$(dirname "$lib")"
