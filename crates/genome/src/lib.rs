@@ -6,6 +6,7 @@
 //! | [`fasta`] | streaming FASTA parsing into contigs |
 //! | [`fastq`] | streaming FASTQ parsing with file/line errors |
 //! | [`simulate`] | seeded synthetic genomes and reads whose names carry their true origin |
+//! | [`repeats`] | larger synthetic references with interspersed and tandem repeats |
 //! | [`truth`] | parsing true origins from read names and scoring SAM output against them |
 //! | [`pack`] | the 2-bit packed reference |
 //! | [`index`] | the minimizer index and its versioned, checksummed on-disk format |
@@ -27,6 +28,7 @@ pub mod map;
 pub mod pack;
 pub mod paths;
 pub mod pipeline;
+pub mod repeats;
 pub mod run;
 pub mod sam;
 pub mod simulate;
