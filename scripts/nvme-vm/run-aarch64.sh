@@ -8,7 +8,8 @@
 # kura-nvme-guest); their shared libraries come from the cross libc (libc6-dev-arm64-cross).
 # The kernel and busybox are the arm64 packages scripts/setup.sh unpacked into KURA_VM_ARM64_ROOT
 # (default /var/cache/kura/guest-kernel-arm64/root); no firmware: QEMU loads the kernel directly.
-# KURA_VM_APPEND adds to the kernel command line; KURA_VM_QEMU_ARGS to QEMU's.
+# KURA_VM_APPEND adds to the kernel command line; KURA_VM_QEMU_ARGS to QEMU's; KURA_VM_ACCEL
+# (default tcg) picks QEMU's accelerator.
 # Leaves OUT_DIR/console.log and the images; exits with QEMU's status (124 on timeout), or 77
 # with the reason in OUT_DIR/skipped where QEMU, the arm64 kernel, busybox or a tool is missing.
 set -uo pipefail
@@ -47,10 +48,15 @@ truncate -s 64M "$OUT/disk.img"
 rm -f "$OUT/fs.img"
 truncate -s 32M "$OUT/fs.img"
 CPUS=$(sed -n 's/^# kura-vm-cpus: *\([0-9]*\)$/\1/p' "$INIT")
+# KURA_VM_ACCEL=kvm on an arm64 host with /dev/kvm runs the guest's CPU natively (-cpu host).
+# Under TCG, cortex-a57 rather than max: TCG emulates max's pointer authentication and SVE
+# slowly, and neither matters here.
+ACCEL=${KURA_VM_ACCEL:-tcg}
+CPU=cortex-a57
+[ "$ACCEL" = tcg ] || CPU=host
 T0=$(date +%s%N)
-# cortex-a57, not max: TCG emulates pointer authentication and SVE of `max` slowly, and neither
-# matters here. shellcheck disable=SC2086 # KURA_VM_QEMU_ARGS is a list of arguments.
-timeout --kill-after=5 "$LIMIT" qemu-system-aarch64 -accel tcg -cpu cortex-a57 -m 1024 -smp "${CPUS:-1}" \
+# shellcheck disable=SC2086 # KURA_VM_QEMU_ARGS is a list of arguments.
+timeout --kill-after=5 "$LIMIT" qemu-system-aarch64 -accel "$ACCEL" -cpu "$CPU" -m 1024 -smp "${CPUS:-1}" \
   -nographic -machine virt,gic-version=3,iommu=smmuv3 \
   -kernel "$KDIR/boot/vmlinuz-$KVER" -initrd "$OUT/initramfs.cpio.gz" \
   -append "console=ttyAMA0 quiet loglevel=5 panic=-1 ${KURA_VM_APPEND:-}" \
