@@ -271,6 +271,7 @@ mod tests {
             output: OutputArgs {
                 json: Some(json.clone()),
                 plot: Some(dir.path().join("crc.png")),
+                no_plot: false,
             },
         })
         .unwrap();

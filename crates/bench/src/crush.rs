@@ -662,6 +662,7 @@ mod tests {
                 output: crate::output::OutputArgs {
                     json: Some(json.clone()),
                     plot: Some(dir.path().join("crush.png")),
+                    no_plot: false,
                 },
             },
         };

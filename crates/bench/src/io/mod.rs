@@ -221,6 +221,7 @@ mod tests {
                 output: crate::output::OutputArgs {
                     json: Some(dir.join("io.json")),
                     plot: Some(dir.join("io.png")),
+                    no_plot: false,
                 },
             },
             no_fio: true,
