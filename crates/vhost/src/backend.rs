@@ -1,11 +1,15 @@
 //! The vhost-user side of one connection: what `vhost-user-backend` asks of a device (features,
 //! configuration space, queues) and the per-virtqueue work: take each descriptor chain off the
 //! available ring, decode it, copy write data out of guest memory into a kura buffer and hand
-//! the request to the export's driver thread. One thread per virtqueue (`queues_per_thread`);
-//! queues the guest never enables stay idle in their thread's epoll.
+//! the request to the export's driver thread (a discard or write-zeroes of several ranges as one
+//! device request per range). One thread per virtqueue (`queues_per_thread`): vhost-user-backend
+//! starts them all when the connection opens, before the guest says which queues it enables, so
+//! queues it never enables keep an idle thread in epoll.
 
-use crate::blk::{self, Command, Shape, HEADER_LEN, RANGE_LEN, STATUS_IOERR, STATUS_OK};
-use crate::driver::{self, gather, scatter, Job, Mem, QueueOrder, Seg, ToDriver, Vring, Work};
+use crate::blk::{self, Command, Shape, HEADER_LEN, STATUS_IOERR, STATUS_OK};
+use crate::driver::{
+    self, gather, scatter, Job, Mem, Parts, QueueOrder, Seg, ToDriver, Vring, Work,
+};
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -13,7 +17,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use vhost::vhost_user::message::{VhostUserProtocolFeatures, VhostUserVirtioFeatures};
 use vhost_user_backend::{VhostUserBackend, VringT};
 use virtio_queue::QueueOwnedT;
-use vm_memory::{GuestAddressSpace, GuestMemoryAtomic};
+use vm_memory::{GuestAddress, GuestAddressSpace, GuestMemoryAtomic};
 use vmm_sys_util::epoll::EventSet;
 use vmm_sys_util::event::{
     new_event_consumer_and_notifier, EventConsumer, EventFlag, EventNotifier,
@@ -77,121 +81,109 @@ impl Backend {
             .collect();
         for chain in chains {
             let head = chain.head_index();
-            let mut readable = Vec::new();
-            let mut writable = Vec::new();
-            let mut malformed = false;
-            for desc in chain {
-                let seg = Seg {
-                    addr: desc.addr(),
-                    len: desc.len(),
-                };
-                if desc.is_write_only() {
-                    writable.push(seg);
-                } else if writable.is_empty() {
-                    readable.push(seg);
-                } else {
-                    // The spec puts every device-readable descriptor before the writable ones.
-                    malformed = true;
-                }
-            }
+            let descs: Vec<blk::Desc> = chain
+                .map(|d| blk::Desc {
+                    addr: d.addr().0,
+                    len: d.len(),
+                    write_only: d.is_write_only(),
+                })
+                .collect();
             let seq = order.register();
-            let (status, work) = self.decode(&mem, &readable, &mut writable, malformed);
-            self.send(Job {
-                vring: vring.clone(),
-                order: order.clone(),
-                seq,
-                head,
-                mem: mem.clone(),
-                status,
-                work,
-            })?;
+            let (status, works) = self.decode(&mem, &descs);
+            // A request of several ranges is answered once every range's device request is.
+            let parts = (works.len() > 1).then(|| Arc::new(Parts::new(works.len())));
+            for work in works {
+                self.send(Job {
+                    vring: vring.clone(),
+                    order: order.clone(),
+                    seq,
+                    head,
+                    mem: mem.clone(),
+                    status,
+                    parts: parts.clone(),
+                    work,
+                })?;
+            }
         }
         Ok(())
     }
 
-    /// The status byte's address and the work of one chain.
-    fn decode(
-        &self,
-        mem: &Mem,
-        readable: &[Seg],
-        writable: &mut Vec<Seg>,
-        malformed: bool,
-    ) -> (Option<vm_memory::GuestAddress>, Work) {
-        let refuse = |status| Work::Answer { status, written: 1 };
-        // The status byte is the last byte the guest left writable.
-        let status = match writable.last_mut() {
-            Some(last) if last.len > 0 => {
-                last.len -= 1;
-                let addr = vm_memory::GuestAddress(last.addr.0.wrapping_add(u64::from(last.len)));
-                if last.len == 0 {
-                    writable.pop();
-                }
-                addr
-            }
-            _ => {
-                return (
-                    None,
-                    Work::Answer {
+    /// The status byte's address and the work of one chain (one item per device request).
+    fn decode(&self, mem: &Mem, descs: &[blk::Desc]) -> (Option<GuestAddress>, Vec<Work>) {
+        let refuse = |status| vec![Work::Answer { status, written: 1 }];
+        let segs = |d: &[blk::Desc]| -> Vec<Seg> {
+            d.iter()
+                .map(|d| Seg {
+                    addr: GuestAddress(d.addr),
+                    len: d.len,
+                })
+                .collect()
+        };
+        let chain = match blk::split_chain(descs) {
+            Ok(chain) => chain,
+            Err(status) => {
+                let answer = match status {
+                    Some(_) => refuse(STATUS_IOERR),
+                    None => vec![Work::Answer {
                         status: STATUS_IOERR,
                         written: 0,
-                    },
-                )
+                    }],
+                };
+                return (status.map(GuestAddress), answer);
             }
         };
-        if malformed {
-            return (Some(status), refuse(STATUS_IOERR));
-        }
-        let out_total: u64 = readable.iter().map(|s| u64::from(s.len)).sum();
-        let in_len: u64 = writable.iter().map(|s| u64::from(s.len)).sum();
+        let status = Some(GuestAddress(chain.status));
+        let readable = segs(&chain.readable);
+        let mut writable = segs(&chain.writable);
         let mut header = [0u8; HEADER_LEN];
-        if !gather(mem, readable, 0, &mut header) {
-            return (Some(status), refuse(STATUS_IOERR));
+        if !gather(mem, &readable, 0, &mut header) {
+            return (status, refuse(STATUS_IOERR));
         }
-        let out_len = out_total - HEADER_LEN as u64;
-        let mut range = [0u8; RANGE_LEN];
-        let have_range =
-            out_len >= RANGE_LEN as u64 && gather(mem, readable, HEADER_LEN as u64, &mut range);
+        let mut ranges = vec![0u8; blk::ranges_len(&header, chain.out_len)];
+        if !gather(mem, &readable, HEADER_LEN as u64, &mut ranges) {
+            return (status, refuse(STATUS_IOERR));
+        }
         let shape = &self.0.shape;
-        let cmd = blk::decode(
-            shape,
-            &header,
-            out_len,
-            in_len,
-            have_range.then_some(&range),
-        );
+        let cmd = blk::decode(shape, &header, chain.out_len, chain.in_len, &ranges);
         let work = match cmd {
             Err(st) => refuse(st),
-            Ok(Command::Read { lba, blocks }) => Work::Read {
+            Ok(Command::Read { lba, blocks }) => vec![Work::Read {
                 lba,
                 blocks,
-                into: std::mem::take(writable),
-            },
+                into: std::mem::take(&mut writable),
+            }],
             Ok(Command::Write { lba, blocks }) => {
                 // A first step: the data is copied into a kura buffer rather than handed to the
                 // device in place in guest memory.
                 let mut buf = driver::alloc((blocks * u64::from(shape.block_size)) as usize);
-                if gather(mem, readable, HEADER_LEN as u64, &mut buf) {
-                    Work::Write { lba, blocks, buf }
+                if gather(mem, &readable, HEADER_LEN as u64, &mut buf) {
+                    vec![Work::Write { lba, blocks, buf }]
                 } else {
                     refuse(STATUS_IOERR)
                 }
             }
-            Ok(Command::Flush) => Work::Flush,
+            Ok(Command::Flush) => vec![Work::Flush],
             Ok(Command::GetId) => {
-                let n = (in_len as usize).min(self.0.id.len());
-                if scatter(mem, writable, &self.0.id[..n]) {
-                    Work::Answer {
+                let n = (chain.in_len as usize).min(self.0.id.len());
+                if scatter(mem, &writable, &self.0.id[..n]) {
+                    vec![Work::Answer {
                         status: STATUS_OK,
                         written: n as u32 + 1,
-                    }
+                    }]
                 } else {
                     refuse(STATUS_IOERR)
                 }
             }
-            Ok(Command::Discard { lba, blocks }) => Work::Discard { lba, blocks },
-            Ok(Command::WriteZeroes { lba, blocks }) => Work::WriteZeroes { lba, blocks },
+            Ok(Command::Discard(ranges)) => ranges
+                .into_iter()
+                .map(|(lba, blocks)| Work::Discard { lba, blocks })
+                .collect(),
+            Ok(Command::WriteZeroes(ranges)) => ranges
+                .into_iter()
+                .map(|(lba, blocks)| Work::WriteZeroes { lba, blocks })
+                .collect(),
         };
-        (Some(status), work)
+        (status, work)
     }
 }
 

@@ -13,6 +13,7 @@
 use kura_engine::device::stats_of;
 use kura_engine::{BlockDevice, BufferPool, Completion, DeviceError, DriveStats, IoBuf, Request};
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -188,7 +189,40 @@ pub(crate) struct Job {
     pub mem: Arc<Mem>,
     /// Where the status byte goes; `None` for a chain without room for one.
     pub status: Option<GuestAddress>,
+    /// Set when the guest request is several device requests (the ranges of a discard or
+    /// write-zeroes), each its own job: the last one to finish answers for all.
+    pub parts: Option<Arc<Parts>>,
     pub work: Work,
+}
+
+/// The device requests of one guest request still unanswered, and whether one failed.
+pub(crate) struct Parts {
+    left: AtomicUsize,
+    failed: AtomicBool,
+}
+
+impl Parts {
+    pub fn new(count: usize) -> Parts {
+        Parts {
+            left: AtomicUsize::new(count),
+            failed: AtomicBool::new(false),
+        }
+    }
+
+    /// Records one part's status; the guest request's status once it was the last part.
+    fn finish(&self, status: u8) -> Option<u8> {
+        if status != STATUS_OK {
+            self.failed.store(true, Ordering::SeqCst);
+        }
+        if self.left.fetch_sub(1, Ordering::SeqCst) != 1 {
+            return None;
+        }
+        Some(if self.failed.load(Ordering::SeqCst) {
+            STATUS_IOERR
+        } else {
+            STATUS_OK
+        })
+    }
 }
 
 pub(crate) enum ToDriver {
@@ -335,6 +369,13 @@ fn finish(job: Job, buf: Option<IoBuf>, status: kura_engine::DeviceResult<()>) {
 /// Writes the status byte and puts every answer of the job's virtqueue that is now in order on
 /// the used ring, notifying the guest when it asked to be.
 fn answer(job: Job, status: u8, written: u32) {
+    let status = match &job.parts {
+        Some(parts) => match parts.finish(status) {
+            Some(status) => status,
+            None => return,
+        },
+        None => status,
+    };
     let (written, status_written) = match job.status {
         Some(addr) => (written, job.mem.write_obj(status, addr).is_ok()),
         None => (0, true),
@@ -371,5 +412,16 @@ mod tests {
         let d = order.register();
         assert_eq!(d, 3);
         assert_eq!(order.complete(d, 4, 1), vec![(4, 1)]);
+    }
+
+    #[test]
+    fn a_request_of_several_parts_answers_once_with_the_worst_status() {
+        let parts = Parts::new(3);
+        assert_eq!(parts.finish(STATUS_OK), None);
+        assert_eq!(parts.finish(STATUS_IOERR), None);
+        assert_eq!(parts.finish(STATUS_OK), Some(STATUS_IOERR));
+        let parts = Parts::new(2);
+        assert_eq!(parts.finish(STATUS_OK), None);
+        assert_eq!(parts.finish(STATUS_OK), Some(STATUS_OK));
     }
 }
