@@ -18,6 +18,7 @@ mod pattern;
 mod resize;
 mod serve;
 mod serve_ctl;
+mod serve_share;
 mod serve_ublk;
 mod serve_vhost;
 mod stream;
@@ -116,6 +117,18 @@ enum BenchCommand {
     /// NBD block status: nbdcopy of a large sparse image from kura serve with base:allocation
     /// against the same export without it (time ratio, bytes read, time against data).
     Nbdcopy(kura_bench::nbdcopy::NbdcopyArgs),
+    /// kura as a VM's disk: fio in a QEMU (TCG) guest on kura's vhost-user-blk disk against
+    /// QEMU's virtio-blk and NBD on copies of one image, and over snapshot/mirror layers.
+    ///
+    /// One guest (scripts/nvme-vm/run.sh, init-vm-bench) sees five virtio-blk disks, each on its
+    /// own identical copy of one image: `kura` (kura serve --vhost-user, file:), `qemu` (QEMU's
+    /// virtio-blk, aio=io_uring cache=none), `nbd` (QEMU's NBD client to kura serve), `snapshot`
+    /// and `mirror` (vhost-user over snapshot(file:) and mirror(file:,file:)). fio runs 4 KiB
+    /// random read/write at QD 1 and 32 and 1 MiB sequential read/write at QD 4 on each disk in
+    /// turn, round after round; the table gives median [min-max] IOPS and the per-round ratios
+    /// kura/qemu (target >= 1.0x at 4K QD32), kura/nbd (>= 1.5x) and layer/pass-through. Every
+    /// figure is emulated (TCG): a relative view, not a hardware result.
+    Vm(kura_bench::vm::VmArgs),
     /// Every benchmark in turn, then DIR/report.md and DIR/report.html: the environment and
     /// one section per seed figure, each labelled measured or modeled (--quick: a smoke run).
     All(kura_bench::all::AllArgs),
@@ -145,6 +158,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(BenchCommand::Kv(args)) => kura_bench::kv::run(&args),
         Command::Bench(BenchCommand::Drives(args)) => kura_bench::drives::run(&args),
         Command::Bench(BenchCommand::Nbdcopy(args)) => kura_bench::nbdcopy::run(&args),
+        Command::Bench(BenchCommand::Vm(args)) => kura_bench::vm::run(&args),
         Command::Bench(BenchCommand::Genome(args)) => kura_bench::genome::run(&args),
         Command::Bench(BenchCommand::Crush(args)) => kura_bench::crush::run(&args),
         Command::Bench(BenchCommand::Ingest(args)) => kura_bench::ingest::run(&args),
