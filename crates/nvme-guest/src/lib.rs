@@ -6,7 +6,8 @@
 //! hands back the console log and images. The guest test of this crate (`tests/vm.rs`, which puts
 //! the `kura-nvme-guest` program of `src/main.rs` in the guest) and the CLI's
 //! (`crates/cli/tests/nvme_guest_bench.rs`, `kura bench io` in the guest) both start guests
-//! through it.
+//! through it. `boot_on`/`boot_passing_on` name another harness script: `run-aarch64.sh` boots
+//! the arm64 guest (`tests/vm_aarch64.rs`, run by `scripts/aarch64.sh`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -81,7 +82,20 @@ pub fn boot_passing(
     append: &str,
     pass: impl Fn(&GuestRun) -> bool,
 ) -> Result<GuestRun, String> {
-    let first = boot(init, bins, limit, append)?;
+    boot_passing_on("run.sh", init, bins, limit, append, pass)
+}
+
+/// `boot_passing` with another harness script of `scripts/nvme-vm/` (`run-aarch64.sh`: the
+/// arm64 guest, whose `bins` must be aarch64 programs).
+pub fn boot_passing_on(
+    runner: &str,
+    init: &str,
+    bins: &[&Path],
+    limit: Duration,
+    append: &str,
+    pass: impl Fn(&GuestRun) -> bool,
+) -> Result<GuestRun, String> {
+    let first = boot_on(runner, init, bins, limit, append)?;
     if pass(&first) {
         return Ok(first);
     }
@@ -96,13 +110,24 @@ pub fn boot_passing(
         first.dir.join("console.log"),
         first.dir.join("console-lost.log"),
     );
-    boot(init, bins, limit, append)
+    boot_on(runner, init, bins, limit, append)
 }
 
 /// Boots a guest whose `/init` is `init` (a path relative to `scripts/nvme-vm/`), with `bins` in
 /// its `/bin`, for at most `limit`; `append` goes on the kernel command line. `Err` holds why
 /// this host cannot boot one (no QEMU, kernel, busybox-static or cpio), for a visible skip.
 pub fn boot(init: &str, bins: &[&Path], limit: Duration, append: &str) -> Result<GuestRun, String> {
+    boot_on("run.sh", init, bins, limit, append)
+}
+
+/// `boot` with another harness script of `scripts/nvme-vm/` (see `boot_passing_on`).
+pub fn boot_on(
+    runner: &str,
+    init: &str,
+    bins: &[&Path],
+    limit: Duration,
+    append: &str,
+) -> Result<GuestRun, String> {
     let scripts = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/nvme-vm");
     let dir = std::env::temp_dir().join(format!(
         "kura-nvme-vm-{}-{}",
@@ -110,14 +135,14 @@ pub fn boot(init: &str, bins: &[&Path], limit: Duration, append: &str) -> Result
         std::process::id()
     ));
     let started = Instant::now();
-    let status = Command::new(scripts.join("run.sh"))
+    let status = Command::new(scripts.join(runner))
         .arg(&dir)
         .arg(scripts.join(init))
         .arg(limit.as_secs().max(1).to_string())
         .args(bins)
         .env("KURA_VM_APPEND", append)
         .status()
-        .map_err(|e| format!("cannot start run.sh: {e}"))?;
+        .map_err(|e| format!("cannot start {runner}: {e}"))?;
     if status.code() == Some(SKIP_STATUS) {
         let why = std::fs::read_to_string(dir.join("skipped")).unwrap_or_default();
         let _ = std::fs::remove_dir_all(&dir);
