@@ -22,6 +22,7 @@ pub mod poison;
 pub mod registry;
 pub mod spec;
 pub mod split;
+pub mod sync;
 
 pub use blocking::BlockingIo;
 pub use buffer::{BufferPool, IoBuf, PoolError};

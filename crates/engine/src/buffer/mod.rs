@@ -15,8 +15,11 @@ use buddy::Buddy;
 use std::alloc::Layout;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+// The pool's lock, condition variable and counters come from `crate::sync`, so that
+// `tests/loom_pool.rs` model-checks waiting for and freeing buffers; process-wide statics stay std.
+use crate::sync::atomic::{AtomicU64, Ordering};
+use crate::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Alignment and smallest block of pool buffers: a page, enough for O_DIRECT on any device.
@@ -44,7 +47,7 @@ pub enum PoolError {
     Map(Errno),
 }
 
-static NEXT_POOL_ID: AtomicU64 = AtomicU64::new(1);
+static NEXT_POOL_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 struct PoolShared {
     id: u64,
@@ -142,7 +145,7 @@ impl BufferPool {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Buddy> {
+    fn lock(&self) -> MutexGuard<'_, Buddy> {
         // A panic while holding this lock cannot leave the free lists half-updated in a way
         // that matters more than losing the process, so a poisoned lock is taken over.
         self.shared.buddy.lock().unwrap_or_else(|p| p.into_inner())

@@ -23,10 +23,9 @@ use crate::error::{DeviceError, DeviceResult, Errno, OpenError};
 use crate::poison::FlushPoison;
 use crate::spec::Spec;
 use crate::split::SplitParent;
-use channel::{Channel, DONE, FREE, MAX_SLOTS, SUBMITTED};
+use channel::{Channel, MAX_SLOTS};
 use std::collections::VecDeque;
 use std::os::unix::io::AsRawFd;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// The paper's measured cost of one redirected system call on SX-Aurora (42,748 ns).
@@ -175,7 +174,6 @@ impl RedirectDevice {
 
     /// Gives free slots to waiting pieces, copies write data in and publishes them.
     fn dispatch(&mut self) {
-        let h = self.chan.header();
         let mut published = false;
         while let Some(&parent_id) = self.waiting.front() {
             let Some(slot) = self.free_slots.pop() else {
@@ -214,31 +212,27 @@ impl RedirectDevice {
             };
             if req.op == Opcode::Write {
                 if let Some(buf) = req.buf.as_ref() {
-                    // SAFETY: the slot's data area holds max_transfer >= len bytes and is not in
-                    // use by the proxy (the slot is free); the source range was validated.
+                    // SAFETY: the slot's data area holds max_transfer >= len bytes and is ours
+                    // (the slot is free); the source range was validated.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            buf.as_ptr().add(buf_at),
-                            self.chan.data_ptr(slot as usize),
-                            len,
-                        )
+                        self.chan
+                            .copy_in(slot as usize, buf.as_ptr().add(buf_at), len)
                     };
                 }
             }
-            let s = self.chan.slot(slot as usize);
-            s.op.store(op, Ordering::Relaxed);
-            s.offset.store(offset, Ordering::Relaxed);
-            s.len.store(len as u64, Ordering::Relaxed);
-            s.result.store(0, Ordering::Relaxed);
-            s.state.store(SUBMITTED, Ordering::Relaxed);
             self.slot_owner[slot as usize] = Some((parent_id, piece));
-            let tail = h.sq_tail.load(Ordering::Relaxed);
-            h.sq[(tail % self.chan.slots() as u32) as usize].store(slot, Ordering::Relaxed);
-            h.sq_tail.store(tail.wrapping_add(1), Ordering::SeqCst);
+            self.chan.submit(
+                slot,
+                channel::Command {
+                    op,
+                    offset,
+                    len: len as u64,
+                },
+            );
             published = true;
         }
-        if published && h.proxy_sleeping.load(Ordering::SeqCst) != 0 {
-            channel::futex_wake(&h.sq_tail);
+        if published {
+            self.chan.wake_proxy();
         }
     }
 
@@ -249,13 +243,10 @@ impl RedirectDevice {
             let Some((parent_id, piece)) = self.slot_owner[slot] else {
                 continue;
             };
-            let s = self.chan.slot(slot);
-            if s.state.load(Ordering::Acquire) != DONE {
+            let Some(errno) = self.chan.take_done(slot) else {
                 continue;
-            }
-            let errno = s.result.load(Ordering::Relaxed);
+            };
             self.slot_owner[slot] = None;
-            s.state.store(FREE, Ordering::Relaxed);
             self.free_slots.push(slot as u32);
             let bs = u64::from(self.geo.block_size);
             let max_blocks = u64::from(self.geo.max_transfer_blocks());
@@ -275,12 +266,12 @@ impl RedirectDevice {
                     let blocks = max_blocks.min(req.blocks - first);
                     let len = (blocks * bs) as usize;
                     if let Some(buf) = req.buf.as_mut() {
-                        // SAFETY: the proxy finished with this slot (state DONE, read with
-                        // Acquire), the data area holds `len` bytes, and the destination range
-                        // lies inside the validated buffer.
+                        // SAFETY: the proxy finished with this slot (`take_done`), the data area
+                        // holds `len` bytes, and the destination range lies inside the
+                        // validated buffer.
                         unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                self.chan.data_ptr(slot),
+                            self.chan.copy_out(
+                                slot,
                                 buf.as_mut_ptr().add((first * bs) as usize),
                                 len,
                             )
@@ -391,35 +382,26 @@ impl BlockDevice for RedirectDevice {
         let mut got = hand_over(self.ready.drain(..), out, &mut self.in_flight);
         let started = Instant::now();
         loop {
+            // Before reaping: a completion the reap misses then still moves the count past `seen`.
+            let seen = self.chan.completions();
             self.dispatch();
             got += self.reap(out);
             if got >= want || self.in_flight == self.ready.len() {
                 return Ok(got);
             }
-            let h = self.chan.header();
-            let seen = h.cq_seq.load(Ordering::SeqCst);
-            let progressed =
-                channel::spin_until(|| h.cq_seq.load(Ordering::Acquire) != seen, 20_000);
-            if !progressed {
-                h.caller_waiting.store(1, Ordering::SeqCst);
-                if h.cq_seq.load(Ordering::SeqCst) == seen {
-                    channel::futex_wait(&h.cq_seq, seen, WAIT_SLICE);
+            if !self.chan.wait_completion(seen, WAIT_SLICE) {
+                if !self.proxy_alive() {
+                    got += self.go_offline("the redirect proxy process exited".into(), out);
+                    return Ok(got);
                 }
-                h.caller_waiting.store(0, Ordering::SeqCst);
-                if h.cq_seq.load(Ordering::SeqCst) == seen {
-                    if !self.proxy_alive() {
-                        got += self.go_offline("the redirect proxy process exited".into(), out);
-                        return Ok(got);
-                    }
-                    if started.elapsed() > COMMAND_TIMEOUT {
-                        // SAFETY: killing our own child.
-                        unsafe { libc::kill(self.pid, libc::SIGKILL) };
-                        got += self.go_offline(
-                            format!("the redirect proxy did not answer within {COMMAND_TIMEOUT:?}"),
-                            out,
-                        );
-                        return Ok(got);
-                    }
+                if started.elapsed() > COMMAND_TIMEOUT {
+                    // SAFETY: killing our own child.
+                    unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                    got += self.go_offline(
+                        format!("the redirect proxy did not answer within {COMMAND_TIMEOUT:?}"),
+                        out,
+                    );
+                    return Ok(got);
                 }
             }
         }
@@ -432,9 +414,7 @@ impl BlockDevice for RedirectDevice {
 
 impl Drop for RedirectDevice {
     fn drop(&mut self) {
-        let h = self.chan.header();
-        h.shutdown.store(1, Ordering::SeqCst);
-        channel::futex_wake(&h.sq_tail);
+        self.chan.shutdown();
         let deadline = Instant::now() + Duration::from_secs(2);
         let mut status = 0;
         loop {

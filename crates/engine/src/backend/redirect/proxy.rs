@@ -8,8 +8,7 @@
 //! staging buffer (allocated before the fork) and is then copied into the channel — the copy a
 //! host makes when it moves data to an accelerator.
 
-use super::channel::{self, Channel, DONE, OP_DISCARD, OP_FLUSH, OP_READ, OP_WRITE, OP_ZERO};
-use std::sync::atomic::Ordering;
+use super::channel::{Channel, Command, OP_DISCARD, OP_FLUSH, OP_READ, OP_WRITE, OP_ZERO};
 use std::time::Duration;
 
 /// Everything the proxy needs, prepared before the fork.
@@ -64,72 +63,34 @@ pub unsafe fn serve(chan: &Channel, cfg: &ProxyConfig) -> ! {
     // that took them for as long as this proxy lives.
     // SAFETY: close_range/close are async-signal-safe system calls on descriptors this child owns.
     unsafe { close_all_but(cfg.fd) };
-    let h = chan.header();
-    let slots = chan.slots() as u32;
-    loop {
-        let head = h.sq_head.load(Ordering::Relaxed);
-        if channel::acquire(&h.sq_tail) == head {
-            if h.shutdown.load(Ordering::Acquire) != 0 {
-                // SAFETY: async-signal-safe exit, skipping the parent's atexit handlers.
-                unsafe { libc::_exit(0) };
-            }
-            let woke = channel::spin_until(
-                || channel::acquire(&h.sq_tail) != head || h.shutdown.load(Ordering::Relaxed) != 0,
-                20_000,
-            );
-            if !woke {
-                h.proxy_sleeping.store(1, Ordering::SeqCst);
-                if h.sq_tail.load(Ordering::SeqCst) == head
-                    && h.shutdown.load(Ordering::SeqCst) == 0
-                {
-                    channel::futex_wait(&h.sq_tail, head, Duration::from_millis(100));
-                }
-                h.proxy_sleeping.store(0, Ordering::SeqCst);
-                // SAFETY: getppid/_exit are async-signal-safe.
-                unsafe {
-                    if libc::getppid() != cfg.parent_pid {
-                        libc::_exit(0);
-                    }
-                }
-            }
-            continue;
-        }
-        let index = h.sq[(head % slots) as usize].load(Ordering::Relaxed);
-        if index < slots {
-            let slot = chan.slot(index as usize);
-            let errno = serve_one(chan, index as usize, cfg);
-            slot.result.store(errno, Ordering::Relaxed);
-            slot.state.store(DONE, Ordering::Release);
-        }
-        h.sq_head.store(head.wrapping_add(1), Ordering::Release);
-        h.cq_seq.fetch_add(1, Ordering::SeqCst);
-        if h.caller_waiting.load(Ordering::SeqCst) != 0 {
-            channel::futex_wake(&h.cq_seq);
-        }
-    }
+    chan.serve(
+        Duration::from_millis(100),
+        |index, cmd| serve_one(chan, index, cmd, cfg),
+        // SAFETY: getppid is async-signal-safe.
+        || unsafe { libc::getppid() } == cfg.parent_pid,
+    );
+    // SAFETY: async-signal-safe exit, skipping the parent's atexit handlers.
+    unsafe { libc::_exit(0) }
 }
 
 /// Performs one command; returns 0 or a positive errno.
-fn serve_one(chan: &Channel, index: usize, cfg: &ProxyConfig) -> u32 {
-    let slot = chan.slot(index);
-    let op = slot.op.load(Ordering::Relaxed);
-    let offset = slot.offset.load(Ordering::Relaxed);
-    let len = slot.len.load(Ordering::Relaxed) as usize;
-    let data = chan.data_ptr(index);
+fn serve_one(chan: &Channel, index: usize, cmd: Command, cfg: &ProxyConfig) -> u32 {
+    let Command { op, offset, len } = cmd;
+    let len = len as usize;
     let errno = match op {
         OP_READ | OP_WRITE if len > chan.data_capacity() || len > cfg.staging_len => libc::EINVAL,
         OP_READ => {
             let e = transfer(cfg.fd, cfg.staging, len, offset, false);
             if e == 0 {
                 // SAFETY: both regions hold at least `len` bytes (checked above) and are distinct
-                // mappings, so they cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(cfg.staging, data, len) };
+                // mappings, so they cannot overlap; the proxy owns the slot while serving it.
+                unsafe { chan.copy_in(index, cfg.staging, len) };
             }
             e
         }
         OP_WRITE => {
             // SAFETY: as for reads.
-            unsafe { std::ptr::copy_nonoverlapping(data, cfg.staging, len) };
+            unsafe { chan.copy_out(index, cfg.staging, len) };
             transfer(cfg.fd, cfg.staging, len, offset, true)
         }
         // SAFETY: fdatasync on the proxy's own fd.
