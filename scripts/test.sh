@@ -22,6 +22,9 @@ status=$?
 # The same code built for aarch64, a chosen set of its tests under qemu-aarch64 (issue 21).
 scripts/aarch64.sh || status=1
 
+# The lock-free protocols' memory orderings under the loom model checker (issue 21).
+scripts/loom.sh || status=1
+
 echo "== skipped tests"
 if [ -s "$KURA_SKIP_LOG" ]; then
   # test<TAB>capability<TAB>reason

@@ -19,7 +19,9 @@ pub mod prp;
 #[allow(unsafe_code)] // open/ioctl on the char device, io_uring passthrough SQEs
 pub mod pt;
 mod qpair;
-#[cfg(test)]
+#[cfg(all(test, loom))]
+mod qpair_loom;
+#[cfg(all(test, not(loom)))]
 #[allow(unsafe_code)] // the test's device thread reads and writes the rings by address
 mod qpair_stress;
 pub mod queue;
@@ -28,6 +30,7 @@ pub mod ring;
 #[allow(unsafe_code)] // the simulated controller's DMA into host memory
 pub mod sim;
 pub mod status;
+pub mod sync;
 #[allow(unsafe_code)] // VFIO ioctls, BAR mmap, DMA mappings
 pub mod vfio;
 

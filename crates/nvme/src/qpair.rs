@@ -2,12 +2,11 @@
 //! tail doorbell, and consuming completions by phase tag. Used for the admin queue and for every
 //! I/O queue.
 
-use crate::bus::{Bus, DmaMem};
+use crate::bus::{dma_rmb, doorbell_barrier, Bus, DmaMem};
 use crate::cmd::{Cqe, Sqe, CQE_SIZE, SQE_SIZE};
 use crate::error::NvmeError;
 use crate::regs;
 use crate::ring::{CqRing, SqRing};
-use std::sync::atomic::{fence, Ordering};
 use std::sync::Arc;
 
 pub(crate) struct QueuePair {
@@ -54,6 +53,12 @@ impl QueuePair {
         self.cq_mem.iova(0)
     }
 
+    /// The rings' memory, for the model's device thread.
+    #[cfg(all(test, loom))]
+    pub fn model_memory(&self) -> (crate::bus::ModelWords, crate::bus::ModelWords) {
+        (self.sq_mem.model_words(), self.cq_mem.model_words())
+    }
+
     /// Back to the state of a freshly created queue, for re-creation after a controller reset.
     pub fn reset(&mut self) {
         self.sq_mem.zero();
@@ -85,7 +90,7 @@ impl QueuePair {
     pub fn ring(&mut self, bus: &dyn Bus) {
         if self.unrung {
             // The entries must be visible in memory before the doorbell write reaches the device.
-            fence(Ordering::SeqCst);
+            doorbell_barrier();
             bus.write32(self.sq_db, u32::from(self.sq.tail()));
             self.unrung = false;
         }
@@ -99,7 +104,7 @@ impl QueuePair {
             return None;
         }
         // The rest of the entry was written before its phase bit; read it only after seeing it.
-        fence(Ordering::Acquire);
+        dma_rmb();
         let cqe = Cqe::from_bytes(&self.cq_mem.read_volatile(off));
         self.cq.advance();
         self.sq.set_head(cqe.sq_head);
@@ -110,6 +115,8 @@ impl QueuePair {
     /// Hands consumed completion slots back to the controller.
     pub fn release(&mut self, bus: &dyn Bus) {
         if self.unreleased {
+            // The consumed entries are read before the head write lets the device reuse them.
+            dma_rmb();
             bus.write32(self.cq_db, u32::from(self.cq.head()));
             self.unreleased = false;
         }
