@@ -7,6 +7,7 @@
 //! pipeline's stage total is reported beside it. Accuracy of both is scored from the read names. Read loading is set
 //! against the device's sequential read bandwidth measured on the same image file.
 
+use crate::genome_peers::{build_index, map, measured, which, Index, Tool};
 use crate::io::workload::{Job, Pattern};
 use crate::output::{plot_help, RunArgs};
 use crate::stats::{compare, lower_by, quotient, Compared, Spread};
@@ -19,7 +20,7 @@ use kura_genome::truth::{score_sam, ScoreOptions};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 const PLOT: &str = include_str!("../../../scripts/plot_genome.py");
 
@@ -29,13 +30,14 @@ pub struct GenomeBenchArgs {
     /// Directory for the dataset, the images and the outputs (a disk file system).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: PathBuf,
-    /// Single-end 150 bp reads simulated from the reference.
-    #[arg(long, default_value_t = 200_000)]
-    pub reads: u64,
+    /// Single-end 150 bp reads simulated from the reference (default 200000; with --matrix,
+    /// reads or pairs per cell, default 10000).
+    #[arg(long)]
+    pub reads: Option<u64>,
     /// Reference FASTA (default: MG1655 from ragout-examples, else a synthetic genome).
     #[arg(long = "ref")]
     pub reference: Option<PathBuf>,
-    /// Threads for kura and minimap2 alike.
+    /// Threads for kura and every peer alike.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
     /// kura's I/O paths, comma-separated (accelfs, host, redirect).
@@ -45,6 +47,12 @@ pub struct GenomeBenchArgs {
     /// --quick.
     #[arg(long)]
     pub rounds: Option<usize>,
+    /// Every tool (kura genome map, minimap2, bwa mem, bowtie2) over a grid of error rates,
+    /// indel rates, single/paired reads and reference sizes, instead of the I/O-path comparison.
+    #[arg(long)]
+    pub matrix: bool,
+    #[command(flatten)]
+    pub grid: crate::genome_matrix::MatrixArgs,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -73,6 +81,12 @@ pub struct SystemPoint {
     pub stages: Vec<(String, f64)>,
     /// kura only: bytes of reads per second of the "load reads" stage (I/O and parsing).
     pub load_reads_mb_s: Option<f64>,
+    /// Systems mapping from a prebuilt index (kura genome map, bwa mem, bowtie2): its build,
+    /// timed apart from the mapping rounds.
+    pub index: Option<Index>,
+    /// The highest MAPQ the system wrote, where read back (bowtie2's scale ends at 42, the
+    /// others' at 60; misplaced reads are counted at MAPQ >= 20 for all).
+    pub max_mapq: Option<u8>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -90,6 +104,10 @@ pub struct Report {
     /// The file system of `--dir` (statfs), where the dataset, images and outputs live.
     pub file_system: String,
     pub minimap2_version: Option<String>,
+    /// Version of every peer that ran.
+    pub versions: Vec<(String, String)>,
+    /// Peers that did not run, with why.
+    pub skipped: Vec<String>,
     /// Sequential read of the reads file's size from the image with 1 MiB commands at QD 32.
     pub device_seq_read_mb_s: f64,
     /// The reads file streamed from AccelFS on the direct engine, without parsing.
@@ -98,10 +116,14 @@ pub struct Report {
 }
 
 pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
+    if args.matrix {
+        return crate::genome_matrix::run(args);
+    }
+    let reads = args.reads.unwrap_or(200_000);
     let reads = if args.run.quick {
-        args.reads.min(20_000)
+        reads.min(20_000)
     } else {
-        args.reads
+        reads
     };
     let rounds = crate::stats::rounds(args.rounds, args.run.quick, 1);
     let kura = std::env::current_exe().context("finding the kura binary")?;
@@ -115,13 +137,35 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     let (reference, reference_name) = reference(args, &data)?;
     let (reads_fq, simulator) = simulate(&kura, &reference, &data, reads)?;
     let paths = IoPath::parse_list(&args.paths).map_err(|e| anyhow::anyhow!("--paths: {e}"))?;
-    let bar = ProgressBar::new((rounds * (paths.len() + 1)) as u64);
+    let mut skipped = Vec::new();
+    if let Err(why) = Tool::Minimap2.available() {
+        println!("{why}");
+        skipped.push(why);
+    }
+    // kura's own map command and the peers that map from a prebuilt index: built once, timed.
+    let mut indexed: Vec<Index> = Vec::new();
+    for tool in [Tool::Kura, Tool::Bwa, Tool::Bowtie2] {
+        match tool.available() {
+            Ok(()) => indexed.push(build_index(
+                tool,
+                &kura,
+                &reference,
+                dir.path(),
+                args.threads,
+            )?),
+            Err(why) => {
+                println!("{why}");
+                skipped.push(why);
+            }
+        }
+    }
+    let bar = ProgressBar::new((rounds * (paths.len() + 1 + indexed.len())) as u64);
     if let Ok(style) =
         ProgressStyle::with_template("{elapsed_precise} [{bar:40}] {pos}/{len} {msg}")
     {
         bar.set_style(style.progress_chars("=> "));
     }
-    let mut all: Vec<Vec<SystemPoint>> = vec![Vec::new(); paths.len() + 1];
+    let mut all: Vec<Vec<SystemPoint>> = vec![Vec::new(); paths.len() + 1 + indexed.len()];
     for round in 0..rounds {
         for (i, path) in paths.iter().enumerate() {
             bar.set_message(format!("round {}: kura on {}", round + 1, path.name()));
@@ -136,15 +180,25 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
             all[i].push(p);
             bar.inc(1);
         }
-        match &minimap2 {
-            Some(mm) => {
-                bar.set_message(format!("round {}: minimap2", round + 1));
-                let p = run_minimap2(mm, &reference, &reads_fq, dir.path(), args.threads)?;
-                all[paths.len()].push(p);
-            }
-            None => bar.println("minimap2 is not installed (apt-get install minimap2): no peer"),
+        if let Some(mm) = &minimap2 {
+            bar.set_message(format!("round {}: minimap2", round + 1));
+            let p = run_minimap2(mm, &reference, &reads_fq, dir.path(), args.threads)?;
+            all[paths.len()].push(p);
         }
         bar.inc(1);
+        for (j, index) in indexed.iter().enumerate() {
+            bar.set_message(format!("round {}: {}", round + 1, index.tool.name()));
+            let sam = dir.path().join("mapped.sam");
+            let m = map(
+                index,
+                &kura,
+                std::slice::from_ref(&reads_fq),
+                &sam,
+                args.threads,
+            )?;
+            all[paths.len() + 1 + j].push(indexed_point(index, m));
+            bar.inc(1);
+        }
     }
     let walls = |v: &[SystemPoint]| v.iter().map(|p| p.seconds).collect::<Vec<f64>>();
     let peer = walls(&all[paths.len()]);
@@ -190,6 +244,11 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         minimap2_version: minimap2
             .as_ref()
             .map(|m| crate::stats::tool_version(&m.display().to_string(), "--version")),
+        versions: indexed
+            .iter()
+            .map(|i| (i.tool.name().to_string(), i.tool.version(&kura)))
+            .collect(),
+        skipped,
         device_seq_read_mb_s: device,
         accelfs_stream_mb_s: stream,
         notes: Vec::new(),
@@ -199,6 +258,12 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     );
     report.notes.push(
         "peak RSS: each child process's own VmHWM, sampled every 2 ms (wait4's maxrss would include this process's, inherited at spawn); kura's includes copying the dataset into its image before the pipeline starts".into(),
+    );
+    report.notes.push(
+        "kura genome map, bwa mem and bowtie2 map from an index built beforehand by a separate timed command (index: seconds, peak RSS, bytes, command); their seconds are the mapping process alone, so they are not set against minimap2's row, which indexes in-process (kura bench genome --matrix compares all four from prebuilt indexes)".into(),
+    );
+    report.notes.push(
+        "accuracy of every system is scored by the same code (primary SAM records, within 10 bp of the simulated origin; misplaced with MAPQ >= 20 on each tool's own scale, max_mapq shows it: 42 for bowtie2, 60 for the others)".into(),
     );
     print_report(&report);
     args.run.output.emit("genome", PLOT, &report)
@@ -216,14 +281,6 @@ fn summarise(mut rounds: Vec<SystemPoint>) -> Option<SystemPoint> {
     p.seconds = p.seconds_range.median;
     p.pipeline_seconds = (!pipelines.is_empty()).then(|| Spread::of(&pipelines).median);
     Some(p)
-}
-
-fn which(tool: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join(tool))
-            .find(|p| p.is_file())
-    })
 }
 
 /// The reference as a plain FASTA in `data` (minimap2 and kura read the same file).
@@ -301,76 +358,6 @@ fn simulate(
     ))
 }
 
-/// Runs a child to completion; returns (wall, peak RSS in MiB).
-///
-/// The peak is the child's own `VmHWM`, sampled every 2 ms from `/proc/PID/status` until it
-/// exits: `wait4`'s `ru_maxrss` cannot be used, since a child started by `posix_spawn` (a vfork)
-/// inherits this process's peak at exec, so every small child would report at least the
-/// benchmark's own RSS. The wall time ends when the child exits (`waitid` with `WNOWAIT`, which
-/// leaves it unreaped so its pid stays its own while the sampler stops).
-#[allow(unsafe_code)] // waitid(2) and wait4(2) on our own child
-fn measured(cmd: &mut Command) -> anyhow::Result<(Duration, f64)> {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let t = Instant::now();
-    let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
-    let pid = child.id() as libc::pid_t;
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let sampler = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            let mut peak_kb = 0u64;
-            while !stop.load(Ordering::Acquire) {
-                peak_kb = peak_kb.max(vm_hwm_kb(pid).unwrap_or(0));
-                std::thread::sleep(Duration::from_millis(2));
-            }
-            peak_kb
-        })
-    };
-    // SAFETY: siginfo_t is plain data that waitid fills in.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: `pid` is our own child, not yet reaped; `info` is a valid local. WNOWAIT leaves
-    // it a zombie, so the pid cannot be reused while the sampler may still read it.
-    let rc = unsafe {
-        libc::waitid(
-            libc::P_PID,
-            pid as libc::id_t,
-            &mut info,
-            libc::WEXITED | libc::WNOWAIT,
-        )
-    };
-    let wall = t.elapsed();
-    let waited = std::io::Error::last_os_error();
-    stop.store(true, Ordering::Release);
-    let peak_kb = sampler.join().unwrap_or(0);
-    if rc != 0 {
-        bail!("waitid on {cmd:?}: {waited}");
-    }
-    let mut status = 0;
-    // SAFETY: rusage is plain data that wait4 fills in.
-    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
-    // SAFETY: valid pointers to locals for the duration of the call; reaps our own child.
-    let rc = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
-    if rc != pid {
-        bail!("wait4 on {cmd:?}: {}", std::io::Error::last_os_error());
-    }
-    if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
-        bail!("{cmd:?} failed (wait status {status:#x})");
-    }
-    Ok((wall, peak_kb as f64 / 1024.0))
-}
-
-/// `VmHWM` of a live process, in KiB.
-fn vm_hwm_kb(pid: libc::pid_t) -> Option<u64> {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()?
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 fn run_kura(
     kura: &Path,
     path: IoPath,
@@ -425,6 +412,8 @@ fn run_kura(
         misplaced_mapq_ge_20: u(&r["accuracy"]["misplaced_mapq_ge_20"]),
         stages,
         load_reads_mb_s: (load > 0.0).then(|| f(&r["read_bytes"]) / 1e6 / load),
+        index: None,
+        max_mapq: None,
     })
 }
 
@@ -475,7 +464,35 @@ fn run_minimap2(
         misplaced_mapq_ge_20: score.misplaced_confident,
         stages: Vec::new(),
         load_reads_mb_s: None,
+        index: None,
+        max_mapq: None,
     })
+}
+
+/// A round of a system that maps from a prebuilt index.
+fn indexed_point(index: &Index, m: crate::genome_peers::Mapped) -> SystemPoint {
+    let (system, label) = match index.tool {
+        Tool::Kura => ("kura genome map (host files, prebuilt index)", "kura map"),
+        Tool::Minimap2 => ("minimap2 -ax sr (prebuilt index)", "minimap2 idx"),
+        Tool::Bwa => ("bwa mem", "bwa mem"),
+        Tool::Bowtie2 => ("bowtie2 (end-to-end, --sensitive)", "bowtie2"),
+    };
+    SystemPoint {
+        system: system.into(),
+        label: label.into(),
+        seconds: m.seconds,
+        seconds_range: Spread::of(&[m.seconds]),
+        pipeline_seconds: None,
+        command: m.command,
+        peak_rss_mib: m.peak_rss_mib,
+        correct: m.correct,
+        reads: m.reads,
+        misplaced_mapq_ge_20: m.misplaced_mapq_ge_20,
+        stages: Vec::new(),
+        load_reads_mb_s: None,
+        index: Some(index.clone()),
+        max_mapq: Some(m.max_mapq),
+    }
 }
 
 /// (device sequential read MB/s, AccelFS raw stream MB/s) for the reads file on one image.
@@ -562,7 +579,25 @@ fn print_report(r: &Report) {
         );
     }
     for s in &r.systems {
+        if let Some(i) = &s.index {
+            println!(
+                "  {}: index built in {:.2} s, peak RSS {:.1} MiB, {:.1} MiB on disk; highest MAPQ written {}",
+                s.label,
+                i.seconds,
+                i.peak_rss_mib,
+                i.bytes as f64 / (1 << 20) as f64,
+                s.max_mapq.unwrap_or(0)
+            );
+        }
+    }
+    for s in &r.systems {
         println!("  {}: {}", s.label, s.command);
+        if let Some(i) = &s.index {
+            println!("  {} index: {}", s.label, i.command);
+        }
+    }
+    for s in &r.skipped {
+        println!("skipped: {s}");
     }
     for n in &r.notes {
         println!("note: {n}");
@@ -587,6 +622,8 @@ mod tests {
             misplaced_mapq_ge_20: 0,
             stages: Vec::new(),
             load_reads_mb_s: None,
+            index: None,
+            max_mapq: None,
         }
     }
 
@@ -604,20 +641,5 @@ mod tests {
         assert!(summarise(Vec::new()).is_none());
         let m = summarise(vec![point("minimap2", 4.0, None)]).unwrap();
         assert_eq!(m.pipeline_seconds, None, "minimap2 has no pipeline total");
-    }
-}
-
-#[cfg(test)]
-mod measured_tests {
-    use super::*;
-
-    #[test]
-    fn a_child_is_timed_and_its_failure_is_an_error() {
-        let (wall, rss) = measured(Command::new("sh").args(["-c", "exit 0"])).unwrap();
-        assert!(wall > Duration::ZERO);
-        assert!(rss >= 0.0);
-        let err = measured(Command::new("sh").args(["-c", "exit 3"])).unwrap_err();
-        assert!(err.to_string().contains("failed"), "{err}");
-        assert!(measured(&mut Command::new("/no/such/program")).is_err());
     }
 }

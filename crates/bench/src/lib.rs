@@ -10,6 +10,8 @@ pub mod drives;
 pub mod fs;
 pub mod fs_threads;
 pub mod genome;
+pub mod genome_matrix;
+pub mod genome_peers;
 pub mod ingest;
 pub mod io;
 pub mod kv;

@@ -1,6 +1,7 @@
 //! `kura genome …` end to end: simulate a dataset, index it, map single- and paired-end reads to
 //! SAM (samtools reads it) and PAF, the same on the AccelFS of an image with `--dev`, bad input
-//! named by file and line, and `kura bench genome --quick` against minimap2 when installed.
+//! named by file and line, and `kura bench genome --quick` against minimap2, bwa mem and bowtie2
+//! when installed.
 
 mod common;
 
@@ -159,7 +160,11 @@ fn bench_genome_quick_reports_every_path_and_the_peer() {
     let systems = report["systems"].as_array().expect("systems");
     let kura_runs: Vec<_> = systems
         .iter()
-        .filter(|s| s["system"].as_str().is_some_and(|n| n.starts_with("kura")))
+        .filter(|s| {
+            s["system"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("kura ("))
+        })
         .collect();
     assert_eq!(kura_runs.len(), 2, "{text}");
     for s in &kura_runs {
@@ -167,12 +172,24 @@ fn bench_genome_quick_reports_every_path_and_the_peer() {
         assert!(s["correct"].as_u64().unwrap_or(0) >= 1900, "{s}");
         assert!(s["peak_rss_mib"].as_f64().unwrap_or(0.0) > 1.0, "{s}");
     }
-    if systems.len() == 3 {
-        assert!(systems[2]["system"]
-            .as_str()
-            .unwrap_or("")
-            .starts_with("minimap2"));
-    } else {
+    // kura's own map command and the peers that map from a prebuilt index, each with its build.
+    for label in ["kura map", "bwa mem", "bowtie2"] {
+        let Some(s) = systems.iter().find(|s| s["label"] == label) else {
+            assert!(
+                report["skipped"].as_array().is_some_and(|k| !k.is_empty()),
+                "{label} neither ran nor was reported skipped: {text}"
+            );
+            continue;
+        };
+        assert_eq!(s["reads"].as_u64(), Some(2000), "{s}");
+        assert!(s["correct"].as_u64().unwrap_or(0) >= 1900, "{s}");
+        assert!(s["index"]["seconds"].as_f64().unwrap_or(0.0) > 0.0, "{s}");
+        assert!(s["index"]["bytes"].as_u64().unwrap_or(0) > 0, "{s}");
+    }
+    if !systems
+        .iter()
+        .any(|s| s["system"].as_str().unwrap_or("").starts_with("minimap2"))
+    {
         // `bench genome` looks minimap2 up on PATH: installed and not compared is a failure.
         let m = kura_testkit::missing_tool("minimap2", "apt-get install minimap2")
             .unwrap_or_else(|| panic!("minimap2 is installed but was not compared: {text}"));
