@@ -282,6 +282,9 @@ pub struct Report {
     pub guest_seconds: f64,
     /// kura serve stopped on SIGTERM with every export flushed, exit status 0.
     pub serve_stopped_clean: bool,
+    /// The counters kura serve printed for each export and layer as it stopped (requests,
+    /// bytes, latencies: kura's own side of the guest's figures).
+    pub serve_counters: Vec<String>,
 }
 
 /// What the run is asked to do, resolved from [`VmArgs`].
@@ -473,8 +476,9 @@ impl Serve {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
-    /// SIGTERM, then at most a minute for kura to answer, flush and exit: whether it did cleanly.
-    fn stop(mut self) -> anyhow::Result<bool> {
+    /// SIGTERM, then at most a minute for kura to answer, flush and exit: whether it did
+    /// cleanly, and the counters it printed.
+    fn stop(mut self) -> anyhow::Result<(bool, Vec<String>)> {
         run_ok(Command::new("kill").args(["-TERM", &self.child.id().to_string()]))?;
         let start = Instant::now();
         let status = loop {
@@ -487,7 +491,16 @@ impl Serve {
             );
             std::thread::sleep(Duration::from_millis(50));
         };
-        Ok(status.success() && self.log_text().contains("every export flushed"))
+        let log = self.log_text();
+        let counters = log
+            .lines()
+            .filter(|l| l.starts_with("kura serve: export"))
+            .map(str::to_string)
+            .collect();
+        Ok((
+            status.success() && log.contains("every export flushed"),
+            counters,
+        ))
     }
 }
 
@@ -719,7 +732,7 @@ fn measure(
         qemu = qemu_args(dir, aio);
         guest = boot(scripts, &vm, fio, &qemu, &append, limit)?;
     }
-    let serve_stopped_clean = serve.stop()?;
+    let (serve_stopped_clean, serve_counters) = serve.stop()?;
     let console = parse_console(&guest.console);
     let log_at = vm.join("console.log");
     ensure!(
@@ -776,6 +789,7 @@ fn measure(
         ratios,
         guest_seconds: guest.seconds,
         serve_stopped_clean,
+        serve_counters,
     })
 }
 
