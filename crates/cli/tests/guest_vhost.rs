@@ -1,29 +1,38 @@
-//! kura as the disk of an unmodified virtual machine (issue 24): `kura serve --vhost-user` runs on
-//! the host serving an image file, and a QEMU guest (`scripts/nvme-vm/init-vhost`, guest RAM in
-//! a shared memfd) sees it as the virtio-blk disk `/dev/vda` through `vhost-user-blk-pci`.
+//! kura as the disks of an unmodified virtual machine (issue 24): `kura serve --vhost-user` runs on
+//! the host, and one QEMU guest (`scripts/nvme-vm/init-vhost`, guest RAM in a shared memfd) sees
+//! six virtio-blk disks through `vhost-user-blk-pci`, each found by its serial (the export name):
 //!
-//! - `file:` and `mirror(file:,file:)`: in the guest, mkfs.ext4, a tree written, read back after
-//!   a remount, files removed and fstrim'd, fsck.ext4 -f -n; on the host after power-off and
-//!   SIGTERM (kura flushes and exits 0): the image (each leg of the mirror, which must be equal)
-//!   is a clean ext4 holding the files with the checksums the guest printed.
-//! - A backend restart: the guest writes numbered 4 KiB records with O_DIRECT, one at a time,
-//!   printing `ACK N` for each one acknowledged; the test kills `kura serve` (SIGKILL) in the
-//!   middle of the stream and starts another on the same socket, QEMU reconnects
-//!   (`reconnect=1`), the stream goes on; after power-off every acknowledged record is in the
-//!   image.
+//! - `file` (`file:`), `mirror` (`mirror(file:,file:)`), `snap` (the head of a
+//!   `snapshot(file:)` drive) and `remote` (`remote:` to a kura NBD export served by a second
+//!   `kura serve` on the host): in the guest, in parallel, mkfs.ext4, a tree written, read back
+//!   after a remount, files removed and fstrim'd, fsck.ext4 -f -n; on the host after power-off
+//!   and SIGTERM (kura flushes and exits 0): each image (both legs of the mirror, which must be
+//!   equal; the snapshot head read back through kura) is a clean ext4 holding the files with the
+//!   checksums the guest printed.
+//! - `golden`, a read-only export (`:ro`) of an ext4 made on the host: the guest sees ro=1, a
+//!   direct write fails, it mounts read-only with the host's files; the image is unchanged.
+//! - `stream`, served by a third `kura serve`: the guest writes numbered 4 KiB records with
+//!   O_DIRECT, one at a time, printing `ACK N` for each one acknowledged; the test kills that
+//!   `kura serve` (SIGKILL) in the middle of the stream and starts another on the same socket,
+//!   QEMU reconnects (`reconnect=1`), the stream goes on; after power-off every acknowledged
+//!   record is in the image.
 //!
 //! Skips visibly where the host cannot boot a guest (see `kura_nvme_guest`) or lacks e2fsprogs.
-//! Each guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 120).
+//! The guest is bounded by `KURA_NVME_VM_TIMEOUT` seconds (default 300).
 
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const TEST: &str = "vhost_user_blk_disk_serves_an_unmodified_guest";
+const TEST: &str = "vhost_user_blk_disks_serve_an_unmodified_guest";
 
 /// Records the guest's write stream has; the backend is restarted after `KILL_AT`.
 const RECORDS: usize = 400;
 const KILL_AT: usize = 120;
+
+/// The disks that get an ext4 round trip in the guest.
+const FS_DISKS: [&str; 4] = ["file", "mirror", "snap", "remote"];
 
 /// `tool` on PATH or in /usr/sbin and /sbin.
 fn find_tool(tool: &str) -> Result<PathBuf, kura_testkit::Missing> {
@@ -42,41 +51,68 @@ fn find_tool(tool: &str) -> Result<PathBuf, kura_testkit::Missing> {
         })
 }
 
-/// A running `kura serve --vhost-user disk=SPEC`, its stderr in a file; killed when dropped.
-struct Backend {
+/// Runs a host tool and fails the test with its output when it fails.
+fn run_ok(cmd: &mut Command) -> std::process::Output {
+    let out = cmd.output().expect("run a host tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out
+}
+
+/// A running `kura serve`, its stderr in a file; killed when dropped.
+struct Serve {
     child: Child,
     log: PathBuf,
 }
 
-impl Backend {
-    fn start(spec: &str, socket: &Path, log: &Path) -> Backend {
-        let _ = std::fs::remove_file(socket);
+impl Serve {
+    /// Starts `kura serve ARGS` and waits until `ready` says it serves.
+    fn start(args: &[String], log: &Path, ready: impl Fn() -> bool) -> Serve {
         let child = Command::new(env!("CARGO_BIN_EXE_kura"))
-            .args(["serve", "--vhost-user"])
-            .arg(format!("disk={spec}"))
-            .arg("--socket")
-            .arg(socket)
+            .arg("serve")
+            .args(args)
             .stderr(std::fs::File::create(log).expect("create the serve log"))
             .stdout(Stdio::null())
             .spawn()
             .expect("start kura serve");
-        let mut backend = Backend {
+        let mut serve = Serve {
             child,
             log: log.to_path_buf(),
         };
         let start = Instant::now();
-        while !socket.exists() {
-            if let Ok(Some(st)) = backend.child.try_wait() {
-                panic!("kura serve exited ({st}): {}", backend.log_text());
+        while !ready() {
+            if let Ok(Some(st)) = serve.child.try_wait() {
+                panic!("kura serve {args:?} exited ({st}): {}", serve.log_text());
             }
             assert!(
-                start.elapsed() < Duration::from_secs(20),
-                "kura serve made no socket: {}",
-                backend.log_text()
+                start.elapsed() < Duration::from_secs(30),
+                "kura serve {args:?} is not serving: {}",
+                serve.log_text()
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        backend
+        serve
+    }
+
+    /// `kura serve --vhost-user NAME=SPEC ...` with one socket per export in `dir`.
+    fn vhost(exports: &[(&str, String)], dir: &Path, log: &Path) -> Serve {
+        let mut args = Vec::new();
+        for (name, spec) in exports {
+            let _ = std::fs::remove_file(socket(dir, name));
+            args.push("--vhost-user".to_string());
+            args.push(format!("{name}={spec}"));
+        }
+        args.push("--socket".into());
+        args.push(dir.join("{name}.sock").display().to_string());
+        args.push("--vhost-queues".into());
+        args.push("2".into());
+        Serve::start(&args, log, || {
+            exports.iter().all(|(name, _)| socket(dir, name).exists())
+        })
     }
 
     fn log_text(&self) -> String {
@@ -109,71 +145,54 @@ impl Backend {
     }
 }
 
-impl Drop for Backend {
+impl Drop for Serve {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 }
 
-/// QEMU's arguments for the vhost-user-blk disk: guest RAM (run.sh's 1 GiB) in a shared memfd,
-/// so kura can map the virtqueues, and a chardev that reconnects when the backend restarts.
-fn qemu_args(socket: &Path) -> String {
-    format!(
-        "-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem \
-         -chardev socket,id=vhu,path={},reconnect=1 \
-         -device vhost-user-blk-pci,chardev=vhu,num-queues=2",
-        socket.display()
-    )
+fn socket(dir: &Path, name: &str) -> PathBuf {
+    dir.join(format!("{name}.sock"))
 }
 
-fn boot(bins: &[&Path], append: &str) -> Result<kura_nvme_guest::GuestRun, String> {
-    let limit = kura_nvme_guest::time_limit(120);
-    let passed = |run: &kura_nvme_guest::GuestRun| {
-        run.status == Some(0)
-            && !run.console.contains("FAIL ")
-            && run.console.contains("GUEST-RESULT vhost pass")
-    };
-    kura_nvme_guest::boot_passing("init-vhost", bins, limit, append, passed)
-}
-
-/// The guest's verdict: it passed, and the disk it saw was kura's (GET_ID answered the export's
-/// name), with the discard and write-zeroes support kura offers.
-fn check_guest(run: &kura_nvme_guest::GuestRun, what: &str) {
-    let log_at = run.dir.join("console.log");
-    assert_eq!(
-        run.status,
-        Some(0),
-        "{what}: QEMU failed or timed out; log in {}",
-        log_at.display()
-    );
-    assert!(
-        !run.console.contains("FAIL ") && run.console.contains("GUEST-RESULT vhost pass"),
-        "{what}: a guest step failed; log in {}",
-        log_at.display()
-    );
-    let line = run
-        .console
-        .lines()
-        .find(|l| l.starts_with("GUEST vda "))
-        .expect("the guest described its disk");
-    for want in ["serial=disk", "ro=0", "hwq=2", "lbs=4096"] {
-        assert!(line.contains(want), "{what}: {want} in {line}");
+/// QEMU's arguments for the vhost-user-blk disks: guest RAM (run.sh's 1 GiB) in a shared memfd,
+/// so kura can map the virtqueues, and per disk a chardev that reconnects when its backend
+/// restarts.
+fn qemu_args(dir: &Path, names: &[&str]) -> String {
+    let mut args =
+        "-object memory-backend-memfd,id=mem,size=1G,share=on -numa node,memdev=mem".to_string();
+    for (i, name) in names.iter().enumerate() {
+        args.push_str(&format!(
+            " -chardev socket,id=vhu{i},path={},reconnect=1 \
+             -device vhost-user-blk-pci,chardev=vhu{i},num-queues=2",
+            socket(dir, name).display()
+        ));
     }
-    assert!(
-        !line.contains("discard_max=0 "),
-        "{what}: discard offered: {line}"
-    );
-    assert!(
-        !line.contains("write_zeroes_max=0 "),
-        "{what}: write-zeroes offered: {line}"
-    );
+    args
 }
 
-/// The guest's `sha256sum` lines for the tree.
-fn guest_sums(run: &kura_nvme_guest::GuestRun) -> String {
-    run.between("GUEST-SUMS-BEGIN", "GUEST-SUMS-END")
-        .expect("the guest printed the tree's checksums")
+/// The `GUEST disk NAME ...` line the guest printed for a disk.
+fn disk_line<'a>(run: &'a kura_nvme_guest::GuestRun, name: &str) -> &'a str {
+    let prefix = format!("GUEST disk {name} ");
+    run.console
+        .lines()
+        .find(|l| l.starts_with(&prefix))
+        .unwrap_or_else(|| panic!("the guest described disk {name}"))
+}
+
+/// A `key=value` field of a disk line.
+fn field<'a>(line: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}=");
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(prefix.as_str()))
+        .unwrap_or_else(|| panic!("{key} in {line}"))
+}
+
+/// The `sha256sum` lines the guest printed between two markers.
+fn guest_sums(run: &kura_nvme_guest::GuestRun, begin: &str, end: &str) -> String {
+    run.between(begin, end)
+        .unwrap_or_else(|| panic!("the guest printed {begin}"))
         .lines()
         .map(|l| l.trim_end_matches('\r'))
         .filter(|l| !l.is_empty())
@@ -183,28 +202,16 @@ fn guest_sums(run: &kura_nvme_guest::GuestRun) -> String {
 
 /// The image is a clean ext4 holding the files with the checksums the guest printed.
 fn check_image(image: &Path, sums: &str, work: &Path, fsck: &Path, debugfs: &Path) {
-    let out = Command::new(fsck)
-        .args(["-f", "-n"])
-        .arg(image)
-        .output()
-        .expect("run fsck.ext4 on the host");
-    assert!(
-        out.status.success(),
-        "host fsck.ext4 -f -n {}: {}{}",
-        image.display(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_ok(Command::new(fsck).args(["-f", "-n"]).arg(image));
     let tree = work.join("tree");
     let _ = std::fs::remove_dir_all(&tree);
     std::fs::create_dir_all(&tree).expect("make the dump directory");
-    let dump = Command::new(debugfs)
-        .arg("-R")
-        .arg(format!("rdump / {}", tree.display()))
-        .arg(image)
-        .output()
-        .expect("run debugfs");
-    assert!(dump.status.success(), "debugfs rdump failed: {dump:?}");
+    run_ok(
+        Command::new(debugfs)
+            .arg("-R")
+            .arg(format!("rdump / {}", tree.display()))
+            .arg(image),
+    );
     std::fs::write(work.join("sums"), sums).expect("write the checksums");
     let check = Command::new("sha256sum")
         .args(["-c", "--strict", "--quiet"])
@@ -230,8 +237,26 @@ fn acknowledged(console: &str) -> Vec<usize> {
         .collect()
 }
 
+/// sha256 of a file, by the host's sha256sum.
+fn sha256(path: &Path) -> String {
+    let out = run_ok(Command::new("sha256sum").arg(path));
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A loopback TCP port nobody listens on right now.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("bind a free port")
+        .port()
+}
+
 #[test]
-fn vhost_user_blk_disk_serves_an_unmodified_guest() {
+fn vhost_user_blk_disks_serve_an_unmodified_guest() {
     let (mkfs, fsck, debugfs) = match (
         find_tool("mkfs.ext4"),
         find_tool("fsck.ext4"),
@@ -242,43 +267,190 @@ fn vhost_user_blk_disk_serves_an_unmodified_guest() {
             return missing.skip(TEST)
         }
     };
+    let kura = env!("CARGO_BIN_EXE_kura");
     let work = tempfile::tempdir().expect("tempdir");
-    let socket = work.path().join("vhu.sock");
-    // run.sh reads QEMU's extra arguments from the environment; this is the only test here.
-    std::env::set_var("KURA_VM_QEMU_ARGS", qemu_args(&socket));
-    let bins: [&Path; 2] = [&mkfs, &fsck];
+    let w = work.path();
+    let img = |name: &str| w.join(format!("{name}.img"));
+    let file = |name: &str| format!("file:{}?size=64M", img(name).display());
 
-    let a = work.path().join("a.img");
-    let b = work.path().join("b.img");
-    let runs = [
-        (format!("file:{}?size=64M", a.display()), vec![a.clone()]),
+    // The read-only disk: an ext4 made on the host from a small tree.
+    let golden_tree = w.join("golden-tree");
+    std::fs::create_dir_all(&golden_tree).expect("golden tree");
+    for (i, len) in [1usize, 5000, 300_000].iter().enumerate() {
+        let data: Vec<u8> = (0..*len).map(|j| (j * 31 + i * 7) as u8).collect();
+        std::fs::write(golden_tree.join(format!("g{i}")), data).expect("golden file");
+    }
+    run_ok(
+        Command::new(&mkfs)
+            .args(["-q", "-F", "-b", "4096", "-d"])
+            .arg(&golden_tree)
+            .arg(img("golden"))
+            .arg("16M"),
+    );
+    let golden_sha = sha256(&img("golden"));
+    // The snapshot drive is formatted before it is served, as `kura drive` documents.
+    run_ok(Command::new(kura).args(["drive", "format", &file("snap")]));
+
+    // A second kura serve exports an image over NBD for the `remote:` disk.
+    let port = free_port();
+    let nbd = Serve::start(
+        &[
+            "--listen".into(),
+            format!("127.0.0.1:{port}"),
+            format!("r={}", file("remote")),
+        ],
+        &w.join("nbd.log"),
+        || TcpStream::connect(("127.0.0.1", port)).is_ok(),
+    );
+    let exports = [
+        ("file", file("file")),
         (
-            format!(
-                "mirror(file:{}?size=64M,file:{}?size=64M)",
-                a.display(),
-                b.display()
-            ),
-            vec![a.clone(), b.clone()],
+            "mirror",
+            format!("mirror({},{})", file("mirror-a"), file("mirror-b")),
         ),
+        ("snap", format!("snapshot(file:{})", img("snap").display())),
+        ("remote", format!("remote:127.0.0.1:{port}/r")),
+        ("golden", format!("file:{}:ro", img("golden").display())),
     ];
-    for (spec, images) in &runs {
-        for image in images {
-            let _ = std::fs::remove_file(image);
+    let main = Serve::vhost(&exports, w, &w.join("vhost.log"));
+    let stream_export = [("stream", file("stream"))];
+    let first = Serve::vhost(&stream_export, w, &w.join("stream-1.log"));
+
+    let mut names: Vec<&str> = exports.iter().map(|(n, _)| *n).collect();
+    names.push("stream");
+    // run.sh reads QEMU's extra arguments from the environment; this is the only test here.
+    std::env::set_var("KURA_VM_QEMU_ARGS", qemu_args(w, &names));
+    let console = std::env::temp_dir()
+        .join(format!("kura-nvme-vm-init-vhost-{}", std::process::id()))
+        .join("console.log");
+    let _ = std::fs::remove_file(&console);
+    let guest = {
+        let bins: Vec<PathBuf> = vec![mkfs.clone(), fsck.clone()];
+        std::thread::spawn(move || {
+            let bins: Vec<&Path> = bins.iter().map(PathBuf::as_path).collect();
+            let append = format!(
+                "kura_vhost_fs={} kura_vhost_ro=golden kura_vhost_stream=stream \
+                 kura_vhost_records={RECORDS}",
+                FS_DISKS.join(",")
+            );
+            let limit = kura_nvme_guest::time_limit(300);
+            kura_nvme_guest::boot("init-vhost", &bins, limit, &append)
+        })
+    };
+
+    // The stream's backend is killed in the middle and restarted.
+    let start = Instant::now();
+    let acked_before_kill = loop {
+        let text = std::fs::read_to_string(&console).unwrap_or_default();
+        let acked = acknowledged(&text);
+        if acked.len() > KILL_AT || guest.is_finished() {
+            break acked.len();
         }
-        let backend = Backend::start(spec, &socket, &work.path().join("serve.log"));
-        let run = match boot(&bins, "kura_vhost_mode=fs") {
-            Ok(run) => run,
-            Err(why) if why.starts_with("cannot start") => panic!("{why}"),
-            Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+        assert!(
+            start.elapsed() < Duration::from_secs(240),
+            "the guest's stream did not start; console: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut first = first;
+    first.child.kill().expect("kill kura serve");
+    let _ = first.child.wait();
+    std::thread::sleep(Duration::from_millis(500));
+    eprintln!("stream's kura serve killed after {acked_before_kill} acknowledged records");
+    let second = Serve::vhost(&stream_export, w, &w.join("stream-2.log"));
+
+    let run = match guest.join().expect("the guest thread") {
+        Ok(run) => run,
+        Err(why) if why.starts_with("cannot start") => panic!("{why}"),
+        Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
+    };
+    eprintln!(
+        "{}",
+        run.summary()
+            .lines()
+            .filter(|l| !l.starts_with("ACK"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    eprintln!("guest run took {:.1} s", run.took.as_secs_f64());
+    let main_log = main.stop();
+    eprintln!("kura serve --vhost-user: {main_log}");
+    let nbd_log = nbd.stop();
+    eprintln!("kura serve (NBD for remote:): {nbd_log}");
+    let stream_log = second.stop();
+    eprintln!("second stream kura serve: {stream_log}");
+
+    // The guest's verdict.
+    let log_at = run.dir.join("console.log");
+    assert_eq!(
+        run.status,
+        Some(0),
+        "QEMU failed or timed out; log in {}",
+        log_at.display()
+    );
+    assert!(
+        !run.console.contains("FAIL ") && run.console.contains("GUEST-RESULT vhost pass"),
+        "a guest step failed; log in {}",
+        log_at.display()
+    );
+    for name in &names {
+        let line = disk_line(&run, name);
+        // GET_ID answered the export's name: the disk is kura's.
+        assert_eq!(field(line, "serial"), *name, "{line}");
+        assert_eq!(field(line, "hwq"), "2", "{line}");
+        assert_eq!(field(line, "lbs"), "4096", "{line}");
+        let ro = *name == "golden";
+        assert_eq!(field(line, "ro"), if ro { "1" } else { "0" }, "{line}");
+        if !ro {
+            assert_ne!(field(line, "discard_max"), "0", "discard offered: {line}");
+            assert_ne!(field(line, "write_zeroes_max"), "0", "{line}");
+            assert_eq!(field(line, "max_discard_segments"), "32", "{line}");
+        }
+    }
+    let refused = run
+        .console
+        .lines()
+        .find(|l| l.starts_with("PASS golden: a direct write is refused"))
+        .expect("the guest tried to write the read-only disk");
+    assert!(
+        [
+            "Operation not permitted",
+            "Read-only file system",
+            "I/O error"
+        ]
+        .iter()
+        .any(|e| refused.contains(e)),
+        "the write failed with EPERM, EROFS or EIO: {refused}"
+    );
+
+    // Every fs disk's image is a clean ext4 with the guest's files.
+    for name in FS_DISKS {
+        let sums = guest_sums(
+            &run,
+            &format!("GUEST-SUMS-BEGIN {name}"),
+            &format!("GUEST-SUMS-END {name}"),
+        );
+        let images = match name {
+            "mirror" => vec![img("mirror-a"), img("mirror-b")],
+            // The snapshot head, read back through kura.
+            "snap" => {
+                let sectors: u64 = field(disk_line(&run, name), "sectors")
+                    .parse()
+                    .expect("sectors");
+                let head = w.join("snap-head.img");
+                run_ok(
+                    Command::new(kura)
+                        .args(["dev", "read"])
+                        .arg(format!("snapshot(file:{})", img("snap").display()))
+                        .args(["--blocks", &(sectors / 8).to_string(), "--out"])
+                        .arg(&head),
+                );
+                vec![head]
+            }
+            _ => vec![img(name)],
         };
-        eprintln!("{}", run.summary());
-        eprintln!("{spec}: guest run took {:.1} s", run.took.as_secs_f64());
-        let log = backend.stop();
-        eprintln!("{log}");
-        check_guest(&run, spec);
-        let sums = guest_sums(&run);
-        for image in images {
-            check_image(image, &sums, work.path(), &fsck, &debugfs);
+        for image in &images {
+            check_image(image, &sums, w, &fsck, &debugfs);
         }
         if images.len() == 2 {
             let (x, y) = (std::fs::read(&images[0]), std::fs::read(&images[1]));
@@ -289,75 +461,49 @@ fn vhost_user_blk_disk_serves_an_unmodified_guest() {
         }
     }
 
-    // The backend restarted in the middle of a write stream.
-    let image = work.path().join("stream.img");
-    let spec = format!("file:{}?size=64M", image.display());
-    let serve_log = work.path().join("serve-1.log");
-    let first = Backend::start(&spec, &socket, &serve_log);
-    let console = std::env::temp_dir()
-        .join(format!("kura-nvme-vm-init-vhost-{}", std::process::id()))
-        .join("console.log");
-    let _ = std::fs::remove_file(&console);
-    let guest = {
-        let bins: Vec<PathBuf> = bins.iter().map(|p| p.to_path_buf()).collect();
-        std::thread::spawn(move || {
-            let bins: Vec<&Path> = bins.iter().map(PathBuf::as_path).collect();
-            boot(
-                &bins,
-                &format!("kura_vhost_mode=stream kura_vhost_records={RECORDS}"),
-            )
+    // The read-only disk: the guest read the host's files, and nothing changed the image.
+    let ro_sums = guest_sums(&run, "GUEST-RO-SUMS-BEGIN", "GUEST-RO-SUMS-END");
+    let check = Command::new("sha256sum")
+        .args(["-c", "--strict", "--quiet"])
+        .current_dir(&golden_tree)
+        .stdin(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin
+                .take()
+                .expect("stdin")
+                .write_all(ro_sums.as_bytes())?;
+            c.wait_with_output()
         })
-    };
-    let start = Instant::now();
-    let acked_before_kill = loop {
-        let text = std::fs::read_to_string(&console).unwrap_or_default();
-        let acked = acknowledged(&text);
-        if acked.len() > KILL_AT || guest.is_finished() {
-            break acked.len();
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(150),
-            "the guest's stream did not start; console: {text}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    let mut first = first;
-    first.child.kill().expect("kill kura serve");
-    let _ = first.child.wait();
-    std::thread::sleep(Duration::from_millis(500));
-    eprintln!("kura serve killed after {acked_before_kill} acknowledged records");
-    let second = Backend::start(&spec, &socket, &work.path().join("serve-2.log"));
-    let run = match guest.join().expect("the guest thread") {
-        Ok(run) => run,
-        Err(why) if why.starts_with("cannot start") => panic!("{why}"),
-        Err(why) => return kura_testkit::skip(TEST, "nvme-guest", &why),
-    };
-    let log = second.stop();
-    eprintln!(
-        "{}",
-        run.summary()
-            .lines()
-            .filter(|l| !l.starts_with("ACK"))
-            .collect::<Vec<_>>()
-            .join("\n")
+        .expect("run sha256sum");
+    assert!(
+        check.status.success() && ro_sums.lines().count() == 3,
+        "the guest read the read-only disk's files: {ro_sums} {check:?}"
     );
-    eprintln!("second kura serve: {log}");
+    assert_eq!(
+        sha256(&img("golden")),
+        golden_sha,
+        "the read-only image is unchanged"
+    );
+    run_ok(Command::new(&fsck).args(["-f", "-n"]).arg(img("golden")));
+
+    // The restarted stream.
     assert!(
         acked_before_kill > KILL_AT && acked_before_kill < RECORDS,
         "the backend was killed in the middle of the stream ({acked_before_kill} acknowledged)"
     );
     assert!(
-        log.contains("hypervisor connected"),
-        "QEMU reconnected to the restarted kura serve: {log}"
+        stream_log.contains("hypervisor connected"),
+        "QEMU reconnected to the restarted kura serve: {stream_log}"
     );
-    check_guest(&run, "stream");
     let acked = acknowledged(&run.console);
     assert_eq!(
         acked,
         (0..RECORDS).collect::<Vec<_>>(),
         "every record acknowledged in order"
     );
-    let data = std::fs::read(&image).expect("read the image");
+    let data = std::fs::read(img("stream")).expect("read the image");
     for n in acked {
         let want = format!("KURA-REC {n:08}\n");
         let got = &data[n * 4096..n * 4096 + want.len()];
