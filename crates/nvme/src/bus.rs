@@ -29,7 +29,8 @@
 //! these fences and fail without them.
 
 use crate::error::NvmeError;
-use crate::sync::atomic::{fence, Ordering};
+#[cfg(loom)]
+use crate::sync::atomic::Ordering;
 #[cfg(not(loom))]
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -44,7 +45,7 @@ pub fn doorbell_barrier() {
         std::arch::asm!("dsb st", options(nostack, preserves_flags))
     };
     #[cfg(not(all(target_arch = "aarch64", not(loom))))]
-    fence(Ordering::SeqCst);
+    crate::sync::atomic::fence(crate::sync::atomic::Ordering::SeqCst);
 }
 
 /// Orders earlier reads of device-written DMA memory before later reads and writes.
@@ -57,7 +58,7 @@ pub fn dma_rmb() {
         std::arch::asm!("dmb oshld", options(nostack, preserves_flags))
     };
     #[cfg(not(all(target_arch = "aarch64", not(loom))))]
-    fence(Ordering::Acquire);
+    crate::sync::atomic::fence(crate::sync::atomic::Ordering::Acquire);
 }
 
 /// Register and DMA access to one controller.
