@@ -1,6 +1,8 @@
 //! `kura serve --ublk NAME=SPEC`: kura devices as Linux block devices `/dev/ublkbN` through the
 //! kernel's ublk driver (kura-ublk), beside the NBD exports of the same `kura serve`. Each export
-//! is one ublk device with one queue served by its own thread. On stop the block devices are
+//! is one ublk device with `--ublk-queues` queues, each served by its own thread, feeding the one
+//! thread that drives the export's drive; on stop each queue's counters are printed, then their
+//! sum. On stop the block devices are
 //! removed (the kernel writes back and drains them first), the ublk devices deleted, and the
 //! kura devices flushed. With `--ublk-id N` a device left behind by a killed `kura serve` is
 //! recovered instead of created: it keeps its `/dev/ublkbN`, and the I/O the kernel held while no
@@ -21,7 +23,12 @@ pub struct UblkArgs {
     /// requests held meanwhile are reissued. Default: any free id, always a new device.
     #[arg(long, value_name = "N")]
     ublk_id: Option<u32>,
-    /// Requests in flight per ublk device (capped by the drive's queue depth).
+    /// Queues of each ublk device, each served by a thread of its own, all feeding the one
+    /// thread that drives the drive (the kernel caps them at the CPU count). Default: the CPU
+    /// count, at most 4.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    ublk_queues: Option<u16>,
+    /// Requests in flight per ublk queue (capped by the drive's queue depth).
     #[arg(long, default_value_t = 128, value_name = "N",
           value_parser = clap::value_parser!(u16).range(1..=4096))]
     ublk_queue_depth: u16,
@@ -67,6 +74,9 @@ fn start_one(args: &UblkArgs, i: usize, arg: &str) -> anyhow::Result<(String, Ub
     };
     let cfg = UblkConfig {
         dev_id,
+        queues: args.ublk_queues.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, |n| n.get().min(4) as u16)
+        }),
         queue_depth: args.ublk_queue_depth,
         max_io_bytes: args.ublk_max_io_kib << 10,
         read_only,
@@ -75,13 +85,14 @@ fn start_one(args: &UblkArgs, i: usize, arg: &str) -> anyhow::Result<(String, Ub
     let device = UblkDevice::start(dev, &cfg)
         .with_context(|| format!("serving `{spec}` as ublk export {name}"))?;
     eprintln!(
-        "kura: ublk export {name}: {} ({}) over {spec}",
+        "kura: ublk export {name}: {} ({}, {} queue(s)) over {spec}",
         device.block_path(),
         if device.recovered() {
             "recovered from a previous server"
         } else {
             "new"
-        }
+        },
+        device.queues()
     );
     Ok((name.to_string(), device))
 }
@@ -96,15 +107,24 @@ pub fn stop(running: Running, failed: &mut Vec<String>) {
             eprintln!("kura: stopping ublk export {name} ({path}): {e}");
             failed.push(name.clone());
         }
+        let mut total = kura_ublk::queue::QueueCounters::default();
+        for (q, c) in counters.iter().enumerate() {
+            total.add(c);
+            eprintln!(
+                "kura serve: ublk export {name}: queue {q}: reads={} writes={} flushes={} \
+                 discards={} write_zeroes={} errors={}",
+                c.reads, c.writes, c.flushes, c.discards, c.write_zeroes, c.errors
+            );
+        }
         eprintln!(
             "kura serve: ublk export {name}: reads={} writes={} flushes={} discards={} \
              write_zeroes={} errors={}",
-            counters.reads,
-            counters.writes,
-            counters.flushes,
-            counters.discards,
-            counters.write_zeroes,
-            counters.errors
+            total.reads,
+            total.writes,
+            total.flushes,
+            total.discards,
+            total.write_zeroes,
+            total.errors
         );
         if let Some(mut dev) = dev {
             if let Err(e) = dev.flush_all() {

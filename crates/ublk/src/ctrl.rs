@@ -36,11 +36,11 @@ impl Control {
         Ok(Control { file, ring })
     }
 
-    /// Sends command `nr` and waits for its result; `buf` is the command's in/out buffer.
+    /// Sends command `op` (encoded) and waits for its result; `buf` is the command's in/out buffer.
     fn command(
         &mut self,
         what: &'static str,
-        nr: u8,
+        op: u32,
         dev_id: u32,
         buf: Option<&mut [u8]>,
         data: u64,
@@ -58,7 +58,7 @@ impl Control {
         };
         let mut area = [0u8; 80];
         area[..sys::CTRL_CMD_LEN].copy_from_slice(&cmd.encode());
-        let sqe = opcode::UringCmd80::new(types::Fd(self.file.as_raw_fd()), sys::ctrl_op(nr))
+        let sqe = opcode::UringCmd80::new(types::Fd(self.file.as_raw_fd()), op)
             .cmd(area)
             .build();
         push_and_wait(&mut self.ring, sqe, what)
@@ -68,7 +68,13 @@ impl Control {
     /// returns the driver's view of it, with the id it got.
     pub fn add_dev(&mut self, info: &DevInfo) -> Result<DevInfo, UblkError> {
         let mut b = info.encode();
-        let res = self.command("ADD_DEV", sys::CMD_ADD_DEV, info.dev_id, Some(&mut b), 0)?;
+        let res = self.command(
+            "ADD_DEV",
+            sys::ctrl_op(sys::CMD_ADD_DEV),
+            info.dev_id,
+            Some(&mut b),
+            0,
+        )?;
         check("ADD_DEV", res)?;
         Ok(DevInfo::decode(&b))
     }
@@ -78,7 +84,7 @@ impl Control {
         let mut b = [0u8; sys::DEV_INFO_LEN];
         let res = self.command(
             "GET_DEV_INFO",
-            sys::CMD_GET_DEV_INFO,
+            sys::ctrl_op(sys::CMD_GET_DEV_INFO),
             dev_id,
             Some(&mut b),
             0,
@@ -93,26 +99,38 @@ impl Control {
     /// `SET_PARAMS`: block sizes, capacity, largest request, discard and write-zeroes limits.
     pub fn set_params(&mut self, dev_id: u32, params: &Params) -> Result<(), UblkError> {
         let mut b = params.encode();
-        let res = self.command("SET_PARAMS", sys::CMD_SET_PARAMS, dev_id, Some(&mut b), 0)?;
+        let res = self.command(
+            "SET_PARAMS",
+            sys::ctrl_op(sys::CMD_SET_PARAMS),
+            dev_id,
+            Some(&mut b),
+            0,
+        )?;
         check("SET_PARAMS", res)
     }
 
     /// `START_DEV`: returns once every queue has fetched every tag and `/dev/ublkbN` exists.
     pub fn start_dev(&mut self, dev_id: u32, pid: i32) -> Result<(), UblkError> {
-        let res = self.command("START_DEV", sys::CMD_START_DEV, dev_id, None, pid as u64)?;
+        let res = self.command(
+            "START_DEV",
+            sys::ctrl_op(sys::CMD_START_DEV),
+            dev_id,
+            None,
+            pid as u64,
+        )?;
         check("START_DEV", res)
     }
 
     /// `STOP_DEV`: removes `/dev/ublkbN` (the kernel writes back and drains it through the
     /// queues first, so they must keep serving until their tags are aborted).
     pub fn stop_dev(&mut self, dev_id: u32) -> Result<(), UblkError> {
-        let res = self.command("STOP_DEV", sys::CMD_STOP_DEV, dev_id, None, 0)?;
+        let res = self.command("STOP_DEV", sys::ctrl_op(sys::CMD_STOP_DEV), dev_id, None, 0)?;
         check("STOP_DEV", res)
     }
 
     /// `DEL_DEV`: frees the device id; only after the queues closed `/dev/ublkcN`.
     pub fn del_dev(&mut self, dev_id: u32) -> Result<(), UblkError> {
-        let res = self.command("DEL_DEV", sys::CMD_DEL_DEV, dev_id, None, 0)?;
+        let res = self.command("DEL_DEV", sys::ctrl_op(sys::CMD_DEL_DEV), dev_id, None, 0)?;
         check("DEL_DEV", res)
     }
 
@@ -121,7 +139,7 @@ impl Control {
     pub fn start_user_recovery(&mut self, dev_id: u32) -> Result<(), UblkError> {
         let res = self.command(
             "START_USER_RECOVERY",
-            sys::CMD_START_USER_RECOVERY,
+            sys::ctrl_op(sys::CMD_START_USER_RECOVERY),
             dev_id,
             None,
             0,
@@ -129,12 +147,37 @@ impl Control {
         check("START_USER_RECOVERY", res)
     }
 
+    /// `GET_FEATURES`: the `UBLK_F_*` flags this driver supports; 0 from drivers older than
+    /// the command (Linux 6.5), which have none of the optional ones kura asks about.
+    pub fn features(&mut self) -> Result<u64, UblkError> {
+        let mut b = [0u8; 8];
+        let res = self.command("GET_FEATURES", sys::GET_FEATURES_OP, 0, Some(&mut b), 0)?;
+        if res < 0 {
+            return Ok(0);
+        }
+        Ok(u64::from_le_bytes(b))
+    }
+
+    /// `UPDATE_SIZE`: the live device's capacity becomes `sectors` (the kernel tells the block
+    /// layer and user space, as for a disk that changed size). Only where [`Control::features`]
+    /// has `UBLK_F_UPDATE_SIZE`.
+    pub fn update_size(&mut self, dev_id: u32, sectors: u64) -> Result<(), UblkError> {
+        let res = self.command(
+            "UPDATE_SIZE",
+            sys::ctrl_op(sys::CMD_UPDATE_SIZE),
+            dev_id,
+            None,
+            sectors,
+        )?;
+        check("UPDATE_SIZE", res)
+    }
+
     /// `END_USER_RECOVERY`: returns once the new queues fetched every tag; the requests held
     /// while no server ran are then reissued to them.
     pub fn end_user_recovery(&mut self, dev_id: u32, pid: i32) -> Result<(), UblkError> {
         let res = self.command(
             "END_USER_RECOVERY",
-            sys::CMD_END_USER_RECOVERY,
+            sys::ctrl_op(sys::CMD_END_USER_RECOVERY),
             dev_id,
             None,
             pid as u64,

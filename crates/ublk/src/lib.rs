@@ -5,22 +5,27 @@
 //! from the kura device's geometry, `START_DEV`), or, when a device of the requested id was
 //! left quiesced by a killed server with user recovery, takes it over (`START_USER_RECOVERY`,
 //! `END_USER_RECOVERY`): the requests the kernel held meanwhile are reissued to the new server.
-//! One thread serves the queue ([`queue`]); [`UblkDevice::stop`] removes the block device (the
-//! kernel writes back and drains it through the running queue first), joins the queue and
-//! deletes the device, handing the kura device back for its final flush.
+//! Each of the device's queues (the kernel's hardware queues: requests from a CPU go to the
+//! queue mapped to it) is served by a thread of its own ([`queue`]), and all of them feed the one
+//! thread that drives the kura device, a single queue pair ([`driver`]). [`UblkDevice::stop`]
+//! removes the block device (the kernel writes back and drains it through the running queues
+//! first), joins the threads and deletes the device, handing the kura device back for its final
+//! flush. [`Resizer::resize`] changes a live device's size (`UPDATE_SIZE`, Linux 6.16+).
 //!
-//! One kura `BlockDevice` is one queue pair driven from one thread, so an export has one ublk
-//! queue. The ABI is encoded in [`sys`], the control path is [`ctrl`].
+//! The ABI is encoded in [`sys`], the control path is [`ctrl`].
 
 pub mod ctrl;
+pub mod driver;
 pub mod queue;
 pub mod sys;
 
+use driver::{QueueLink, Swap, ToDriver};
 use kura_engine::device::BlockDevice;
-use queue::{QueueCounters, QueueSetup};
+use queue::{DriverEnds, QueueCounters, QueueSetup};
 use std::fs::{File, OpenOptions};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -43,9 +48,16 @@ pub enum UblkError {
     InUse { dev_id: u32, state: u16, pid: i32 },
     #[error("ublk device {dev_id} exists without user recovery; delete it or pick another id")]
     NotRecoverable { dev_id: u32 },
+    #[error(
+        "this kernel's ublk driver cannot change a live device's size (no UBLK_F_UPDATE_SIZE; \
+         Linux 6.16 or later has it); stop the export and serve it again to see the new size"
+    )]
+    NoUpdateSize,
+    #[error("the ublk export has stopped")]
+    Stopped,
     #[error("kura device: {0}")]
     Device(String),
-    #[error("the ublk queue thread panicked")]
+    #[error("a ublk queue or driver thread panicked")]
     QueuePanicked,
 }
 
@@ -62,9 +74,11 @@ impl UblkError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UblkConfig {
     /// Device id (`/dev/ublkbN`), or any free one. A device of this id left behind by a killed
-    /// server with user recovery is recovered instead of created.
+    /// server with user recovery is recovered instead of created (with the queues it had).
     pub dev_id: Option<u32>,
-    /// Tags of the queue; capped by the kura device's queue depth.
+    /// Queues, each served by its own thread; the kernel caps them at the number of CPUs.
+    pub queues: u16,
+    /// Tags of each queue; capped by the kura device's queue depth.
     pub queue_depth: u16,
     /// Largest request in bytes; capped by the kura device's largest transfer.
     pub max_io_bytes: u32,
@@ -78,6 +92,7 @@ impl Default for UblkConfig {
     fn default() -> Self {
         UblkConfig {
             dev_id: None,
+            queues: 1,
             queue_depth: 128,
             max_io_bytes: 512 << 10,
             read_only: false,
@@ -86,25 +101,41 @@ impl Default for UblkConfig {
     }
 }
 
-type QueueResult = (Box<dyn BlockDevice>, QueueCounters, Result<(), UblkError>);
+type QueueResult = (QueueCounters, Result<(), UblkError>);
+
+/// What a stop hands back: the kura device (unless a thread panicked with it), each queue's
+/// counters, and whether every step of the stop succeeded.
+pub type Stopped = (
+    Option<Box<dyn BlockDevice>>,
+    Vec<QueueCounters>,
+    Result<(), UblkError>,
+);
+
+/// The way to the driver thread, shared with [`Resizer`]s; `None` once the device stops, so a
+/// resizer left in a control socket does not keep the driver (and the stop) waiting.
+type DriverSender = Arc<Mutex<Option<mpsc::Sender<ToDriver>>>>;
 
 /// A served ublk device.
 pub struct UblkDevice {
     ctrl: Control,
     dev_id: u32,
     recovered: bool,
+    features: u64,
     stop: Arc<AtomicBool>,
-    /// `None` once stopped.
-    queue: Option<JoinHandle<QueueResult>>,
+    /// Empty once stopped.
+    queues: Vec<JoinHandle<QueueResult>>,
+    driver: Option<JoinHandle<Box<dyn BlockDevice>>>,
+    to_driver: DriverSender,
 }
 
 /// How long a restarted server waits for the driver to notice the old one died.
 const RECOVERY_WAIT: Duration = Duration::from_secs(30);
 
 impl UblkDevice {
-    /// Creates (or recovers) the device and serves it from a new thread.
+    /// Creates (or recovers) the device and serves it from new threads.
     pub fn start(dev: Box<dyn BlockDevice>, cfg: &UblkConfig) -> Result<UblkDevice, UblkError> {
         let mut ctrl = Control::open()?;
+        let features = ctrl.features()?;
         let geo = dev.geometry();
         let existing = match cfg.dev_id {
             Some(id) => ctrl.dev_info(id)?,
@@ -134,12 +165,12 @@ impl UblkDevice {
                     .min(geo.queue_depth.min(u32::from(sys::MAX_QUEUE_DEPTH)) as u16);
                 let max_io = (cfg.max_io_bytes.min(geo.max_transfer) / 4096 * 4096)
                     .max(geo.block_size.max(4096));
-                let mut flags = sys::F_CMD_IOCTL_ENCODE;
+                let mut flags = sys::F_CMD_IOCTL_ENCODE | (features & sys::F_UPDATE_SIZE);
                 if cfg.user_recovery {
                     flags |= sys::F_USER_RECOVERY | sys::F_USER_RECOVERY_REISSUE;
                 }
                 let want = sys::DevInfo {
-                    nr_hw_queues: 1,
+                    nr_hw_queues: cfg.queues.clamp(1, sys::MAX_NR_QUEUES),
                     queue_depth: depth,
                     max_io_buf_bytes: max_io,
                     dev_id: cfg.dev_id.unwrap_or(u32::MAX),
@@ -161,28 +192,18 @@ impl UblkDevice {
                 let _ = ctrl.del_dev(dev_id);
             }
         };
-        let file = match open_char(dev_id) {
-            Ok(f) => f,
+        let (mut served, ready_rx) = match Self::spawn(dev, &info, cfg.read_only) {
+            Ok(s) => s,
             Err(e) => {
                 undo(&mut ctrl);
                 return Err(e);
             }
         };
-        let setup = QueueSetup {
-            dev_id,
-            q_id: 0,
-            depth: info.queue_depth,
-            max_io: info.max_io_buf_bytes,
-            read_only: cfg.read_only,
-        };
-        let stop = Arc::new(AtomicBool::new(false));
-        let (ready_tx, ready_rx) = mpsc::channel();
-        let stop2 = stop.clone();
-        let queue = std::thread::Builder::new()
-            .name(format!("ublk{dev_id}q0"))
-            .spawn(move || queue::run(setup, file, dev, ready_tx, stop2))
-            .map_err(|e| UblkError::os("starting the queue thread", &e))?;
-        let ready = ready_rx.recv().unwrap_or(Err(UblkError::QueuePanicked));
+        let mut ready = Ok(());
+        for _ in 0..served.queues.len() {
+            let r = ready_rx.recv().unwrap_or(Err(UblkError::QueuePanicked));
+            ready = ready.and(r);
+        }
         let pid = std::process::id() as i32;
         let started = ready.and_then(|()| {
             if recovered {
@@ -192,8 +213,8 @@ impl UblkDevice {
             }
         });
         if let Err(e) = started {
-            stop.store(true, Ordering::Release);
-            let _ = queue.join();
+            served.stop.store(true, Ordering::Release);
+            let _ = served.join();
             undo(&mut ctrl);
             return Err(e);
         }
@@ -201,9 +222,78 @@ impl UblkDevice {
             ctrl,
             dev_id,
             recovered,
-            stop,
-            queue: Some(queue),
+            features,
+            stop: served.stop.clone(),
+            queues: std::mem::take(&mut served.queues),
+            driver: served.driver.take(),
+            to_driver: served.to_driver.clone(),
         })
+    }
+
+    /// Opens `/dev/ublkcN` and starts the driver thread and a thread per queue; each queue
+    /// reports on the returned channel once it has fetched its tags.
+    fn spawn(
+        dev: Box<dyn BlockDevice>,
+        info: &sys::DevInfo,
+        read_only: bool,
+    ) -> Result<(Threads, mpsc::Receiver<Result<(), UblkError>>), UblkError> {
+        let dev_id = info.dev_id;
+        let file = Arc::new(open_char(dev_id)?);
+        let geo = dev.geometry();
+        let blocks = Arc::new(AtomicU64::new(geo.num_blocks));
+        let nr = info.nr_hw_queues.max(1);
+        let mut links = Vec::new();
+        let mut ends = Vec::new();
+        let (to_driver, rx) = mpsc::channel();
+        for _ in 0..nr {
+            let wake = Arc::new(eventfd()?);
+            let (done_tx, done_rx) = mpsc::channel();
+            links.push(QueueLink {
+                done: done_tx,
+                wake: wake.clone(),
+            });
+            ends.push(DriverEnds {
+                to_driver: to_driver.clone(),
+                done: done_rx,
+                wake,
+            });
+        }
+        let b2 = blocks.clone();
+        let driver = std::thread::Builder::new()
+            .name(format!("ublk{dev_id}drv"))
+            .spawn(move || driver::run(dev, rx, links, b2))
+            .map_err(|e| UblkError::os("starting the driver thread", &e))?;
+        let mut threads = Threads {
+            stop: Arc::new(AtomicBool::new(false)),
+            queues: Vec::new(),
+            driver: Some(driver),
+            to_driver: Arc::new(Mutex::new(Some(to_driver))),
+        };
+        let (ready_tx, ready_rx) = mpsc::channel();
+        for (q_id, ends) in (0..nr).zip(ends) {
+            let setup = QueueSetup {
+                dev_id,
+                q_id,
+                depth: info.queue_depth,
+                max_io: info.max_io_buf_bytes,
+                read_only,
+                geo,
+                blocks: blocks.clone(),
+            };
+            let (file, ready, stop) = (file.clone(), ready_tx.clone(), threads.stop.clone());
+            match std::thread::Builder::new()
+                .name(format!("ublk{dev_id}q{q_id}"))
+                .spawn(move || queue::run(setup, file, ends, ready, stop))
+            {
+                Ok(q) => threads.queues.push(q),
+                Err(e) => {
+                    threads.stop.store(true, Ordering::Release);
+                    let _ = threads.join();
+                    return Err(UblkError::os("starting a queue thread", &e));
+                }
+            }
+        }
+        Ok((threads, ready_rx))
     }
 
     pub fn dev_id(&self) -> u32 {
@@ -220,51 +310,130 @@ impl UblkDevice {
         self.recovered
     }
 
+    /// The number of queues served.
+    pub fn queues(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// A handle that resizes this device while it serves, from any thread.
+    pub fn resizer(&self) -> Resizer {
+        Resizer {
+            dev_id: self.dev_id,
+            features: self.features,
+            to_driver: self.to_driver.clone(),
+        }
+    }
+
     /// Removes the block device once the kernel has written back and drained it, waits for the
-    /// queue to finish, deletes the device and hands back the kura device with the queue's
-    /// counters. The kura device comes back even when a step fails (unless the queue thread
-    /// panicked with it), so it can still be flushed.
-    pub fn stop(
-        mut self,
-    ) -> (
-        Option<Box<dyn BlockDevice>>,
-        QueueCounters,
-        Result<(), UblkError>,
-    ) {
+    /// queues and the driver to finish, deletes the device and hands back the kura device with
+    /// each queue's counters. The kura device comes back even when a step fails (unless the
+    /// driver thread panicked with it), so it can still be flushed.
+    pub fn stop(mut self) -> Stopped {
         self.teardown()
     }
 
-    fn teardown(
-        &mut self,
-    ) -> (
-        Option<Box<dyn BlockDevice>>,
-        QueueCounters,
-        Result<(), UblkError>,
-    ) {
-        let Some(queue) = self.queue.take() else {
-            return (None, QueueCounters::default(), Ok(()));
-        };
+    fn teardown(&mut self) -> Stopped {
+        if self.driver.is_none() {
+            return (None, Vec::new(), Ok(()));
+        }
         // With user recovery the driver fails what reaches it once STOP_DEV has begun, so the
-        // block device's page cache is written back and flushed while the queue still serves.
+        // block device's page cache is written back and flushed while the queues still serve.
         let synced = File::open(self.block_path())
             .and_then(|f| f.sync_all())
             .map_err(|e| UblkError::os("writing back /dev/ublkbN before stopping it", &e));
         let stopped = self.ctrl.stop_dev(self.dev_id);
         self.stop.store(true, Ordering::Release);
-        let Ok((dev, counters, served)) = queue.join() else {
-            // The kura device went with the thread; nothing is left to flush.
-            return (
-                None,
-                QueueCounters::default(),
-                Err(UblkError::QueuePanicked),
-            );
+        let mut threads = Threads {
+            stop: self.stop.clone(),
+            queues: std::mem::take(&mut self.queues),
+            driver: self.driver.take(),
+            to_driver: self.to_driver.clone(),
         };
+        let (dev, counters, served) = threads.join();
         let deleted = self.ctrl.del_dev(self.dev_id);
-        (
-            Some(dev),
-            counters,
-            synced.and(stopped).and(served).and(deleted),
-        )
+        (dev, counters, synced.and(stopped).and(served).and(deleted))
+    }
+}
+
+/// The threads serving one device.
+struct Threads {
+    stop: Arc<AtomicBool>,
+    queues: Vec<JoinHandle<QueueResult>>,
+    driver: Option<JoinHandle<Box<dyn BlockDevice>>>,
+    to_driver: DriverSender,
+}
+
+impl Threads {
+    /// Joins the queues (they return once `stop` is set, or every tag was aborted, and nothing
+    /// of theirs is in flight), then the driver, which ends when the last sender is gone.
+    fn join(&mut self) -> Stopped {
+        let mut counters = Vec::new();
+        let mut res = Ok(());
+        for q in self.queues.drain(..) {
+            match q.join() {
+                Ok((c, r)) => {
+                    counters.push(c);
+                    res = res.and(r);
+                }
+                Err(_) => res = res.and(Err(UblkError::QueuePanicked)),
+            }
+        }
+        drop(
+            self.to_driver
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .take(),
+        );
+        let dev = match self.driver.take().map(JoinHandle::join) {
+            Some(Ok(dev)) => Some(dev),
+            _ => {
+                res = res.and(Err(UblkError::QueuePanicked));
+                None
+            }
+        };
+        (dev, counters, res)
+    }
+}
+
+/// Changes the size of a served device: reopens its kura device on the driver thread (between
+/// two requests, once those in flight are done) and tells the kernel the new capacity.
+#[derive(Clone)]
+pub struct Resizer {
+    dev_id: u32,
+    features: u64,
+    to_driver: DriverSender,
+}
+
+impl Resizer {
+    /// `Err(NoUpdateSize)` where the kernel cannot change a live device's size; checked before
+    /// anything is changed.
+    pub fn supported(&self) -> Result<(), UblkError> {
+        if self.features & sys::F_UPDATE_SIZE == 0 {
+            return Err(UblkError::NoUpdateSize);
+        }
+        Ok(())
+    }
+
+    /// Runs `swap` on the idle kura device (it reopens it at its new size), then sets the
+    /// device's capacity to the new one; returns it in bytes.
+    pub fn resize(&self, swap: Swap) -> Result<u64, UblkError> {
+        self.supported()?;
+        let (reply, answer) = mpsc::channel();
+        {
+            let guard = self
+                .to_driver
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let tx = guard.as_ref().ok_or(UblkError::Stopped)?;
+            tx.send(ToDriver::Swap(swap, reply))
+                .map_err(|_| UblkError::Stopped)?;
+        }
+        let bytes = answer
+            .recv()
+            .map_err(|_| UblkError::Stopped)?
+            .map_err(UblkError::Device)?;
+        Control::open()?.update_size(self.dev_id, bytes >> 9)?;
+        Ok(bytes)
     }
 }
 
@@ -331,6 +500,21 @@ fn wait_recoverable(ctrl: &mut Control, dev_id: u32) -> Result<(), UblkError> {
             other => return other,
         }
     }
+}
+
+/// A non-blocking eventfd: how the driver thread wakes a queue's ring.
+#[allow(unsafe_code)] // eventfd(2) and adopting the descriptor it returns
+fn eventfd() -> Result<File, UblkError> {
+    // SAFETY: eventfd takes no pointers; a non-negative result is a new descriptor we own.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if fd < 0 {
+        return Err(UblkError::os(
+            "creating an eventfd",
+            &std::io::Error::last_os_error(),
+        ));
+    }
+    // SAFETY: fd is a fresh descriptor owned by nothing else.
+    Ok(File::from(unsafe { OwnedFd::from_raw_fd(fd) }))
 }
 
 /// Opens `/dev/ublkcN`, waiting briefly for udev/devtmpfs to create it.

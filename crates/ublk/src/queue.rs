@@ -1,19 +1,22 @@
-//! The data path of one ublk queue: one thread, one io_uring of 64-byte SQEs on `/dev/ublkcN`,
-//! one kura [`BlockDevice`] queue pair. Every tag owns a buffer of the largest request size,
-//! taken from kura's buffer pool (the arena io_uring backends register), and keeps one
-//! `FETCH_REQ`/`COMMIT_AND_FETCH_REQ` command in the driver; a request's buffer moves into the
-//! kura request and back, so the only copy is the driver's between the bio's pages and that
-//! buffer.
+//! The data path of one ublk queue: one thread, one io_uring of 64-byte SQEs on `/dev/ublkcN`.
+//! Every tag owns a buffer of the largest request size, taken from kura's buffer pool (the arena
+//! io_uring backends register), and keeps one `FETCH_REQ`/`COMMIT_AND_FETCH_REQ` command in the
+//! kernel; a request's buffer moves into the kura request, through the device's driver thread
+//! ([`crate::driver`], shared by every queue of the device) and back, so the only copy is the
+//! kernel's between the bio's pages and that buffer. The ring also polls an eventfd the driver
+//! thread writes when it hands back a completion, so one wait covers both directions.
 
+use crate::driver::ToDriver;
 use crate::sys::{self, IoCmd, IoDesc};
 use crate::UblkError;
 use io_uring::{opcode, types, IoUring};
-use kura_engine::device::{BlockDevice, Completion, Geometry, Opcode, Request};
+use kura_engine::device::{Completion, Geometry, Opcode, Request};
 use kura_engine::{BufferPool, IoBuf};
 use std::fs::File;
+use std::io::Read;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::Arc;
 
 /// What a request from the driver becomes on the kura device.
@@ -93,6 +96,10 @@ pub struct QueueSetup {
     pub depth: u16,
     pub max_io: u32,
     pub read_only: bool,
+    /// The kura device's geometry; its block count is read from `blocks`, which a resize
+    /// changes.
+    pub geo: Geometry,
+    pub blocks: Arc<AtomicU64>,
 }
 
 /// What a queue did, for the report when it stops.
@@ -104,6 +111,26 @@ pub struct QueueCounters {
     pub discards: u64,
     pub write_zeroes: u64,
     pub errors: u64,
+}
+
+impl QueueCounters {
+    /// The sum of several queues' counters.
+    pub fn add(&mut self, o: &QueueCounters) {
+        self.reads += o.reads;
+        self.writes += o.writes;
+        self.flushes += o.flushes;
+        self.discards += o.discards;
+        self.write_zeroes += o.write_zeroes;
+        self.errors += o.errors;
+    }
+}
+
+/// A queue's ends of the driver thread's channels ([`crate::driver`]).
+pub(crate) struct DriverEnds {
+    pub to_driver: Sender<ToDriver>,
+    pub done: Receiver<Completion>,
+    /// Written by the driver after each completion it sends; the ring polls it.
+    pub wake: Arc<File>,
 }
 
 /// The read-only mapping of the queue's descriptor area.
@@ -173,53 +200,61 @@ struct Slot {
     flush_after: bool,
     /// The driver aborted the tag (device stopping): never committed again.
     dead: bool,
+    /// The tag's request is with the driver thread.
+    at_driver: bool,
 }
+
+/// The `user_data` of the ring's poll on the wake eventfd (tags are below 4096).
+const WAKE: u64 = u64::MAX;
 
 /// Runs one queue until the device is stopped. `ready` gets the outcome of the initial fetch of
 /// every tag (the driver's `START_DEV` waits for that); `stop` is set by the control thread once
-/// `STOP_DEV` has returned, after which no request can still be outstanding. Returns the kura
-/// device for its final flush.
-pub fn run(
+/// `STOP_DEV` has returned, after which no request can still be outstanding.
+pub(crate) fn run(
     setup: QueueSetup,
-    file: File,
-    mut dev: Box<dyn BlockDevice>,
+    file: Arc<File>,
+    ends: DriverEnds,
     ready: mpsc::Sender<Result<(), UblkError>>,
     stop: Arc<AtomicBool>,
-) -> (Box<dyn BlockDevice>, QueueCounters, Result<(), UblkError>) {
-    let mut q = match Queue::new(setup, file, dev.geometry()) {
+) -> (QueueCounters, Result<(), UblkError>) {
+    let mut q = match Queue::new(setup, file, ends) {
         Ok(q) => q,
         Err(e) => {
             let _ = ready.send(Err(e.clone()));
-            return (dev, QueueCounters::default(), Err(e));
+            return (QueueCounters::default(), Err(e));
         }
     };
     if let Err(e) = q.fetch_all() {
         let _ = ready.send(Err(e.clone()));
-        return (dev, q.counters, Err(e));
+        return (q.counters, Err(e));
     }
     let _ = ready.send(Ok(()));
-    let res = q.serve(dev.as_mut(), &stop);
-    (dev, q.counters, res)
+    let res = q.serve(&stop);
+    (q.counters, res)
 }
 
 struct Queue {
     setup: QueueSetup,
-    geo: Geometry,
-    file: File,
+    file: Arc<File>,
     ring: IoUring,
     descs: DescArea,
     slots: Vec<Slot>,
+    ends: DriverEnds,
     counters: QueueCounters,
     aborted: usize,
+    /// Requests sent to the driver thread and not yet answered.
+    outstanding: usize,
 }
 
 impl Queue {
-    fn new(setup: QueueSetup, file: File, geo: Geometry) -> Result<Queue, UblkError> {
+    fn new(setup: QueueSetup, file: Arc<File>, ends: DriverEnds) -> Result<Queue, UblkError> {
         let descs = DescArea::map(&file, setup.q_id, setup.depth)?;
+        // One entry more than the tags: the poll on the wake eventfd.
+        let entries = u32::from(setup.depth) + 1;
         let ring = IoUring::builder()
             .setup_coop_taskrun()
-            .build(u32::from(setup.depth))
-            .or_else(|_| IoUring::new(u32::from(setup.depth)))
+            .build(entries)
+            .or_else(|_| IoUring::new(entries))
             .map_err(|e| UblkError::os("creating the queue ring", &e))?;
         let pool = BufferPool::global();
         let slots = (0..setup.depth)
@@ -232,28 +267,50 @@ impl Queue {
                     done: 0,
                     flush_after: false,
                     dead: false,
+                    at_driver: false,
                 }
             })
             .collect();
         Ok(Queue {
             setup,
-            geo,
             file,
             ring,
             descs,
             slots,
+            ends,
             counters: QueueCounters::default(),
             aborted: 0,
+            outstanding: 0,
         })
     }
 
     fn fetch_all(&mut self) -> Result<(), UblkError> {
+        self.arm_wake()?;
         for tag in 0..self.setup.depth {
             self.push(sys::IO_FETCH_REQ, tag, 0)?;
         }
         self.ring
             .submit()
             .map_err(|e| UblkError::os("fetching requests", &e))?;
+        Ok(())
+    }
+
+    #[allow(unsafe_code)] // io_uring submission of a poll, which names no memory
+    fn arm_wake(&mut self) -> Result<(), UblkError> {
+        let sqe = opcode::PollAdd::new(types::Fd(self.ends.wake.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(WAKE);
+        // SAFETY: a poll request carries no buffer; the eventfd outlives the ring (both are
+        // this queue's, and the driver's copy is an Arc).
+        self.push_sqe(|ring| unsafe { ring.submission().push(&sqe) }.is_ok())
+    }
+
+    fn push_sqe(&mut self, mut push: impl FnMut(&mut IoUring) -> bool) -> Result<(), UblkError> {
+        while !push(&mut self.ring) {
+            self.ring
+                .submit()
+                .map_err(|e| UblkError::os("submitting to the queue ring", &e))?;
+        }
         Ok(())
     }
 
@@ -273,77 +330,61 @@ impl Queue {
             .cmd(cmd.encode())
             .build()
             .user_data(u64::from(tag));
-        loop {
-            // SAFETY: the command's data is inside the SQE; the buffer it names belongs to the
-            // tag's slot and stays there (allocated, unmoved) until the driver hands the tag
-            // back with the next completion, because a slot's buffer only leaves for a kura
-            // request while the tag has no command in the driver.
-            if unsafe { self.ring.submission().push(&sqe) }.is_ok() {
-                return Ok(());
-            }
-            self.ring
-                .submit()
-                .map_err(|e| UblkError::os("submitting to the queue ring", &e))?;
-        }
+        // SAFETY: the command's data is inside the SQE; the buffer it names belongs to the
+        // tag's slot and stays there (allocated, unmoved) until the driver hands the tag back
+        // with the next completion, because a slot's buffer only leaves for a kura request
+        // while the tag has no command in the driver.
+        self.push_sqe(|ring| unsafe { ring.submission().push(&sqe) }.is_ok())
     }
 
-    fn serve(&mut self, dev: &mut dyn BlockDevice, stop: &AtomicBool) -> Result<(), UblkError> {
+    fn serve(&mut self, stop: &AtomicBool) -> Result<(), UblkError> {
         let depth = usize::from(self.setup.depth);
-        let mut done = Vec::with_capacity(depth);
-        let mut fresh = Vec::with_capacity(depth);
+        let mut fresh = Vec::with_capacity(depth + 1);
         loop {
-            if self.aborted == depth && dev.in_flight() == 0 {
+            if self.outstanding == 0 && (self.aborted == depth || stop.load(Ordering::Acquire)) {
                 return Ok(());
             }
-            // Block on the driver only when the kura device has nothing to complete; a timeout
-            // lets the loop notice `stop` even if the driver never aborts the tags.
-            let wait = dev.in_flight() == 0;
-            if wait {
-                if stop.load(Ordering::Acquire) {
-                    return Ok(());
-                }
-                let ts = types::Timespec::new().nsec(100_000_000);
-                let args = types::SubmitArgs::new().timespec(&ts);
-                match self.ring.submitter().submit_with_args(1, &args) {
-                    Ok(_) => {}
-                    Err(e)
-                        if matches!(
-                            e.raw_os_error(),
-                            Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
-                        ) => {}
-                    Err(e) => return Err(UblkError::os("waiting for requests", &e)),
-                }
-            } else {
-                match self.ring.submit() {
-                    Ok(_) => {}
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR | libc::EBUSY)) => {}
-                    Err(e) => return Err(UblkError::os("submitting commits", &e)),
-                }
+            // Requests from the kernel and completions from the driver thread (through the
+            // eventfd) both end the wait; the timeout lets the loop notice `stop` even if the
+            // driver never aborts the tags.
+            let ts = types::Timespec::new().nsec(100_000_000);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            match self.ring.submitter().submit_with_args(1, &args) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::ETIME) | Some(libc::EINTR) | Some(libc::EBUSY)
+                    ) => {}
+                Err(e) => return Err(UblkError::os("waiting for requests", &e)),
             }
             fresh.clear();
-            fresh.extend(
-                self.ring
-                    .completion()
-                    .map(|c| (c.user_data() as u16, c.result())),
-            );
-            for &(tag, res) in &fresh {
-                self.arrived(dev, tag, res)?;
+            fresh.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            for &(data, res) in &fresh {
+                if data == WAKE {
+                    let mut count = [0u8; 8];
+                    // Resets the eventfd (non-blocking: a read finding it zero is harmless).
+                    let _ = (&*self.ends.wake).read(&mut count);
+                    self.arm_wake()?;
+                } else {
+                    self.arrived(data as u16, res)?;
+                }
             }
-            if dev.in_flight() > 0 {
-                done.clear();
-                // With nothing new from the driver, wait for the device; otherwise just reap.
-                let min = usize::from(fresh.is_empty());
-                dev.poll(&mut done, min)
-                    .map_err(|e| UblkError::Device(e.to_string()))?;
-                for c in done.drain(..) {
-                    self.completed(dev, c)?;
+            loop {
+                match self.ends.done.try_recv() {
+                    Ok(c) => self.completed(c)?,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        self.driver_lost()?;
+                        break;
+                    }
                 }
             }
         }
     }
 
     /// A fetch or commit-and-fetch command completed: a new request for `tag`, or an abort.
-    fn arrived(&mut self, dev: &mut dyn BlockDevice, tag: u16, res: i32) -> Result<(), UblkError> {
+    fn arrived(&mut self, tag: u16, res: i32) -> Result<(), UblkError> {
         if usize::from(tag) >= self.slots.len() {
             return Err(UblkError::Device(format!(
                 "driver completed unknown tag {tag}"
@@ -358,16 +399,18 @@ impl Queue {
             return Ok(());
         }
         let desc = self.descs.get(tag);
-        match plan(&desc, &self.geo, self.setup.max_io, self.setup.read_only) {
+        let mut geo = self.setup.geo;
+        geo.num_blocks = self.setup.blocks.load(Ordering::Acquire);
+        match plan(&desc, &geo, self.setup.max_io, self.setup.read_only) {
             Err(errno) => {
                 self.counters.errors += 1;
                 self.push(sys::IO_COMMIT_AND_FETCH_REQ, tag, -errno)
             }
-            Ok(p) => self.start(dev, tag, p),
+            Ok(p) => self.start(tag, p),
         }
     }
 
-    fn start(&mut self, dev: &mut dyn BlockDevice, tag: u16, p: Plan) -> Result<(), UblkError> {
+    fn start(&mut self, tag: u16, p: Plan) -> Result<(), UblkError> {
         let slot = &mut self.slots[usize::from(tag)];
         let t = u64::from(tag);
         let req = match p {
@@ -410,35 +453,68 @@ impl Queue {
                 }
             }
         };
-        self.submit(dev, tag, req)
+        self.submit(tag, req)
     }
 
-    fn submit(
-        &mut self,
-        dev: &mut dyn BlockDevice,
-        tag: u16,
-        req: Request,
-    ) -> Result<(), UblkError> {
-        match dev.submit(req) {
-            Ok(()) => Ok(()),
-            Err(rejected) => {
+    /// Hands a request to the driver thread; with the driver gone it fails at once.
+    fn submit(&mut self, tag: u16, req: Request) -> Result<(), UblkError> {
+        let msg = ToDriver::Io {
+            queue: self.setup.q_id,
+            req,
+        };
+        match self.ends.to_driver.send(msg) {
+            Ok(()) => {
+                self.outstanding += 1;
+                self.slots[usize::from(tag)].at_driver = true;
+                Ok(())
+            }
+            Err(mpsc::SendError(msg)) => {
                 self.counters.errors += 1;
-                let slot = &mut self.slots[usize::from(tag)];
-                if let Some(buf) = rejected.request.buf {
-                    slot.buf = Some(buf);
+                if let ToDriver::Io { req, .. } = msg {
+                    if let Some(buf) = req.buf {
+                        self.slots[usize::from(tag)].buf = Some(buf);
+                    }
                 }
-                self.push(
-                    sys::IO_COMMIT_AND_FETCH_REQ,
-                    tag,
-                    -rejected.error.errno().abs().max(1),
-                )
+                self.push(sys::IO_COMMIT_AND_FETCH_REQ, tag, -libc::EIO)
             }
         }
     }
 
-    fn completed(&mut self, dev: &mut dyn BlockDevice, c: Completion) -> Result<(), UblkError> {
+    /// The driver thread ended early (its device's queue pair failed with requests in flight,
+    /// which will never complete): those requests fail, with fresh buffers for their tags.
+    fn driver_lost(&mut self) -> Result<(), UblkError> {
+        for tag in 0..self.setup.depth {
+            let slot = &mut self.slots[usize::from(tag)];
+            if !slot.at_driver {
+                continue;
+            }
+            slot.at_driver = false;
+            slot.flush_after = false;
+            if slot.buf.is_none() {
+                slot.buf = Some(IoBuf::heap(self.setup.max_io as usize, 4096));
+            }
+            self.outstanding -= 1;
+            self.counters.errors += 1;
+            self.push(sys::IO_COMMIT_AND_FETCH_REQ, tag, -libc::EIO)?;
+        }
+        Ok(())
+    }
+
+    fn completed(&mut self, c: Completion) -> Result<(), UblkError> {
         let tag = c.tag as u16;
+        if usize::from(tag) >= self.slots.len() {
+            return Err(UblkError::Device(format!(
+                "the device completed unknown tag {tag}"
+            )));
+        }
         let slot = &mut self.slots[usize::from(tag)];
+        if !slot.at_driver {
+            return Err(UblkError::Device(format!(
+                "the device completed tag {tag} twice"
+            )));
+        }
+        slot.at_driver = false;
+        self.outstanding -= 1;
         if let Some(buf) = c.buf {
             slot.buf = Some(buf);
         }
@@ -449,7 +525,7 @@ impl Queue {
             }
             Ok(()) if slot.flush_after => {
                 slot.flush_after = false;
-                return self.submit(dev, tag, Request::flush(c.tag));
+                return self.submit(tag, Request::flush(c.tag));
             }
             Ok(()) => slot.done,
         };

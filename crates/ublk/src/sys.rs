@@ -19,6 +19,10 @@ pub const CMD_STOP_DEV: u8 = 0x07;
 pub const CMD_SET_PARAMS: u8 = 0x08;
 pub const CMD_START_USER_RECOVERY: u8 = 0x10;
 pub const CMD_END_USER_RECOVERY: u8 = 0x11;
+/// Sent only in its `_IOR` form ([`GET_FEATURES_OP`]): the driver matches that exact value.
+pub const CMD_GET_FEATURES: u8 = 0x13;
+/// Linux 6.16+ (`UBLK_F_UPDATE_SIZE` in the features): a live device's new capacity in sectors.
+pub const CMD_UPDATE_SIZE: u8 = 0x15;
 
 /// Per-tag I/O command numbers (`UBLK_IO_*`), sent on `/dev/ublkcN`.
 pub const IO_FETCH_REQ: u8 = 0x20;
@@ -33,6 +37,7 @@ pub const IO_RES_ABORT: i32 = -libc::ENODEV;
 pub const F_USER_RECOVERY: u64 = 1 << 3;
 pub const F_USER_RECOVERY_REISSUE: u64 = 1 << 4;
 pub const F_CMD_IOCTL_ENCODE: u64 = 1 << 6;
+pub const F_UPDATE_SIZE: u64 = 1 << 10;
 
 /// Device states in [`DevInfo::state`].
 pub const S_DEV_DEAD: u16 = 0;
@@ -58,6 +63,7 @@ pub const ATTR_FUA: u32 = 1 << 3;
 
 /// Largest queue depth and queue count the driver accepts.
 pub const MAX_QUEUE_DEPTH: u16 = 4096;
+pub const MAX_NR_QUEUES: u16 = 4096;
 /// Where queue N's descriptor area starts in `/dev/ublkcN`'s mmap space: each queue owns room
 /// for the largest depth, rounded up to pages.
 pub const CMD_BUF_OFFSET: u64 = 0;
@@ -78,6 +84,11 @@ const PAGE: u64 = 4096;
 pub const fn iowr(nr: u8, size: usize) -> u32 {
     (3 << 30) | ((size as u32) << 16) | ((b'u' as u32) << 8) | nr as u32
 }
+
+/// `_IOR('u', GET_FEATURES, ublksrv_ctrl_cmd)`: the one control command the driver recognises
+/// by its whole encoded value rather than by its number.
+pub const GET_FEATURES_OP: u32 =
+    (2 << 30) | ((CTRL_CMD_LEN as u32) << 16) | ((b'u' as u32) << 8) | CMD_GET_FEATURES as u32;
 
 /// The `cmd_op` of control command `nr`.
 pub const fn ctrl_op(nr: u8) -> u32 {
@@ -332,6 +343,8 @@ mod tests {
         assert_eq!(ctrl_op(CMD_ADD_DEV), 0xc020_7504);
         assert_eq!(ctrl_op(CMD_SET_PARAMS), 0xc020_7508);
         assert_eq!(ctrl_op(CMD_END_USER_RECOVERY), 0xc020_7511);
+        assert_eq!(GET_FEATURES_OP, 0x8020_7513);
+        assert_eq!(ctrl_op(CMD_UPDATE_SIZE), 0xc020_7515);
         assert_eq!(io_op(IO_FETCH_REQ), 0xc010_7520);
         assert_eq!(io_op(IO_COMMIT_AND_FETCH_REQ), 0xc010_7521);
     }
