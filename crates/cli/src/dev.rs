@@ -286,28 +286,6 @@ pub fn open_dev(spec: &str) -> anyhow::Result<Box<dyn BlockDevice>> {
         .with_context(|| format!("opening `{spec}`"))
 }
 
-/// Opens one `NAME=SPEC[:ro]` export argument of `kura serve` (`flag` names the option in the
-/// error): the name, the spec, whether `:ro` asked for a read-only export, and the device,
-/// opened read-only when it did.
-pub fn open_export<'a>(
-    flag: &str,
-    arg: &'a str,
-) -> anyhow::Result<(&'a str, &'a str, bool, Box<dyn BlockDevice>)> {
-    let (name, spec) = arg
-        .split_once('=')
-        .with_context(|| format!("{flag} `{arg}` is not NAME=SPEC"))?;
-    let (spec, read_only) = match spec.strip_suffix(":ro") {
-        Some(s) => (s, true),
-        None => (spec, false),
-    };
-    let dev = if read_only {
-        open_dev_read_only(spec)?
-    } else {
-        open_dev(spec)?
-    };
-    Ok((name, spec, read_only, dev))
-}
-
 /// Opens `spec` for reading only: every image file or block device in it is opened `ro=1`
 /// (`O_RDONLY` and a shared lock, so inspection runs beside other readers, never beside a writer,
 /// and can never change the image). Other kinds are opened as they are.

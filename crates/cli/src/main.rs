@@ -18,6 +18,7 @@ mod pattern;
 mod resize;
 mod serve;
 mod serve_ctl;
+mod serve_share;
 mod serve_ublk;
 mod serve_vhost;
 mod stream;

@@ -10,7 +10,12 @@
 //! instead (TLS-PSK, psktool files, when this kura was built with OpenSSL); without TLS a
 //! non-loopback address is refused unless `--insecure` acknowledges that the traffic is
 //! plaintext.
+//!
+//! Every export, whatever its door (NBD, `--ublk`, `--vhost-user`), is opened by
+//! [`crate::serve_share::open_all`] (so `NAME=@OTHER` can put one drive behind several doors)
+//! and goes through [`crate::serve_ctl::Controls`] (so `--qos` and `kura serve ctl` reach it).
 
+use crate::serve_share::Door;
 use anyhow::{bail, Context};
 use kura_engine::{BlockingIo, DriveStats};
 use kura_nbd::psk::PskServer;
@@ -22,11 +27,23 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 #[derive(Debug, clap::Args)]
-#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+#[command(
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true,
+    after_help = "One drive behind several exports: an export given as NAME=@OTHER (NBD, --ublk \
+or --vhost-user, `:ro` allowed) serves the drive export OTHER opened instead of opening one, e.g. \
+`kura serve disk=uring:/dev/nvme0n1 --ublk fast=@disk` serves one namespace as NBD export `disk` \
+and as /dev/ublkbN. The drive is opened once and shared by one driver; each export keeps its own \
+--qos limits. Requests from different exports are in flight together and complete in any \
+order: nothing orders overlapping ranges written through two exports, so a writer must wait for \
+its write to complete before a reader through another export can expect to see it. A flush \
+through any export covers writes completed through every export. Shared drives cannot be \
+resized while serving."
+)]
 pub struct ServeArgs {
     /// Exports as NAME=SPEC, with `:ro` appended for a read-only export, e.g.
-    /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`. None when only --vhost-user disks
-    /// are served.
+    /// `disk=file:/tmp/a.img` `golden=uring:/tmp/b.img:ro`, or NAME=@OTHER for the drive of
+    /// export OTHER (below). None when only --vhost-user or --ublk disks are served.
     #[arg(required_unless_present_any = ["vhost_user", "ublk"])]
     exports: Vec<String>,
     /// Address to listen on.
@@ -96,12 +113,13 @@ pub struct ServeArgs {
     /// stop) every SECS seconds while serving.
     #[arg(long, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..))]
     stats_interval: Option<u64>,
-    /// Limits of an export as NAME=KEY=VALUE,... (iops, bw, read_iops, write_iops, read_bw,
-    /// write_bw, burst; `docs/nbd-serve.md`); repeatable. Requests above them are held back.
+    /// Limits of an export (NBD, --ublk or --vhost-user) as NAME=KEY=VALUE,... (iops, bw,
+    /// read_iops, write_iops, read_bw, write_bw, burst; `docs/nbd-serve.md`); repeatable.
+    /// Requests above them are held back.
     #[arg(long, value_name = "NAME=LIMITS")]
     qos: Vec<String>,
     /// Serve a control socket at PATH (mode 0600) through which `kura serve ctl` shows and
-    /// changes export limits and resizes exports while serving.
+    /// changes the limits of every export and resizes NBD and vhost-user exports while serving.
     #[arg(long, value_name = "PATH")]
     ctl: Option<PathBuf>,
     #[command(subcommand)]
@@ -138,9 +156,38 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             args.listen
         );
     }
-    let vhost = crate::serve_vhost::start(&args.vhost)?;
-    let ublk = crate::serve_ublk::start(&args.ublk)?;
-    if args.exports.is_empty() {
+    let mut controls = crate::serve_ctl::Controls::new(&args.qos, args.ctl.is_some())?;
+    let doors = args
+        .exports
+        .iter()
+        .map(|a| (Door::Nbd, a.as_str()))
+        .chain(
+            args.vhost
+                .vhost_user
+                .iter()
+                .map(|a| (Door::VhostUser, a.as_str())),
+        )
+        .chain(args.ublk.ublk.iter().map(|a| (Door::Ublk, a.as_str())));
+    let (mut nbd, mut vhost, mut ublk) = (Vec::new(), Vec::new(), Vec::new());
+    for opened in crate::serve_share::open_all(&doors.collect::<Vec<_>>())? {
+        let opened = controls.export(opened);
+        match opened.door {
+            Door::Nbd => nbd.push(opened),
+            Door::VhostUser => vhost.push(opened),
+            Door::Ublk => ublk.push(opened),
+        }
+    }
+    controls.check_all_used()?;
+    let vhost = crate::serve_vhost::start(&args.vhost, vhost)?;
+    for server in &vhost {
+        controls.enable_resize(
+            server.name(),
+            crate::serve_ctl::vhost_resizer(server.swapper()),
+        );
+    }
+    let ublk = crate::serve_ublk::start(&args.ublk, ublk)?;
+    if nbd.is_empty() {
+        let _ctl = listen_ctl(args, controls)?;
         wait_for_stop(args.stats_interval, || {
             crate::serve_vhost::print_stats(&vhost)
         })?;
@@ -149,24 +196,16 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         crate::serve_vhost::stop(vhost, &mut failed);
         return stopped(failed);
     }
-    let mut controls = crate::serve_ctl::Controls::new(&args.qos, args.ctl.is_some())?;
-    let mut exports = Vec::new();
-    for arg in &args.exports {
-        let (name, spec) = arg
-            .split_once('=')
-            .with_context(|| format!("`{arg}` is not NAME=SPEC"))?;
-        let (spec, ro) = match spec.strip_suffix(":ro") {
-            Some(s) => (s, true),
-            None => (spec, false),
-        };
-        let dev = controls.export(name, spec, ro, crate::dev::open_dev(spec)?);
-        let description = if args.describe { spec } else { "" };
-        exports.push(
-            Export::new(name, dev)
-                .read_only(ro)
-                .description(description),
-        );
-    }
+    let nbd_names: Vec<String> = nbd.iter().map(|o| o.name.clone()).collect();
+    let exports: Vec<Export> = nbd
+        .into_iter()
+        .map(|o| {
+            let description = if args.describe { o.spec.as_str() } else { "" };
+            Export::new(&o.name, o.dev)
+                .read_only(o.read_only)
+                .description(description)
+        })
+        .collect();
     let opts = ServeOptions {
         max_clients: args.max_clients,
         max_per_peer: args.max_per_peer,
@@ -177,7 +216,6 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         block_status: !args.no_block_status,
         ..ServeOptions::default()
     };
-    controls.check_all_used()?;
     let (server, url) = match &args.unix {
         Some(path) => {
             let listener =
@@ -198,16 +236,10 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
             (server, url)
         }
     };
-    let _ctl = match &args.ctl {
-        Some(path) => {
-            controls.enable_resize(server.swapper());
-            Some(crate::serve_ctl::listen(
-                path,
-                std::sync::Arc::new(controls),
-            )?)
-        }
-        None => None,
-    };
+    for name in &nbd_names {
+        controls.enable_resize(name, crate::serve_ctl::nbd_resizer(server.swapper(), name));
+    }
+    let _ctl = listen_ctl(args, controls)?;
     eprintln!(
         "kura: serving {} export(s) on {url} (Ctrl-C, SIGTERM or SIGHUP to stop)",
         args.exports.len(),
@@ -231,6 +263,17 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
     }
     crate::serve_vhost::stop(vhost, &mut failed);
     stopped(failed)
+}
+
+/// Serves the control socket when `--ctl` asks for one.
+fn listen_ctl(
+    args: &ServeArgs,
+    controls: crate::serve_ctl::Controls,
+) -> anyhow::Result<Option<crate::serve_ctl::CtlSocket>> {
+    args.ctl
+        .as_ref()
+        .map(|path| crate::serve_ctl::listen(path, std::sync::Arc::new(controls)))
+        .transpose()
 }
 
 /// The end of a stop: an error naming the exports that could not be flushed, if any.

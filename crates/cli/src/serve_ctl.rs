@@ -14,10 +14,18 @@
 //!
 //! | line | answer |
 //! |------|--------|
-//! | `show` | one line per export: `NAME read_iops=.. read_bw=.. write_iops=.. write_bw=.. burst=..us` |
+//! | `show` | one line per export, whatever its door: `NAME read_iops=.. read_bw=.. write_iops=.. write_bw=.. burst=..us kind=nbd\|ublk\|vhost-user [drive=OPENER]` (`drive=` for exports sharing a drive, naming the export that opened it) |
 //! | `set NAME KEY=VALUE[,KEY=VALUE...]` | the export's limits after the change (given keys replaced, others kept; `off` lifts one) |
 //! | `resize NAME SIZE [force]` | the export's new size in bytes (see [`crate::resize`]) |
+//!
+//! **Doors.** Limits sit under the export (a qos drive over the opened drive), so they hold
+//! whichever door serves it: NBD, ublk or vhost-user. A resize reopens the drive on the thread
+//! that owns it, through a hook each door provides ([`Resizer`]): NBD clients see the new size
+//! when they next connect; a vhost-user frontend is told the new size from its next connection
+//! on (no config-change message: see `kura_vhost::DeviceSwapper::swap`); ublk exports have no
+//! hook yet (kura-ublk sends no UPDATE_SIZE), so their resize is refused.
 
+use crate::serve_share::{Door, Opened};
 use anyhow::{bail, Context};
 use kura_engine::{BlockDevice, BlockingIo};
 use kura_vdrive::{Qos, QosHandle, QosLimits};
@@ -32,17 +40,67 @@ const MAX_LINE: u64 = 4096;
 /// How long a client has to send its line, and the server to answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// A change of an export's device, run on the thread that owns it once its requests in flight
+/// are answered.
+pub type Change = Box<dyn FnOnce(&mut Box<dyn BlockDevice>) -> Result<(), ChangeError> + Send>;
+
+/// Why a [`Change`] failed.
+pub struct ChangeError {
+    pub message: String,
+    /// The device left in the slot cannot serve any more.
+    pub lost: bool,
+}
+
+/// A door's hook that runs a [`Change`] on a running export and answers its new size in bytes.
+pub type Resizer = Box<dyn Fn(Change) -> Result<u64, String> + Send + Sync>;
+
+/// The resize hook of NBD export `name`.
+pub fn nbd_resizer(swapper: kura_nbd::DeviceSwapper, name: &str) -> Resizer {
+    let name = name.to_string();
+    Box::new(move |change: Change| {
+        swapper.swap(
+            &name,
+            Box::new(move |slot: &mut Box<dyn BlockDevice>| {
+                change(slot).map_err(|e| kura_nbd::SwapError {
+                    message: e.message,
+                    lost: e.lost,
+                })
+            }),
+        )
+    })
+}
+
+/// The resize hook of a vhost-user export.
+pub fn vhost_resizer(swapper: kura_vhost::DeviceSwapper) -> Resizer {
+    Box::new(move |change: Change| {
+        swapper.swap(Box::new(move |slot: &mut Box<dyn BlockDevice>| {
+            change(slot).map_err(|e| kura_vhost::SwapError {
+                message: e.message,
+                lost: e.lost,
+            })
+        }))
+    })
+}
+
+/// One export as the control socket knows it.
+struct Entry {
+    name: String,
+    door: Door,
+    spec: String,
+    read_only: bool,
+    /// The export that opened the drive, when several exports share it.
+    shared: Option<String>,
+    qos: Option<QosHandle>,
+    resizer: Option<Resizer>,
+}
+
 /// What the control socket can change: each export's limits, and its size through `resize`.
 pub struct Controls {
     /// `--qos` limits not yet given to an export.
     asked: Vec<(String, QosLimits)>,
     /// Every export goes behind a qos drive (a control socket may limit any of them later).
     live: bool,
-    exports: Vec<(String, QosHandle)>,
-    /// Each export's spec and whether it is read-only, to reopen it after a resize.
-    specs: Vec<(String, String, bool)>,
-    /// Set once the server runs: swaps an export's device for one at the new size.
-    swapper: Option<kura_nbd::DeviceSwapper>,
+    exports: Vec<Entry>,
 }
 
 impl Controls {
@@ -63,42 +121,45 @@ impl Controls {
             asked,
             live,
             exports: Vec::new(),
-            specs: Vec::new(),
-            swapper: None,
         })
     }
 
-    /// Export `name`'s device: `dev` behind a qos drive when it has `--qos` limits or limits
-    /// may be set later, else `dev` itself.
-    pub fn export(
-        &mut self,
-        name: &str,
-        spec: &str,
-        read_only: bool,
-        dev: Box<dyn BlockDevice>,
-    ) -> Box<dyn BlockDevice> {
-        self.specs
-            .push((name.to_string(), spec.to_string(), read_only));
-        match self.handle(name) {
-            Some(handle) => Box::new(Qos::new(dev, handle)),
-            None => dev,
+    /// The export with its device behind a qos drive when it has `--qos` limits or limits may be
+    /// set later, else as it is. Every door's exports come through here, so limits hold
+    /// whichever door serves them.
+    pub fn export(&mut self, mut o: Opened) -> Opened {
+        let qos = self.handle(&o.name);
+        self.exports.push(Entry {
+            name: o.name.clone(),
+            door: o.door,
+            spec: o.spec.clone(),
+            read_only: o.read_only,
+            shared: o.shared.clone(),
+            qos: qos.clone(),
+            resizer: None,
+        });
+        if let Some(handle) = qos {
+            o.dev = Box::new(Qos::new(o.dev, handle));
         }
+        o
     }
 
-    /// The limits handle of export `name` (made on first use), if it is to have one.
-    pub fn handle(&mut self, name: &str) -> Option<QosHandle> {
-        if let Some((_, h)) = self.exports.iter().find(|(n, _)| n == name) {
-            return Some(h.clone());
-        }
+    /// The limits handle export `name` is to have, if any (taken from `--qos`).
+    fn handle(&mut self, name: &str) -> Option<QosHandle> {
         let asked = self.asked.iter().position(|(n, _)| n == name);
         let limits = match asked {
             Some(i) => self.asked.remove(i).1,
             None if self.live => QosLimits::default(),
             None => return None,
         };
-        let handle = QosHandle::new(limits);
-        self.exports.push((name.to_string(), handle.clone()));
-        Some(handle)
+        Some(QosHandle::new(limits))
+    }
+
+    fn entry(&self, name: &str) -> Result<&Entry, String> {
+        self.exports
+            .iter()
+            .find(|e| e.name == name)
+            .ok_or_else(|| format!("no export named `{name}`"))
     }
 
     /// Fails when a `--qos` names no export.
@@ -109,9 +170,11 @@ impl Controls {
         }
     }
 
-    /// Lets `resize` reopen exports of the running server through `swapper`.
-    pub fn enable_resize(&mut self, swapper: kura_nbd::DeviceSwapper) {
-        self.swapper = Some(swapper);
+    /// Lets `resize` reopen export `name` through its door's hook.
+    pub fn enable_resize(&mut self, name: &str, resizer: Resizer) {
+        if let Some(e) = self.exports.iter_mut().find(|e| e.name == name) {
+            e.resizer = Some(resizer);
+        }
     }
 
     /// Resizes export `name`'s image and reopens the export on its driver thread, once the
@@ -120,27 +183,28 @@ impl Controls {
     /// limits. The image is closed before it is opened again because its lock belongs to the
     /// open file; if the reopen fails the export fails every later request (and says why).
     fn resize(&self, name: &str, size: u64, force: bool) -> Result<u64, String> {
-        let swapper = self
-            .swapper
-            .as_ref()
-            .ok_or("this server cannot resize exports")?;
-        let (_, spec, read_only) = self
-            .specs
-            .iter()
-            .find(|(n, _, _)| n == name)
-            .ok_or_else(|| format!("no export named `{name}`"))?;
-        if *read_only {
+        let e = self.entry(name)?;
+        if e.read_only {
             return Err(format!("export `{name}` is read-only"));
         }
-        let path = crate::resize::image_path(spec).map_err(|e| format!("{e:#}"))?;
-        let spec = spec.clone();
-        let handle = self
-            .exports
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, h)| h.clone());
-        let swap: kura_nbd::Swap = Box::new(move |slot: &mut Box<dyn BlockDevice>| {
-            let kept = |message: String| kura_nbd::SwapError {
+        if let Some(opener) = &e.shared {
+            return Err(format!(
+                "export `{name}` shares its drive with other exports (opened by `{opener}`); \
+                 resizing a shared drive is not supported: stop the server and use `kura drive resize`"
+            ));
+        }
+        let resizer = e.resizer.as_ref().ok_or_else(|| match e.door {
+            Door::Ublk => format!(
+                "export `{name}` is a ublk device, which cannot be resized while serving yet \
+                 (kura-ublk sends no UPDATE_SIZE)"
+            ),
+            _ => "this server cannot resize exports".to_string(),
+        })?;
+        let path = crate::resize::image_path(&e.spec).map_err(|e| format!("{e:#}"))?;
+        let spec = e.spec.clone();
+        let handle = e.qos.clone();
+        let swap: Change = Box::new(move |slot: &mut Box<dyn BlockDevice>| {
+            let kept = |message: String| ChangeError {
                 message,
                 lost: false,
             };
@@ -166,33 +230,24 @@ impl Controls {
                     };
                     Ok(())
                 }
-                Err(e) => Err(kura_nbd::SwapError {
+                Err(e) => Err(ChangeError {
                     message: format!("reopening `{spec}` after the resize: {e:#}"),
                     lost: true,
                 }),
             }
         });
-        swapper.swap(name, swap)
+        resizer(swap)
     }
 
     /// Runs one command line; the answer's lines after `ok`, or the error.
     fn execute(&self, line: &str) -> Result<Vec<String>, String> {
         let words: Vec<&str> = line.split_whitespace().collect();
-        let export = |name: &str| {
-            self.exports
-                .iter()
-                .find(|(n, _)| n == name)
-                .map(|(_, h)| h)
-                .ok_or_else(|| format!("no export named `{name}`"))
-        };
         match words.as_slice() {
-            ["show"] => Ok(self
-                .exports
-                .iter()
-                .map(|(name, h)| format!("{name} {}", h.limits()))
-                .collect()),
+            ["show"] => Ok(self.exports.iter().map(show).collect()),
             ["set", name, settings @ ..] if !settings.is_empty() => {
-                let handle = export(name)?;
+                let handle = self.entry(name)?.qos.as_ref().ok_or_else(|| {
+                    format!("export `{name}` has no limits layer (serve with --ctl or --qos {name}=...)")
+                })?;
                 let limits = handle
                     .limits()
                     .parse_list(&settings.join(","))
@@ -215,6 +270,19 @@ impl Controls {
             )),
         }
     }
+}
+
+/// `show`'s line for one export.
+fn show(e: &Entry) -> String {
+    let limits = match &e.qos {
+        Some(h) => h.limits().to_string(),
+        None => "unlimited".to_string(),
+    };
+    let mut line = format!("{} {limits} kind={}", e.name, e.door.name());
+    if let Some(opener) = &e.shared {
+        line.push_str(&format!(" drive={opener}"));
+    }
+    line
 }
 
 /// The listening control socket; its file is removed when this is dropped.
@@ -362,18 +430,39 @@ pub fn run(args: &CtlArgs) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
+    fn opened(name: &str, door: Door, shared: Option<&str>) -> Opened {
+        Opened {
+            door,
+            name: name.into(),
+            spec: "mem:1M".into(),
+            read_only: false,
+            dev: kura_engine::open("mem:1M").unwrap(),
+            shared: shared.map(Into::into),
+        }
+    }
+
     #[test]
     fn commands_change_and_show_limits_and_bad_ones_say_why() {
         let mut c = Controls::new(&["a=iops=5".into()], true).unwrap();
-        let h = c.handle("a").unwrap();
-        assert_eq!(h.limits().read.iops, Some(5.0));
-        c.handle("b");
+        let a = c.export(opened("a", Door::Nbd, None));
+        assert!(a.dev.describe().starts_with("qos("), "{}", a.dev.describe());
+        c.export(opened("b", Door::Ublk, None));
+        c.export(opened("v", Door::VhostUser, Some("b")));
         let out = c.execute("set a iops=100 bw=1M").unwrap();
         assert!(out[0].starts_with("a read_iops=100 "), "{out:?}");
+        let h = c.exports[0].qos.clone().unwrap();
         assert_eq!(h.limits().write.bw, Some(1048576.0));
+        c.execute("set b read_iops=7").unwrap();
+        assert_eq!(
+            c.exports[1].qos.as_ref().unwrap().limits().read.iops,
+            Some(7.0)
+        );
         let shown = c.execute("show").unwrap();
-        assert_eq!(shown.len(), 2);
-        assert!(shown[1].starts_with("b read_iops=off"), "{shown:?}");
+        assert_eq!(shown.len(), 3);
+        assert!(shown[0].ends_with(" kind=nbd"), "{shown:?}");
+        assert!(shown[1].starts_with("b read_iops=7 "), "{shown:?}");
+        assert!(shown[1].ends_with(" kind=ublk"), "{shown:?}");
+        assert!(shown[2].ends_with(" kind=vhost-user drive=b"), "{shown:?}");
         assert!(c.execute("set a iops=0").unwrap_err().contains("positive"));
         assert!(c
             .execute("set zz iops=1")
@@ -384,11 +473,31 @@ mod tests {
             .execute("resize a 1G")
             .unwrap_err()
             .contains("cannot resize"));
+        assert!(c
+            .execute("resize b 1G")
+            .unwrap_err()
+            .contains("UPDATE_SIZE"));
+        assert!(c
+            .execute("resize v 1G")
+            .unwrap_err()
+            .contains("shares its drive"));
         assert!(c.execute("").unwrap_err().contains("unknown command"));
         // Without a control socket only exports with --qos are wrapped.
         let mut c = Controls::new(&["a=iops=5".into(), "x=bw=1M".into()], false).unwrap();
-        assert!(c.handle("a").is_some());
-        assert!(c.handle("b").is_none());
+        assert!(c
+            .export(opened("a", Door::Nbd, None))
+            .dev
+            .describe()
+            .starts_with("qos("));
+        assert!(c
+            .export(opened("b", Door::Nbd, None))
+            .dev
+            .describe()
+            .starts_with("mem"));
+        assert!(c
+            .execute("set b iops=1")
+            .unwrap_err()
+            .contains("no limits layer"));
         assert!(c.check_all_used().unwrap_err().to_string().contains("`x`"));
         let bad = |q: &str| Controls::new(&[q.into()], false).err().unwrap().to_string();
         assert!(bad("a").contains("NAME=KEY=VALUE"));

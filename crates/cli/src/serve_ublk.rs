@@ -14,10 +14,11 @@ use kura_ublk::{UblkConfig, UblkDevice};
 
 #[derive(Debug, clap::Args)]
 pub struct UblkArgs {
-    /// Also serve NAME=SPEC (`:ro` appended: read-only) as a Linux block device /dev/ublkbN
-    /// through the ublk driver (Linux 6.0+, `modprobe ublk_drv`, root); repeatable.
+    /// Also serve NAME=SPEC (`:ro` appended: read-only), or NAME=@OTHER (the drive of export
+    /// OTHER, see EXPORTS), as a Linux block device /dev/ublkbN through the ublk driver (Linux
+    /// 6.0+, `modprobe ublk_drv`, root); repeatable.
     #[arg(long = "ublk", value_name = "NAME=SPEC")]
-    ublk: Vec<String>,
+    pub ublk: Vec<String>,
     /// Device id of the first --ublk export (the next ones take N+1, ...). A device of that id
     /// that a killed `kura serve` left behind is recovered: it keeps its /dev/ublkbN and the
     /// requests held meanwhile are reissued. Default: any free id, always a new device.
@@ -43,14 +44,14 @@ pub struct Running {
     devices: Vec<(String, UblkDevice)>,
 }
 
-/// Opens every `--ublk` export and starts its device; on any failure the ones already started
-/// are stopped again.
-pub fn start(args: &UblkArgs) -> anyhow::Result<Running> {
+/// Starts the device of every `--ublk` export (opened by [`crate::serve_share::open_all`]); on
+/// any failure the ones already started are stopped again.
+pub fn start(args: &UblkArgs, exports: Vec<crate::serve_share::Opened>) -> anyhow::Result<Running> {
     let mut running = Running {
         devices: Vec::new(),
     };
-    for (i, arg) in args.ublk.iter().enumerate() {
-        match start_one(args, i, arg) {
+    for (i, export) in exports.into_iter().enumerate() {
+        match start_one(args, i, export) {
             Ok(dev) => running.devices.push(dev),
             Err(e) => {
                 stop(running, &mut Vec::new());
@@ -61,8 +62,19 @@ pub fn start(args: &UblkArgs) -> anyhow::Result<Running> {
     Ok(running)
 }
 
-fn start_one(args: &UblkArgs, i: usize, arg: &str) -> anyhow::Result<(String, UblkDevice)> {
-    let (name, spec, read_only, dev) = crate::dev::open_export("--ublk", arg)?;
+fn start_one(
+    args: &UblkArgs,
+    i: usize,
+    export: crate::serve_share::Opened,
+) -> anyhow::Result<(String, UblkDevice)> {
+    let crate::serve_share::Opened {
+        name,
+        spec,
+        read_only,
+        dev,
+        ..
+    } = export;
+    let name = name.as_str();
     let dev_id = match args.ublk_id {
         Some(first) => Some(
             u32::try_from(i)

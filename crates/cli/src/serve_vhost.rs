@@ -11,7 +11,7 @@ use std::path::PathBuf;
 #[derive(Debug, clap::Args)]
 pub struct VhostArgs {
     /// Serve a drive as a vhost-user-blk device: NAME=SPEC, `:ro` appended for a read-only disk
-    /// (VIRTIO_BLK_F_RO). QEMU attaches it with `-chardev socket,id=c,path=PATH,reconnect=1
+    /// (VIRTIO_BLK_F_RO), or NAME=@OTHER for the drive of export OTHER (see EXPORTS). QEMU attaches it with `-chardev socket,id=c,path=PATH,reconnect=1
     /// -device vhost-user-blk-pci,chardev=c` and guest RAM shared with this process
     /// (`-object memory-backend-memfd,id=m,size=..,share=on -numa node,memdev=m`).
     #[arg(long = "vhost-user", value_name = "NAME=SPEC", requires = "socket")]
@@ -26,8 +26,11 @@ pub struct VhostArgs {
     pub vhost_queues: u16,
 }
 
-/// Opens every --vhost-user export and starts serving it.
-pub fn start(args: &VhostArgs) -> anyhow::Result<Vec<VhostServer>> {
+/// Starts serving every --vhost-user export (opened by [`crate::serve_share::open_all`]).
+pub fn start(
+    args: &VhostArgs,
+    exports: Vec<crate::serve_share::Opened>,
+) -> anyhow::Result<Vec<VhostServer>> {
     let Some(socket) = &args.socket else {
         return Ok(Vec::new());
     };
@@ -40,8 +43,8 @@ pub fn start(args: &VhostArgs) -> anyhow::Result<Vec<VhostServer>> {
         );
     }
     let mut servers = Vec::new();
-    for arg in &args.vhost_user {
-        let (name, _spec, read_only, dev) = crate::dev::open_export("--vhost-user", arg)?;
+    for export in exports {
+        let (name, read_only, dev) = (export.name.as_str(), export.read_only, export.dev);
         let path = PathBuf::from(template.replace("{name}", name));
         let opts = VhostOptions {
             read_only,

@@ -229,6 +229,9 @@ pub(crate) enum ToDriver {
     Job(Job),
     /// The device's counters, answered between two rounds of I/O.
     Stats(Sender<Vec<DriveStats>>),
+    /// Change the device once every earlier request is answered; the answer is its new size in
+    /// blocks.
+    Swap(crate::Swap, Sender<Result<u64, String>>),
 }
 
 /// Runs until every sender is gone and every request has been answered, then hands the device
@@ -263,6 +266,28 @@ pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<
                     let _ = reply.send(stats_of(&dev));
                     continue;
                 }
+                ToDriver::Swap(swap, reply) => {
+                    drain(
+                        &mut dev,
+                        &mut backlog,
+                        &mut waiting,
+                        &mut completions,
+                        &mut broken,
+                    );
+                    let outcome = if broken {
+                        Err("the export's device queue failed earlier".to_string())
+                    } else {
+                        let outcome = swap(&mut dev);
+                        if let Err(e) = &outcome {
+                            broken |= e.lost;
+                        }
+                        outcome
+                            .map(|()| dev.geometry().num_blocks)
+                            .map_err(|e| e.message)
+                    };
+                    let _ = reply.send(outcome);
+                    continue;
+                }
                 ToDriver::Job(job) => job,
             };
             if broken {
@@ -282,43 +307,79 @@ pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<
         if !open && dev.in_flight() == 0 && backlog.is_empty() {
             return dev;
         }
-        while let Some(req) = backlog.pop_front() {
-            if let Err(rejected) = dev.submit(req) {
-                if matches!(rejected.error, DeviceError::QueueFull { .. }) {
-                    backlog.push_front(rejected.request);
-                    break;
-                }
-                if let Some(job) = waiting.remove(&rejected.request.tag) {
-                    finish(job, rejected.request.buf, Err(rejected.error));
-                }
-            }
+        if !round(
+            &mut dev,
+            &mut backlog,
+            &mut waiting,
+            &mut completions,
+            &mut broken,
+        ) {
+            return dev;
         }
-        if dev.in_flight() == 0 {
-            continue;
+    }
+}
+
+/// Answers every request taken so far (before a swap changes the device under them).
+fn drain(
+    dev: &mut Box<dyn BlockDevice>,
+    backlog: &mut VecDeque<Request>,
+    waiting: &mut HashMap<u64, Job>,
+    completions: &mut Vec<Completion>,
+    broken: &mut bool,
+) {
+    while !backlog.is_empty() || dev.in_flight() > 0 {
+        if !round(dev, backlog, waiting, completions, broken) {
+            return;
         }
-        if let Err(e) = dev.poll(&mut completions, 1) {
-            eprintln!("kura vhost: the device's queue failed ({e}); answering every request with an I/O error");
-            broken = true;
-            for req in backlog.drain(..) {
-                if let Some(job) = waiting.remove(&req.tag) {
-                    finish(job, None, Err(e.clone()));
-                }
+    }
+}
+
+/// Submits what the queue takes, waits for at least one completion and answers what completed.
+/// False when the queue failed with requests still counted in flight (nothing will answer them).
+fn round(
+    dev: &mut Box<dyn BlockDevice>,
+    backlog: &mut VecDeque<Request>,
+    waiting: &mut HashMap<u64, Job>,
+    completions: &mut Vec<Completion>,
+    broken: &mut bool,
+) -> bool {
+    while let Some(req) = backlog.pop_front() {
+        if let Err(rejected) = dev.submit(req) {
+            if matches!(rejected.error, DeviceError::QueueFull { .. }) {
+                backlog.push_front(rejected.request);
+                break;
             }
-            for (_, job) in waiting.drain() {
-                answer(job, STATUS_IOERR, 1);
-            }
-            // Nothing in flight will be polled again; a device that still reports some would
-            // keep this loop from ever waiting on the channel.
-            if dev.in_flight() > 0 {
-                return dev;
-            }
-        }
-        for c in completions.drain(..) {
-            if let Some(job) = waiting.remove(&c.tag) {
-                finish(job, c.buf, c.status);
+            if let Some(job) = waiting.remove(&rejected.request.tag) {
+                finish(job, rejected.request.buf, Err(rejected.error));
             }
         }
     }
+    if dev.in_flight() == 0 {
+        return true;
+    }
+    if let Err(e) = dev.poll(completions, 1) {
+        eprintln!("kura vhost: the device's queue failed ({e}); answering every request with an I/O error");
+        *broken = true;
+        for req in backlog.drain(..) {
+            if let Some(job) = waiting.remove(&req.tag) {
+                finish(job, None, Err(e.clone()));
+            }
+        }
+        for (_, job) in waiting.drain() {
+            answer(job, STATUS_IOERR, 1);
+        }
+        // Nothing in flight will be polled again; a device that still reports some would
+        // keep this loop from ever waiting on the channel.
+        if dev.in_flight() > 0 {
+            return false;
+        }
+    }
+    for c in completions.drain(..) {
+        if let Some(job) = waiting.remove(&c.tag) {
+            finish(job, c.buf, c.status);
+        }
+    }
+    true
 }
 
 /// The device request of a job, or `None` when the job is answered without the device.

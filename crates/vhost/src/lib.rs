@@ -26,9 +26,9 @@ use kura_engine::{BlockDevice, DriveStats};
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Sender};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 use vhost::vhost_user::Listener;
@@ -53,6 +53,18 @@ pub enum VhostError {
     DriverLost(String),
     #[error("starting a thread: {0}")]
     Thread(std::io::Error),
+}
+
+/// Changes an export's device in place (reopens it at a new size, say) once every request taken
+/// before has been answered ([`DeviceSwapper::swap`]).
+pub type Swap = Box<dyn FnOnce(&mut Box<dyn BlockDevice>) -> Result<(), SwapError> + Send>;
+
+/// Why a [`Swap`] failed.
+#[derive(Debug, Clone)]
+pub struct SwapError {
+    pub message: String,
+    /// The device left in the slot cannot serve: every later request fails.
+    pub lost: bool,
 }
 
 /// How an export is offered to the guest.
@@ -85,7 +97,45 @@ pub struct VhostServer {
     connection: Arc<Mutex<Option<ShutdownHandle>>>,
     listener: Option<JoinHandle<()>>,
     driver: Option<JoinHandle<Box<dyn BlockDevice>>>,
-    to_driver: Sender<ToDriver>,
+    /// The only strong reference: [`DeviceSwapper`]s hold weak ones, so they never keep the
+    /// driver from ending.
+    to_driver: Arc<Sender<ToDriver>>,
+    /// The disk's size in blocks as the next connection is told it.
+    num_blocks: Arc<AtomicU64>,
+    block_size: u64,
+}
+
+/// Swaps a running export's device ([`VhostServer::swapper`]).
+#[derive(Clone)]
+pub struct DeviceSwapper {
+    to_driver: Weak<Sender<ToDriver>>,
+    num_blocks: Arc<AtomicU64>,
+    block_size: u64,
+}
+
+impl DeviceSwapper {
+    /// Runs `swap` on the export's device on its driver thread once every request taken before
+    /// has been answered, and returns the device's new size in bytes. **The guest is not told**:
+    /// the rust-vmm `vhost` crate (0.18) cannot send VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (its
+    /// backend-request proxy neither implements the message nor exposes its socket), so the
+    /// virtio config space of a connected frontend keeps the old capacity, and the guest's
+    /// requests stay checked against it. From the next vhost-user connection on, GET_CONFIG
+    /// answers the new capacity; whether the guest then sees it is up to the frontend (QEMU
+    /// reads the config when the device is realized).
+    pub fn swap(&self, swap: Swap) -> Result<u64, String> {
+        let to_driver = self.to_driver.upgrade().ok_or("the export is stopping")?;
+        let (tx, rx) = mpsc::channel();
+        to_driver
+            .send(ToDriver::Swap(swap, tx))
+            .map_err(|_| "the export's driver has ended".to_string())?;
+        drop(to_driver);
+        let outcome = rx
+            .recv()
+            .map_err(|_| "the export's driver ended before answering".to_string())?;
+        let blocks = outcome?;
+        self.num_blocks.store(blocks, Ordering::Release);
+        Ok(blocks * self.block_size)
+    }
 }
 
 /// Serves `dev` as a vhost-user-blk device on a Unix socket at `socket` (mode 0600; a stale
@@ -117,6 +167,7 @@ pub fn serve(
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| listen_err(e.to_string()))?;
     let shape = blk::Shape::new(&geo, opts.read_only, opts.num_queues);
+    let num_blocks = Arc::new(AtomicU64::new(geo.num_blocks));
     let (to_driver, rx) = mpsc::channel();
     let driver = std::thread::Builder::new()
         .name(format!("vhost-{}-dev", opts.name))
@@ -129,13 +180,22 @@ pub fn serve(
     let connection = Arc::new(Mutex::new(None));
     let id = blk::id_bytes(&opts.name);
     let listener_thread = {
-        let (stopping, connection, to_driver) =
-            (stopping.clone(), connection.clone(), to_driver.clone());
+        let (stopping, connection, to_driver, num_blocks) = (
+            stopping.clone(),
+            connection.clone(),
+            to_driver.clone(),
+            num_blocks.clone(),
+        );
         let name = opts.name.clone();
         std::thread::Builder::new()
             .name(format!("vhost-{}", opts.name))
             .spawn(move || {
                 while !stopping.load(Ordering::SeqCst) {
+                    // A swap may have changed the size since the last connection.
+                    let shape = blk::Shape {
+                        num_blocks: num_blocks.load(Ordering::Acquire),
+                        ..shape
+                    };
                     let backend = Backend::new(shape, id, to_driver.clone(), orders.clone());
                     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
                     let mut daemon = match VhostUserDaemon::new(name.clone(), backend, memory) {
@@ -184,7 +244,9 @@ pub fn serve(
         connection,
         listener: Some(listener_thread),
         driver: Some(driver),
-        to_driver,
+        to_driver: Arc::new(to_driver),
+        num_blocks,
+        block_size: u64::from(geo.block_size),
     })
 }
 
@@ -195,6 +257,15 @@ impl VhostServer {
 
     pub fn socket(&self) -> &Path {
         &self.socket
+    }
+
+    /// A handle that changes the export's device while it serves ([`DeviceSwapper::swap`]).
+    pub fn swapper(&self) -> DeviceSwapper {
+        DeviceSwapper {
+            to_driver: Arc::downgrade(&self.to_driver),
+            num_blocks: self.num_blocks.clone(),
+            block_size: self.block_size,
+        }
     }
 
     /// Every layer's counters of the device stack, or nothing when the driver does not answer
@@ -218,6 +289,8 @@ impl VhostServer {
             listener,
             driver,
             to_driver,
+            num_blocks: _,
+            block_size: _,
         } = self;
         stopping.store(true, Ordering::SeqCst);
         if let Some(conn) = connection
