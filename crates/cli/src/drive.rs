@@ -59,8 +59,9 @@ pub enum DriveCommand {
     List { spec: String },
     /// Make the head equal snapshot (or clone) NAME; the head's changes since are dropped.
     Rollback { spec: String, name: String },
-    /// Grow or shrink an image file (file:, uring: or sync: spec). Growing adds zeroes (a
-    /// hole); shrinking is refused when the image holds a kura format or data past the new end,
+    /// Grow or shrink an image file (file:, uring: or sync: spec, bare or under cache, qos,
+    /// throttle, coalesce or priority; other drives are refused with the reason). Growing adds
+    /// zeroes (a hole); shrinking is refused when the image holds a kura format or data past the new end,
     /// unless --force. An image a `kura serve --ctl` exports is resized with `kura serve ctl
     /// resize` instead.
     Resize {

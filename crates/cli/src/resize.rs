@@ -9,8 +9,12 @@
 //!   hole), saying where the first such byte is.
 //!
 //! Only image files can change size here (`file:`, `uring:` and `sync:` specs of a regular
-//! file): a block device's size is the device's, and composite drives derive theirs from their
-//! children.
+//! file), also under the pass-through wrappers ([`PASS_THROUGH`]: `cache`, `qos`, `throttle`,
+//! `coalesce`, `priority`), whose size is their one child's, so growing the image grows the
+//! drive. Everything else is refused with its reason: a block device's size is the device's,
+//! drives over several children (`stripe`, `concat`, `mirror`, `spill`, ...) derive theirs from
+//! how they combine them, and drives with a format of their own inside the image (`snapshot`,
+//! `atomic`) or a window on it (`split`) record their size themselves.
 
 use anyhow::{bail, Context};
 use rustix::fs::SeekFrom;
@@ -24,14 +28,34 @@ const GRANULE: u64 = 4096;
 /// The kinds whose target is an image file.
 const IMAGE_KINDS: &[&str] = &["file", "uring", "sync"];
 
-/// The image file of `spec` (a `file:`, `uring:` or `sync:` spec of a regular file).
+/// Wrappers of one child whose capacity is the child's, with nothing of their own on it.
+const PASS_THROUGH: &[&str] = &["cache", "qos", "throttle", "coalesce", "priority"];
+
+/// The image file of `spec`: a `file:`, `uring:` or `sync:` spec of a regular file, bare or under
+/// [`PASS_THROUGH`] wrappers.
 pub fn image_path(spec: &str) -> anyhow::Result<PathBuf> {
-    let parsed = kura_engine::Spec::parse(spec).with_context(|| format!("`{spec}`"))?;
+    let mut parsed = &kura_engine::Spec::parse(spec).with_context(|| format!("`{spec}`"))?;
+    while PASS_THROUGH.contains(&parsed.kind.as_str()) && parsed.children.len() == 1 {
+        parsed = &parsed.children[0];
+    }
     if !IMAGE_KINDS.contains(&parsed.kind.as_str()) {
+        let why = match parsed.kind.as_str() {
+            "split" => "its window (offset, len) fixes its size".to_string(),
+            "snapshot" | "atomic" => {
+                "it keeps a format of its own on the image, which records the size".to_string()
+            }
+            _ if parsed.children.len() > 1 => format!(
+                "its size comes from how it combines its {} children, not from one image",
+                parsed.children.len()
+            ),
+            _ if parsed.target.is_none() => "its size comes from what it is built on".to_string(),
+            _ => "only image files change size".to_string(),
+        };
         bail!(
-            "`{spec}`: only image files change size (file:, uring: or sync: specs); a `{}` \
-             device's size comes from what it is built on",
-            parsed.kind
+            "`{spec}`: cannot resize a `{}` drive: {why}. Resizable: file:, uring: or sync: \
+             images, bare or under {}",
+            parsed.kind,
+            PASS_THROUGH.join("/")
         );
     }
     let path = PathBuf::from(parsed.require_target()?);
@@ -158,6 +182,41 @@ pub fn run(spec: &str, size: &str, force: bool) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn images_under_pass_through_wrappers_resize_and_other_drives_say_why_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("a.img");
+        std::fs::File::create(&img)
+            .unwrap()
+            .set_len(1 << 20)
+            .unwrap();
+        let i = img.display();
+        for spec in [
+            format!("file:{i}"),
+            format!("cache(uring:{i})?size=1M"),
+            format!("qos(throttle(cache(sync:{i})))?iops=5"),
+            format!("coalesce(file:{i})"),
+        ] {
+            assert_eq!(image_path(&spec).unwrap(), img, "{spec}");
+        }
+        let refused = |spec: String, says: &str| {
+            let e = format!("{:#}", image_path(&spec).unwrap_err());
+            assert!(e.contains(says), "{spec}: {e}");
+        };
+        refused(
+            format!("stripe(file:{i},file:{i})"),
+            "combines its 2 children",
+        );
+        refused(
+            format!("cache(mirror(file:{i},file:{i}))"),
+            "`mirror` drive",
+        );
+        refused(format!("snapshot(file:{i})"), "format of its own");
+        refused(format!("split(file:{i})?offset=0&len=4K"), "window");
+        refused("mem:1M".to_string(), "only image files");
+        refused("cache(mem:1M)".to_string(), "Resizable: file:");
+    }
 
     #[test]
     fn grows_refuses_to_cut_data_and_cuts_holes_or_with_force() {

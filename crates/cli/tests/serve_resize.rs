@@ -83,3 +83,42 @@ fn a_served_export_grows_and_clients_see_it_on_reconnect() {
         "only image files",
     );
 }
+
+#[test]
+fn an_image_under_a_cache_grows_while_served_and_offline() {
+    let dir = tempfile::tempdir().unwrap();
+    let img = dir.path().join("c.img");
+    let ctl = dir.path().join("ctl.sock");
+    let ctl_s = ctl.to_str().unwrap();
+    let export = format!("disk=cache(file:{}?size=16M)?mode=wb", img.display());
+    let server = Serving::start(&[&export, "--listen", "127.0.0.1:0", "--ctl", ctl_s]);
+    let addr = format!("{}/disk", server.addr());
+    let data = vec![0xc3u8; 4096];
+    let mut before = kura_nbd::open::open_address(&addr).unwrap();
+    // Written back from the cache by the flush that comes before the resize.
+    before.write_blocks(7, &data).unwrap();
+    let out = ok(&[
+        "serve", "ctl", "--socket", ctl_s, "resize", "disk", "--size", "24M",
+    ]);
+    assert!(out.contains("disk size=25165824"), "{out}");
+    let mut after = kura_nbd::open::open_address(&addr).unwrap();
+    assert_eq!(after.geometry().capacity_bytes(), 24 << 20);
+    let mut back = vec![0u8; 4096];
+    after.read_blocks(7, &mut back).unwrap();
+    assert_eq!(back, data);
+    drop((before, after));
+    assert!(server.stop().success());
+    let spec = format!("throttle(cache(file:{}))", img.display());
+    ok(&["drive", "resize", &spec, "--size", "32M"]);
+    assert_eq!(std::fs::metadata(&img).unwrap().len(), 32 << 20);
+    fails(
+        &[
+            "drive",
+            "resize",
+            &format!("stripe(file:{0},file:{0})", img.display()),
+            "--size",
+            "64M",
+        ],
+        "combines its 2 children",
+    );
+}
