@@ -425,7 +425,10 @@ fn prepare_images(kura: &Path, dir: &Path, size: u64) -> anyhow::Result<Vec<Stri
         f.sync_all()?;
     }
     for name in ["kura", "qemu", "nbd", "mirror-a", "mirror-b"] {
-        std::fs::copy(&data, dir.join(format!("{name}.img")))?;
+        let copy = dir.join(format!("{name}.img"));
+        std::fs::copy(&data, &copy)?;
+        // On disk before the guest starts, so no image's write-back runs under a measurement.
+        std::fs::File::open(&copy)?.sync_all()?;
     }
     let snap = dir.join("snapshot.img");
     // Room for the data, a copy of every chunk the guest writes after the snapshot (fio writes
