@@ -565,6 +565,37 @@ mod tests {
         assert!(ro.discard.is_none());
     }
 
+    /// A kernel without UPDATE_SIZE (6.12's driver) gets a refusal that names what is missing,
+    /// before the swap (which would resize the image) is ever sent.
+    #[test]
+    fn resize_is_refused_before_anything_changes_without_update_size() {
+        let r = Resizer {
+            dev_id: 0,
+            features: sys::F_USER_RECOVERY,
+            to_driver: Arc::new(Mutex::new(None)),
+        };
+        let ran = Arc::new(AtomicBool::new(false));
+        let ran2 = ran.clone();
+        let err = r
+            .resize(Box::new(move |_| {
+                ran2.store(true, Ordering::SeqCst);
+                Ok(())
+            }))
+            .unwrap_err();
+        assert_eq!(err, UblkError::NoUpdateSize);
+        assert!(err.to_string().contains("UBLK_F_UPDATE_SIZE"));
+        assert!(!ran.load(Ordering::SeqCst));
+        // With the feature, a stopped export says so.
+        let r = Resizer {
+            features: sys::F_UPDATE_SIZE,
+            ..r
+        };
+        assert_eq!(
+            r.resize(Box::new(|_| Ok(()))).unwrap_err(),
+            UblkError::Stopped
+        );
+    }
+
     /// On hosts without the driver (this one, CI's) the control device's absence is a clear
     /// error; where the driver is loaded, an unused id is answered "no such device". The guest
     /// test (crates/cli/tests/guest_ublk.rs) serves a real device.
