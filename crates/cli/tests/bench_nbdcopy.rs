@@ -55,3 +55,46 @@ fn bench_nbdcopy_copies_the_sparse_image_with_and_without_block_status() {
         .expect("client")
         .starts_with("nbdcopy nbd://"));
 }
+
+#[test]
+fn bench_nbdcopy_data_sizes_fits_the_copy_time_against_the_data() {
+    let test = "bench_nbdcopy_data_sizes_fits_the_copy_time_against_the_data";
+    if let Some(m) = kura_testkit::missing_tool("nbdcopy", "apt-get install libnbd-bin") {
+        m.skip(test);
+        return;
+    }
+    let dir = tempfile::tempdir().expect("scratch directory");
+    let json = dir.path().join("scale.json");
+    let o = kura(&[
+        "bench",
+        "nbdcopy",
+        "--size",
+        "128M",
+        "--data-sizes",
+        "2M,8M",
+        "--rounds",
+        "1",
+        "--dir",
+        dir.path().to_str().expect("utf-8 path"),
+        "--json",
+        json.to_str().expect("utf-8 path"),
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(text(&o).contains("R² ="), "{}", text(&o));
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON")).expect("JSON");
+    let points = r["points"].as_array().expect("points");
+    assert_eq!(points.len(), 2);
+    let mib = 1u64 << 20;
+    for p in points {
+        let data = p["data_bytes"].as_u64().expect("data");
+        let sent = p["bytes_sent_with"].as_u64().expect("bytes");
+        assert!(sent >= data && sent <= data + 2 * mib, "{p}");
+        assert_eq!(p["bytes_sent_without"], 128 * mib, "{p}");
+    }
+    for fit in ["fit_with_block_status", "fit_without_block_status"] {
+        let r2 = r[fit]["r2"].as_f64().expect("R²");
+        assert!((0.0..=1.0 + 1e-9).contains(&r2), "{fit}: {r2}");
+        assert_eq!(r[fit]["samples"], 2);
+    }
+}
