@@ -5,8 +5,10 @@
 //! O_DSYNC, so FUA) read back and found on the namespace, a discard reading back as zeroes,
 //! mkfs.ext4, a tree written, fsck.ext4 -f -n, the tree read back; then user recovery (kura
 //! serve killed with SIGKILL while a direct read is queued, restarted with the same --ublk-id:
-//! the device is recovered and the read completes with the namespace's data) and the SIGTERM
-//! teardown that deletes the device.
+//! the device is recovered and the read completes with the namespace's data), a write in flight
+//! inside the killed server (held there by a qos layer) completed by the next server and found
+//! on the namespace, two queues on the guest's two vCPUs each carrying the I/O of the CPU pinned
+//! to it (kura serve's per-queue counters), and the SIGTERM teardown that deletes the device.
 //!
 //! With `KURA_UBLK_BENCH=SECS` the guest boots a second time with fio and nbd-client and runs fio
 //! 4 KiB random read and write at QD 32 on /dev/ublkb0 and on /dev/nbd0 served by the same kura
@@ -87,6 +89,7 @@ fn ublk_device_serves_ext4_recovers_and_tears_down_in_the_guest() {
         "ublk_drv loaded",
         "kura serve --ublk: /dev/ublkb0 appears",
         "size is namespace 1's",
+        "one blk-mq queue per vCPU",
         "dd oflag=direct patterns read back",
         "the pattern is on namespace 1",
         "discard reads back as zeroes",
@@ -100,6 +103,10 @@ fn ublk_device_serves_ext4_recovers_and_tears_down_in_the_guest() {
         "recovery reported",
         "the held read completes with the right data",
         "the tree reads back after recovery",
+        "a direct write is held inside the limited server",
+        "kura serve recovers /dev/ublkb0 again",
+        "the held write completes and is on namespace 1",
+        "direct I/O pinned to each CPU reads back",
         "SIGTERM stops kura serve cleanly",
         "the ublk device is deleted",
     ] {
@@ -109,17 +116,38 @@ fn ublk_device_serves_ext4_recovers_and_tears_down_in_the_guest() {
             log_at.display()
         );
     }
-    // The stop printed the queue's counters: the writes, the FUA flushes and the discard all
-    // reached kura.
-    let counters = run
+    // The last server's stop printed each queue's counters, then their sum: no request failed,
+    // and each of the two queues carried reads and writes (each vCPU's pinned dd went to its
+    // own queue).
+    let stop_lines: Vec<&str> = run
         .console
         .lines()
-        .find(|l| l.contains("GUEST serve[end]: kura serve: ublk export disk: "))
-        .expect("kura serve printed the ublk counters on SIGTERM");
-    assert!(
-        counters.contains(" errors=0"),
-        "no request failed: {counters}"
+        .filter(|l| l.contains("GUEST serve[end]: kura serve: ublk export disk: "))
+        .collect();
+    assert_eq!(
+        stop_lines.len(),
+        3,
+        "two queue lines and a sum: {stop_lines:?}"
     );
+    for line in &stop_lines {
+        assert!(line.contains(" errors=0"), "no request failed: {line}");
+    }
+    let count = |line: &str, key: &str| -> u64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(key))
+            .and_then(|v| v.trim_end_matches('\r').parse().ok())
+            .unwrap_or(0)
+    };
+    for q in 0..2 {
+        let line = stop_lines
+            .iter()
+            .find(|l| l.contains(&format!(": queue {q}: ")))
+            .unwrap_or_else(|| panic!("no counters of queue {q}: {stop_lines:?}"));
+        assert!(
+            count(line, "reads=") > 0 && count(line, "writes=") > 0,
+            "queue {q} carried reads and writes: {line}"
+        );
+    }
     assert!(run.console.contains("GUEST-RESULT ublk pass"));
     let _ = std::fs::remove_dir_all(&run.dir);
 }
