@@ -119,7 +119,8 @@ pub struct ServeArgs {
     #[arg(long, value_name = "NAME=LIMITS")]
     qos: Vec<String>,
     /// Serve a control socket at PATH (mode 0600) through which `kura serve ctl` shows and
-    /// changes the limits of every export and resizes NBD and vhost-user exports while serving.
+    /// changes the limits of every export and resizes NBD, vhost-user and (Linux 6.16+) ublk
+    /// exports while serving.
     #[arg(long, value_name = "PATH")]
     ctl: Option<PathBuf>,
     #[command(subcommand)]
@@ -186,6 +187,9 @@ pub fn run(args: &ServeArgs) -> anyhow::Result<()> {
         );
     }
     let ublk = crate::serve_ublk::start(&args.ublk, ublk)?;
+    for (name, hook) in crate::serve_ublk::resizers(&ublk) {
+        controls.enable_resize(&name, hook);
+    }
     if nbd.is_empty() {
         let _ctl = listen_ctl(args, controls)?;
         wait_for_stop(args.stats_interval, || {

@@ -22,8 +22,9 @@
 //! whichever door serves it: NBD, ublk or vhost-user. A resize reopens the drive on the thread
 //! that owns it, through a hook each door provides ([`Resizer`]): NBD clients see the new size
 //! when they next connect; a vhost-user frontend is told the new size from its next connection
-//! on (no config-change message: see `kura_vhost::DeviceSwapper::swap`); ublk exports have no
-//! hook yet (kura-ublk sends no UPDATE_SIZE), so their resize is refused.
+//! on (no config-change message: see `kura_vhost::DeviceSwapper::swap`); a ublk export's kernel
+//! device takes the new size at once through the driver's UPDATE_SIZE (Linux 6.16+), and where
+//! the driver has none (6.12) the resize is refused before the image changes.
 
 use crate::serve_share::{Door, Opened};
 use anyhow::{bail, Context};
@@ -195,8 +196,8 @@ impl Controls {
         }
         let resizer = e.resizer.as_ref().ok_or_else(|| match e.door {
             Door::Ublk => format!(
-                "export `{name}` is a ublk device, which cannot be resized while serving yet \
-                 (kura-ublk sends no UPDATE_SIZE)"
+                "export `{name}` is a ublk device this server has no resize hook for (its \
+                 kernel device would need UPDATE_SIZE)"
             ),
             _ => "this server cannot resize exports".to_string(),
         })?;

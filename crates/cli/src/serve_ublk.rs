@@ -109,6 +109,24 @@ fn start_one(
     Ok((name.to_string(), device))
 }
 
+/// The resize hook of every ublk export, for `kura serve ctl resize`: the drive is reopened on
+/// the export's driver thread and the kernel told the new size (`UPDATE_SIZE`); on kernels
+/// without it the hook refuses before anything changes.
+pub fn resizers(running: &Running) -> Vec<(String, crate::serve_ctl::Resizer)> {
+    running
+        .devices
+        .iter()
+        .map(|(name, device)| {
+            let r = device.resizer();
+            let hook: crate::serve_ctl::Resizer = Box::new(move |change| {
+                r.resize(Box::new(move |slot| change(slot).map_err(|e| e.message)))
+                    .map_err(|e| e.to_string())
+            });
+            (name.clone(), hook)
+        })
+        .collect()
+}
+
 /// Removes every ublk device, flushes its kura device and prints its counters; names that could
 /// not be stopped or flushed cleanly go to `failed`.
 pub fn stop(running: Running, failed: &mut Vec<String>) {

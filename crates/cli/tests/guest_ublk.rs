@@ -7,8 +7,11 @@
 //! serve killed with SIGKILL while a direct read is queued, restarted with the same --ublk-id:
 //! the device is recovered and the read completes with the namespace's data), a write in flight
 //! inside the killed server (held there by a qos layer) completed by the next server and found
-//! on the namespace, two queues on the guest's two vCPUs each carrying the I/O of the CPU pinned
-//! to it (kura serve's per-queue counters), and the SIGTERM teardown that deletes the device.
+//! on the namespace, `kura serve ctl resize` of a second, file-backed ublk export (the kernel
+//! sees the new size and a write past the old end reads back, or, on kernels without
+//! UPDATE_SIZE such as this 6.12, a clear refusal that changed nothing), two queues on the
+//! guest's two vCPUs each carrying the I/O of the CPU pinned to it (kura serve's per-queue
+//! counters), and the SIGTERM teardown that deletes the devices.
 //!
 //! With `KURA_UBLK_BENCH=SECS` the guest boots a second time with fio and nbd-client and runs fio
 //! 4 KiB random read and write at QD 32 on /dev/ublkb0 and on /dev/nbd0 served by the same kura
@@ -104,7 +107,7 @@ fn ublk_device_serves_ext4_recovers_and_tears_down_in_the_guest() {
         "the held read completes with the right data",
         "the tree reads back after recovery",
         "a direct write is held inside the limited server",
-        "kura serve recovers /dev/ublkb0 again",
+        "kura serve recovers /dev/ublkb0 again, with a second export",
         "the held write completes and is on namespace 1",
         "direct I/O pinned to each CPU reads back",
         "SIGTERM stops kura serve cleanly",
@@ -116,6 +119,28 @@ fn ublk_device_serves_ext4_recovers_and_tears_down_in_the_guest() {
             log_at.display()
         );
     }
+    let resized = run
+        .console
+        .contains("PASS ublk resize: a write past the old end reads back");
+    let refused = run
+        .console
+        .contains("PASS ublk resize refused: no UPDATE_SIZE in this kernel")
+        && run
+            .console
+            .contains("PASS the refused resize changed nothing");
+    assert!(
+        resized || refused,
+        "ublk resize neither worked nor was refused cleanly; log in {}",
+        log_at.display()
+    );
+    eprintln!(
+        "ublk online resize: {}",
+        if resized {
+            "the kernel has UPDATE_SIZE: the guest saw the new size"
+        } else {
+            "refused: this guest kernel's ublk driver has no UPDATE_SIZE"
+        }
+    );
     // The last server's stop printed each queue's counters, then their sum: no request failed,
     // and each of the two queues carried reads and writes (each vCPU's pinned dd went to its
     // own queue).
