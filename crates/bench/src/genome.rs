@@ -380,7 +380,8 @@ fn run_kura(
         .arg(&json)
         .stdout(Stdio::null());
     let command = format!("{cmd:?}");
-    let (wall, rss) = measured(&mut cmd)?;
+    let run = measured(&mut cmd)?;
+    let (wall, rss) = (run.wall, run.peak_rss_mib);
     std::fs::remove_dir_all(&work).ok();
     let text = std::fs::read_to_string(&json).with_context(|| format!("{}", json.display()))?;
     let runs: serde_json::Value = serde_json::from_str(&text)?;
@@ -445,7 +446,8 @@ fn run_minimap2(
         .stdout(std::fs::File::create(&sam)?)
         .stderr(Stdio::null());
     let command = format!("{cmd:?}");
-    let (wall, rss) = measured(&mut cmd)?;
+    let run = measured(&mut cmd)?;
+    let (wall, rss) = (run.wall, run.peak_rss_mib);
     let score = score_sam(
         std::io::BufReader::new(std::fs::File::open(&sam)?),
         &sam.display().to_string(),

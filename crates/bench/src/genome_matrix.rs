@@ -58,6 +58,8 @@ pub struct ToolCell {
     pub tool: String,
     /// Process wall time over the rounds.
     pub seconds: Spread,
+    /// User + system CPU seconds over the rounds (the process and its descendants).
+    pub cpu_seconds: Spread,
     /// Peak RSS over the rounds (median).
     pub peak_rss_mib: f64,
     pub reads: u64,
@@ -92,6 +94,8 @@ pub struct Cell {
     pub tools: Vec<ToolCell>,
     /// kura / minimap2 process wall time, per round pair.
     pub kura_vs_minimap2: Option<Compared>,
+    /// kura / minimap2 CPU time (user + system), per round pair.
+    pub kura_vs_minimap2_cpu: Option<Compared>,
     /// The peer with the most correct placements (fewest misplaced MAPQ ≥ 20 on a tie).
     pub most_accurate_peer: Option<String>,
     pub targets: Targets,
@@ -259,6 +263,14 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
             );
             indexes.push(i);
         }
+        references.push(Reference {
+            name: name.clone(),
+            bases,
+            contigs: genome.len(),
+            source,
+            indexes,
+        });
+        let here = references.len() - 1;
         for &e in &errors {
             for &ind in &indels {
                 let r1 = dir.join("reads_1.fq");
@@ -270,7 +282,14 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
                     } else {
                         vec![r1.clone()]
                     };
-                    let cell = run_cell(&indexes, &kura, &files, &dir, args.threads, rounds)?;
+                    let cell = run_cell(
+                        &references[here].indexes,
+                        &kura,
+                        &files,
+                        &dir,
+                        args.threads,
+                        rounds,
+                    )?;
                     let cell = Cell {
                         reference: name.clone(),
                         ref_bases: bases,
@@ -281,16 +300,10 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
                     };
                     print_cell(&cell);
                     cells.push(cell);
+                    checkpoint(args, &references, &cells)?;
                 }
             }
         }
-        references.push(Reference {
-            name,
-            bases,
-            contigs: genome.len(),
-            source,
-            indexes,
-        });
         drop(genome);
         std::fs::remove_dir_all(&dir).ok();
     }
@@ -318,13 +331,39 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         cells,
         notes: vec![
             "every tool maps from an index built beforehand by its own timed command (references[].indexes); a cell's seconds are each mapping process's wall time, from start to exit, with the page cache of the reads and the index dropped before each run".into(),
-            "peak RSS: the sum of VmHWM over the process and its descendants (bowtie2 is a Perl wrapper around bowtie2-align-s), sampled every 2 ms".into(),
+            "peak RSS: the sum of VmHWM over the process and its descendants (bowtie2 is a Perl wrapper around bowtie2-align-s), sampled every 2 ms; CPU s: user + system time from wait4, descendants included (on a loaded host, wall time includes waiting for a CPU and CPU time does not)".into(),
             "accuracy: primary SAM records, correct within 10 bp of the simulated origin, misplaced with MAPQ >= 20 counted on each tool's own MAPQ scale (max_mapq: 60 for kura, minimap2 and bwa, 42 for bowtie2); bowtie2 runs with -X 1000 in paired cells (its default maximum fragment, 500, is the simulated mean)".into(),
             "targets (issue 19): correct >= the most accurate peer's, misplaced MAPQ>=20 <= that peer's, wall <= 0.8x minimap2's (median of the per-round ratios), peak RSS <= minimap2's".into(),
         ],
     };
     print_summary(&report);
     args.run.output.emit("genome-matrix", PLOT, &report)
+}
+
+/// The cells so far, next to `--json` (`NAME.partial.json`), so a long matrix that is stopped
+/// still leaves what it measured; the finished run writes `--json` itself.
+fn checkpoint(
+    args: &GenomeBenchArgs,
+    references: &[Reference],
+    cells: &[Cell],
+) -> anyhow::Result<()> {
+    #[derive(Serialize)]
+    struct Partial<'a> {
+        complete: bool,
+        references: &'a [Reference],
+        cells: &'a [Cell],
+    }
+    if let Some(json) = &args.run.output.json {
+        let path = json.with_extension("partial.json");
+        let partial = Partial {
+            complete: false,
+            references,
+            cells,
+        };
+        std::fs::write(&path, serde_json::to_string_pretty(&partial)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 fn human_bases(n: u64) -> String {
@@ -358,16 +397,18 @@ fn run_cell(
         .zip(&runs)
         .map(|(index, r)| tool_cell(index.tool, r))
         .collect();
-    let walls = |t: Tool| {
+    let figure = |t: Tool, f: fn(&Mapped) -> f64| {
         indexes
             .iter()
             .position(|i| i.tool == t)
-            .map(|i| runs[i].iter().map(|m| m.seconds).collect::<Vec<f64>>())
+            .map(|i| runs[i].iter().map(f).collect::<Vec<f64>>())
     };
-    let kura_vs_minimap2 = match (walls(Tool::Kura), walls(Tool::Minimap2)) {
+    let versus = |f: fn(&Mapped) -> f64| match (figure(Tool::Kura, f), figure(Tool::Minimap2, f)) {
         (Some(k), Some(m)) => Some(compare(&k, &m, quotient, None)),
         _ => None,
     };
+    let kura_vs_minimap2 = versus(|m| m.seconds);
+    let kura_vs_minimap2_cpu = versus(|m| m.cpu_seconds);
     let (most_accurate_peer, targets) = judge(&tools, kura_vs_minimap2.as_ref());
     Ok(Cell {
         reference: String::new(),
@@ -377,6 +418,7 @@ fn run_cell(
         mode: String::new(),
         tools,
         kura_vs_minimap2,
+        kura_vs_minimap2_cpu,
         most_accurate_peer,
         targets,
     })
@@ -390,6 +432,7 @@ fn tool_cell(tool: Tool, rounds: &[Mapped]) -> ToolCell {
     ToolCell {
         tool: tool.name().into(),
         seconds: Spread::of(&rounds.iter().map(|m| m.seconds).collect::<Vec<f64>>()),
+        cpu_seconds: Spread::of(&rounds.iter().map(|m| m.cpu_seconds).collect::<Vec<f64>>()),
         peak_rss_mib: Spread::of(&rss).median,
         reads: first.reads,
         mapped: first.mapped,
@@ -446,22 +489,27 @@ fn print_cell(c: &Cell) {
         c.tools.first().map_or(0, |t| t.reads)
     );
     println!(
-        "  {:<9} {:>22} {:>9} {:>9} {:>11} {:>8}",
-        "tool", "wall s", "RSS MiB", "correct", "bad MAPQ20", "max MAPQ"
+        "  {:<9} {:>22} {:>22} {:>9} {:>9} {:>11} {:>8}",
+        "tool", "wall s", "CPU s", "RSS MiB", "correct", "bad MAPQ20", "max MAPQ"
     );
     for t in &c.tools {
         println!(
-            "  {:<9} {:>22} {:>9.1} {:>9} {:>11} {:>8}",
+            "  {:<9} {:>22} {:>22} {:>9.1} {:>9} {:>11} {:>8}",
             t.tool,
             t.seconds.show(3),
+            t.cpu_seconds.show(3),
             t.peak_rss_mib,
             t.correct,
             t.misplaced_mapq_ge_20,
             t.max_mapq
         );
     }
-    if let Some(r) = &c.kura_vs_minimap2 {
-        println!("  kura / minimap2 wall time {}x", r.ratio.show(2));
+    if let (Some(r), Some(cpu)) = (&c.kura_vs_minimap2, &c.kura_vs_minimap2_cpu) {
+        println!(
+            "  kura / minimap2 wall time {}x, CPU time {}x",
+            r.ratio.show(2),
+            cpu.ratio.show(2)
+        );
     }
 }
 
@@ -487,12 +535,13 @@ fn print_summary(r: &MatrixReport) {
         println!("  {}: {}", reference.name, parts.join("; "));
     }
     println!(
-        "{:<10} {:>6} {:>6} {:<7} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>5} {:>5}",
+        "{:<10} {:>6} {:>6} {:<7} {:>10} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>5} {:>5}",
         "reference",
         "err %",
         "indel%",
         "mode",
         "kura/mm2 t",
+        "cpu ratio",
         "kura RSS",
         "mm2 RSS",
         "best peer",
@@ -505,12 +554,15 @@ fn print_summary(r: &MatrixReport) {
         let kura = c.tools.iter().find(|t| t.tool == "kura");
         let mm2 = c.tools.iter().find(|t| t.tool == "minimap2");
         println!(
-            "{:<10} {:>6.1} {:>6.2} {:<7} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>5} {:>5}",
+            "{:<10} {:>6.1} {:>6.2} {:<7} {:>10} {:>10} {:>10} {:>8} {:>12} {:>8} {:>8} {:>5} {:>5}",
             c.reference,
             c.error_rate * 100.0,
             c.indel_rate * 100.0,
             c.mode,
             c.kura_vs_minimap2
+                .as_ref()
+                .map_or("-".into(), |k| format!("{:.2}x", k.ratio.median)),
+            c.kura_vs_minimap2_cpu
                 .as_ref()
                 .map_or("-".into(), |k| format!("{:.2}x", k.ratio.median)),
             kura.map_or("-".into(), |k| format!("{:.1}", k.peak_rss_mib)),
@@ -576,6 +628,7 @@ mod tests {
         ToolCell {
             tool: tool.into(),
             seconds: Spread::of(&[1.0]),
+            cpu_seconds: Spread::of(&[1.0]),
             peak_rss_mib: rss,
             reads: 100,
             mapped: 100,

@@ -101,6 +101,8 @@ pub fn which(tool: &str) -> Option<PathBuf> {
 pub struct Index {
     pub tool: Tool,
     pub seconds: f64,
+    /// User + system CPU seconds of the build (wait4), descendants included.
+    pub cpu_seconds: f64,
     pub peak_rss_mib: f64,
     /// Bytes of every file the build wrote.
     pub bytes: u64,
@@ -156,11 +158,12 @@ pub fn build_index(
     };
     cmd.stdout(Stdio::null()).stderr(Stdio::null());
     let command = show(&cmd);
-    let (wall, rss) = measured(&mut cmd)?;
+    let run = measured(&mut cmd)?;
     Ok(Index {
         tool,
-        seconds: wall.as_secs_f64(),
-        peak_rss_mib: rss,
+        seconds: run.wall.as_secs_f64(),
+        cpu_seconds: run.cpu_seconds,
+        peak_rss_mib: run.peak_rss_mib,
         bytes: dir_bytes(&own)?,
         command,
         path,
@@ -180,6 +183,9 @@ fn dir_bytes(dir: &Path) -> anyhow::Result<u64> {
 #[derive(Debug, Clone, Serialize)]
 pub struct Mapped {
     pub seconds: f64,
+    /// User + system CPU seconds (wait4), descendants included: on a loaded host the figure
+    /// that waiting for a CPU does not inflate.
+    pub cpu_seconds: f64,
     pub peak_rss_mib: f64,
     pub command: String,
     /// Primary records (both mates for pairs).
@@ -249,7 +255,7 @@ pub fn map(
     };
     cmd.stderr(Stdio::null());
     let command = show(&cmd);
-    let (wall, rss) = measured(&mut cmd)?;
+    let run = measured(&mut cmd)?;
     let name = out_sam.display().to_string();
     let open = || -> anyhow::Result<_> {
         Ok(std::io::BufReader::with_capacity(
@@ -259,8 +265,9 @@ pub fn map(
     };
     let score = score_sam(open()?, &name, ScoreOptions::default())?;
     Ok(Mapped {
-        seconds: wall.as_secs_f64(),
-        peak_rss_mib: rss,
+        seconds: run.wall.as_secs_f64(),
+        cpu_seconds: run.cpu_seconds,
+        peak_rss_mib: run.peak_rss_mib,
         command,
         reads: score.total,
         mapped: score.mapped,
@@ -300,7 +307,17 @@ pub fn show(cmd: &Command) -> String {
         .join(" ")
 }
 
-/// Runs a child to completion; returns (wall, peak RSS in MiB).
+/// What one child process took.
+#[derive(Debug, Clone, Copy)]
+pub struct Measured {
+    pub wall: Duration,
+    pub peak_rss_mib: f64,
+    /// User + system CPU time from `wait4`, which includes the descendants the child waited
+    /// for (CPU times, unlike the peak RSS, are not inherited across exec).
+    pub cpu_seconds: f64,
+}
+
+/// Runs a child to completion and measures it.
 ///
 /// The peak is sampled every 2 ms from `/proc`: the sum of `VmHWM` over the child and its live
 /// descendants (bowtie2 and bowtie2-build are wrapper scripts around the program doing the
@@ -309,7 +326,7 @@ pub fn show(cmd: &Command) -> String {
 /// report at least the benchmark's own RSS. The wall time ends when the child exits (`waitid`
 /// with `WNOWAIT`, which leaves it unreaped so its pid stays its own while the sampler stops).
 #[allow(unsafe_code)] // waitid(2) and wait4(2) on our own child
-pub fn measured(cmd: &mut Command) -> anyhow::Result<(Duration, f64)> {
+pub fn measured(cmd: &mut Command) -> anyhow::Result<Measured> {
     use std::sync::atomic::{AtomicBool, Ordering};
     let t = Instant::now();
     let child = cmd.spawn().with_context(|| format!("starting {cmd:?}"))?;
@@ -356,7 +373,12 @@ pub fn measured(cmd: &mut Command) -> anyhow::Result<(Duration, f64)> {
     if !libc::WIFEXITED(status) || libc::WEXITSTATUS(status) != 0 {
         bail!("{cmd:?} failed (wait status {status:#x})");
     }
-    Ok((wall, peak_kb as f64 / 1024.0))
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    Ok(Measured {
+        wall,
+        peak_rss_mib: peak_kb as f64 / 1024.0,
+        cpu_seconds: secs(usage.ru_utime) + secs(usage.ru_stime),
+    })
 }
 
 /// Sum of `VmHWM` (KiB) over `pid` and its live descendants.
@@ -370,7 +392,10 @@ fn tree_hwm_kb(pid: libc::pid_t) -> u64 {
         };
         for task in tasks.flatten() {
             if let Ok(kids) = std::fs::read_to_string(task.path().join("children")) {
-                todo.extend(kids.split_whitespace().filter_map(|k| k.parse::<libc::pid_t>().ok()));
+                todo.extend(
+                    kids.split_whitespace()
+                        .filter_map(|k| k.parse::<libc::pid_t>().ok()),
+                );
             }
         }
     }
@@ -395,9 +420,16 @@ mod tests {
 
     #[test]
     fn a_child_is_timed_and_its_failure_is_an_error() {
-        let (wall, rss) = measured(Command::new("sh").args(["-c", "exit 0"])).unwrap();
-        assert!(wall > Duration::ZERO);
-        assert!(rss >= 0.0);
+        let m = measured(Command::new("sh").args(["-c", "exit 0"])).unwrap();
+        assert!(m.wall > Duration::ZERO);
+        assert!(m.peak_rss_mib >= 0.0);
+        // A busy child's CPU time is counted (its shell's descendants included).
+        let m = measured(Command::new("sh").args([
+            "-c",
+            "python3 -c 'import time; t = time.process_time(); [0 for _ in iter(lambda: time.process_time() - t > 0.2, True)]'",
+        ]))
+        .unwrap();
+        assert!(m.cpu_seconds >= 0.2, "{m:?}");
         let err = measured(Command::new("sh").args(["-c", "exit 3"])).unwrap_err();
         assert!(err.to_string().contains("failed"), "{err}");
         assert!(measured(&mut Command::new("/no/such/program")).is_err());
@@ -406,12 +438,12 @@ mod tests {
     #[test]
     fn a_descendants_memory_counts_toward_the_peak() {
         // A shell whose child holds ~64 MiB: the shell alone is a few MiB.
-        let (_, rss) = measured(Command::new("sh").args([
+        let m = measured(Command::new("sh").args([
             "-c",
             "python3 -c 'import time; b = bytearray(64 << 20); time.sleep(0.3)'",
         ]))
         .unwrap();
-        assert!(rss > 60.0, "{rss} MiB");
+        assert!(m.peak_rss_mib > 60.0, "{m:?}");
     }
 
     #[test]

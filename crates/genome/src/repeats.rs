@@ -13,9 +13,9 @@
 //!   differences are substitutions, 10 % 1-3 bp indels. Long-family copies are often 5'
 //!   truncated, and every copy lands on either strand. Copies overwrite the background at random
 //!   positions until they cover [`RepeatGenomeOptions::interspersed`] of the genome.
-//! - **Tandem repeats**: arrays of a unit of 1-6 bp (microsatellites), 10-60 bp
-//!   (minisatellites) or 100-200 bp (satellites), 30 bp to 5 kbp long, each copy of the unit
-//!   diverged by 0-5 %, covering [`RepeatGenomeOptions::tandem`] of the genome.
+//! - **Tandem repeats**: arrays of a unit of 1-6 bp (microsatellites, 20-200 bp long), 10-60 bp
+//!   (minisatellites, 100 bp to 2 kbp) or 100-200 bp (satellites, 1-5 kbp), each copy of the
+//!   unit diverged by 0-5 %, covering [`RepeatGenomeOptions::tandem`] of the genome.
 //! - A few runs of `N` (assembly gaps).
 
 use crate::fasta::FastaRecord;
@@ -221,13 +221,12 @@ fn other_base(rng: &mut ChaCha8Rng, b: u8) -> u8 {
 
 /// A tandem array: a micro-, mini- or satellite unit repeated, each copy slightly diverged.
 fn tandem_array(rng: &mut ChaCha8Rng) -> Vec<u8> {
-    let unit_len = match rng.gen_range(0..10) {
-        0..=5 => rng.gen_range(1..=6),
-        6..=8 => rng.gen_range(10..=60),
-        _ => rng.gen_range(100..=200),
+    let (unit_len, len) = match rng.gen_range(0..10) {
+        0..=5 => (rng.gen_range(1..=6), rng.gen_range(20..=200)),
+        6..=8 => (rng.gen_range(10..=60), rng.gen_range(100..=2000)),
+        _ => (rng.gen_range(100..=200), rng.gen_range(1000..=5000)),
     };
     let unit: Vec<u8> = (0..unit_len).map(|_| background_base(rng)).collect();
-    let len = rng.gen_range(30.max(2 * unit_len)..=5000);
     let divergence = rng.gen_range(0.0..0.05);
     let mut out = Vec::with_capacity(len + unit_len);
     while out.len() < len {
