@@ -97,14 +97,15 @@ fn start_one(
     let device = UblkDevice::start(dev, &cfg)
         .with_context(|| format!("serving `{spec}` as ublk export {name}"))?;
     eprintln!(
-        "kura: ublk export {name}: {} ({}, {} queue(s)) over {spec}",
+        "kura: ublk export {name}: {} ({}, {} queue(s), driver features {:#x}) over {spec}",
         device.block_path(),
         if device.recovered() {
             "recovered from a previous server"
         } else {
             "new"
         },
-        device.queues()
+        device.queues(),
+        device.driver_features()
     );
     Ok((name.to_string(), device))
 }

@@ -310,6 +310,11 @@ impl UblkDevice {
         self.recovered
     }
 
+    /// The `UBLK_F_*` flags the kernel's driver supports (`GET_FEATURES`; 0 before Linux 6.5).
+    pub fn driver_features(&self) -> u64 {
+        self.features
+    }
+
     /// The number of queues served.
     pub fn queues(&self) -> usize {
         self.queues.len()
