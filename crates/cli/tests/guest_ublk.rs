@@ -36,7 +36,8 @@ fn find_tool(tool: &str) -> Option<PathBuf> {
 }
 
 fn boot(bins: &[&Path], append: &str) -> Option<kura_nvme_guest::GuestRun> {
-    // 60-75 s on an idle 2-core host, twice that while it compiles; the bound leaves room.
+    // 77-105 s of host time with three kura serve starts, up to 135 s while the 2-core host
+    // compiles; the bound leaves room.
     let limit = kura_nvme_guest::time_limit(240);
     let passed = |run: &kura_nvme_guest::GuestRun| {
         run.status == Some(0)
