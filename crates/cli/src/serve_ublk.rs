@@ -25,8 +25,9 @@ pub struct UblkArgs {
     #[arg(long, value_name = "N")]
     ublk_id: Option<u32>,
     /// Queues of each ublk device, each served by a thread of its own, all feeding the one
-    /// thread that drives the drive (the kernel caps them at the CPU count). Default: the CPU
-    /// count, at most 4.
+    /// thread that drives the drive (the kernel caps them at the CPU count). Each queue keeps a
+    /// buffer of --ublk-max-io-kib per tag (128 x 512 KiB = 64 MiB by default), taken from
+    /// kura's buffer pool while it lasts. Default: the CPU count, at most 4.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
     ublk_queues: Option<u16>,
     /// Requests in flight per ublk queue (capped by the drive's queue depth).
