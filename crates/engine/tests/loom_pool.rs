@@ -18,7 +18,10 @@ fn hold(pool: &BufferPool, len: usize, fill: u8) {
     let mut buf = pool.alloc_wait(len, FOREVER).expect("room comes back");
     buf.fill(fill);
     loom::thread::yield_now();
-    assert!(buf.iter().all(|&b| b == fill), "buffer shared with another holder");
+    assert!(
+        buf.iter().all(|&b| b == fill),
+        "buffer shared with another holder"
+    );
 }
 
 #[test]
