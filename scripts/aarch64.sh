@@ -73,14 +73,17 @@ echo "aarch64: build took $((SECONDS - start)) s"
 
 # The test binaries that run under qemu-aarch64: the engine (backends, redirect channel, buffer
 # pool, lock-free stress), the NVMe driver against its simulated controller (queue-pair stress
-# with a concurrent device thread) and the skip rules. Tests that start other programs built for
-# aarch64 (the kura CLI) are left out: without binfmt_misc the kernel cannot exec them.
+# with a concurrent device thread), the skip rules, CRUSH (its portable batch mapper, where
+# x86-64 takes the AVX2 one) and AccelFS's on-disk codecs and file system on memory devices.
+# Tests that start other programs built for aarch64 (the kura CLI) are left out: without
+# binfmt_misc the kernel cannot exec them.
 start=$SECONDS
 echo "== aarch64: cargo test under $QEMU"
 for selection in \
   "-p kura-engine --lib --test lockfree_stress --test redirect --test conformance" \
   "-p kura-nvme --lib --test sim" \
-  "-p kura-testkit --lib"; do
+  "-p kura-testkit --lib" \
+  "-p kura-crush --lib -p kura-accelfs --lib"; do
   # shellcheck disable=SC2086 # the selection is a list of words
   env "${AARCH64[@]}" cargo test --target "$TARGET" --no-fail-fast $selection "$@" || status=1
 done
