@@ -25,7 +25,7 @@ use std::time::Duration;
 const PLOT: &str = include_str!("../../../scripts/plot_genome.py");
 
 #[derive(Debug, Clone, clap::Args)]
-#[command(mut_arg("quick", |a| a.help("A short run for smoke tests (at most 20k reads, one round)")), mut_arg("plot", |a| plot_help(a, "genome")))]
+#[command(mut_arg("quick", |a| a.help("A short run for smoke tests (at most 20k reads, one round; with --matrix 2000 reads per cell and references of at most 1M)")), mut_arg("plot", |a| plot_help(a, "genome")))]
 pub struct GenomeBenchArgs {
     /// Directory for the dataset, the images and the outputs (a disk file system).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
