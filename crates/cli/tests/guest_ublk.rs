@@ -15,9 +15,8 @@
 //!
 //! With `KURA_UBLK_BENCH=SECS` the guest boots a second time with fio and nbd-client and runs fio
 //! 4 KiB random read and write at QD 32 on /dev/ublkb0 and on /dev/nbd0 served by the same kura
-//! serve from namespaces 1 and 2 of the same emulated controller (kura opens a writable device
-//! exclusively, so one namespace cannot back both) (`KURA_UBLK_ROUNDS` interleaved rounds, default 3) and prints
-//! the medians and ratios: emulated hardware (QEMU TCG), so they compare the two doors and say
+//! serve from the same drive (`nbd=@disk`: one opened drive behind both doors), in
+//! `KURA_UBLK_ROUNDS` interleaved rounds (default 3), and prints the medians and ratios: emulated hardware (QEMU TCG), so they compare the two doors and say
 //! nothing about real devices.
 //!
 //! Skips visibly where the host cannot boot a guest or lacks e2fsprogs.
