@@ -28,6 +28,9 @@ pub(crate) const MAX_QUEUE_SIZE: u16 = 1024;
 
 struct Inner {
     shape: Shape,
+    /// The disk's size in blocks now (a swap may change it while connected); `shape.num_blocks`
+    /// is not used.
+    num_blocks: Arc<std::sync::atomic::AtomicU64>,
     id: [u8; 20],
     driver: Mutex<Sender<ToDriver>>,
     orders: Vec<Arc<QueueOrder>>,
@@ -42,18 +45,29 @@ pub(crate) struct Backend(Arc<Inner>);
 impl Backend {
     pub fn new(
         shape: Shape,
+        num_blocks: Arc<std::sync::atomic::AtomicU64>,
         id: [u8; 20],
         driver: Sender<ToDriver>,
         orders: Vec<Arc<QueueOrder>>,
     ) -> Backend {
         Backend(Arc::new(Inner {
             shape,
+            num_blocks,
             id,
             driver: Mutex::new(driver),
             orders,
             event_idx: AtomicBool::new(false),
             mem: Mutex::new(None),
         }))
+    }
+
+    /// The shape with the disk's current size: requests are checked, and the config space
+    /// answered, against the size after the latest swap.
+    fn shape(&self) -> Shape {
+        Shape {
+            num_blocks: self.0.num_blocks.load(Ordering::Acquire),
+            ..self.0.shape
+        }
     }
 
     fn memory(&self) -> Option<Arc<Mem>> {
@@ -143,7 +157,7 @@ impl Backend {
         if !gather(mem, &readable, HEADER_LEN as u64, &mut ranges) {
             return (status, refuse(STATUS_IOERR));
         }
-        let shape = &self.0.shape;
+        let shape = &self.shape();
         let cmd = blk::decode(shape, &header, chain.out_len, chain.in_len, &ranges);
         let work = match cmd {
             Err(st) => refuse(st),
@@ -212,7 +226,7 @@ impl VhostUserBackend for Backend {
     }
 
     fn get_config(&self, offset: u32, size: u32) -> Vec<u8> {
-        let config = self.0.shape.config();
+        let config = self.shape().config();
         let start = (offset as usize).min(config.len());
         let end = start.saturating_add(size as usize).min(config.len());
         let mut out = config[start..end].to_vec();

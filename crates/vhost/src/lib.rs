@@ -115,13 +115,12 @@ pub struct DeviceSwapper {
 
 impl DeviceSwapper {
     /// Runs `swap` on the export's device on its driver thread once every request taken before
-    /// has been answered, and returns the device's new size in bytes. **The guest is not told**:
-    /// the rust-vmm `vhost` crate (0.18) cannot send VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (its
-    /// backend-request proxy neither implements the message nor exposes its socket), so the
-    /// virtio config space of a connected frontend keeps the old capacity, and the guest's
-    /// requests stay checked against it. From the next vhost-user connection on, GET_CONFIG
-    /// answers the new capacity; whether the guest then sees it is up to the frontend (QEMU
-    /// reads the config when the device is realized).
+    /// has been answered, and returns the device's new size in bytes. From then on GET_CONFIG
+    /// answers the new capacity and requests are checked against it, on the open connection
+    /// too. **The guest is not told**: the rust-vmm `vhost` crate (0.18) cannot send
+    /// VHOST_USER_BACKEND_CONFIG_CHANGE_MSG (its backend-request proxy neither implements the
+    /// message nor exposes its socket), so a frontend learns the size only when it reads the
+    /// config again (QEMU does when it realizes the device).
     pub fn swap(&self, swap: Swap) -> Result<u64, String> {
         let to_driver = self.to_driver.upgrade().ok_or("the export is stopping")?;
         let (tx, rx) = mpsc::channel();
@@ -191,12 +190,13 @@ pub fn serve(
             .name(format!("vhost-{}", opts.name))
             .spawn(move || {
                 while !stopping.load(Ordering::SeqCst) {
-                    // A swap may have changed the size since the last connection.
-                    let shape = blk::Shape {
-                        num_blocks: num_blocks.load(Ordering::Acquire),
-                        ..shape
-                    };
-                    let backend = Backend::new(shape, id, to_driver.clone(), orders.clone());
+                    let backend = Backend::new(
+                        shape,
+                        num_blocks.clone(),
+                        id,
+                        to_driver.clone(),
+                        orders.clone(),
+                    );
                     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
                     let mut daemon = match VhostUserDaemon::new(name.clone(), backend, memory) {
                         Ok(d) => d,
