@@ -389,6 +389,9 @@ pub struct Qos {
     /// Held commands the child refused when their time came, to hand back as failed.
     refused: Vec<Completion>,
     stats: QosStats,
+    /// No limit is set: requests go straight to the child without touching the buckets (an
+    /// unlimited layer, as `kura serve --ctl` puts under every export, then costs a counter).
+    unlimited: bool,
 }
 
 const READ: usize = 0;
@@ -408,6 +411,7 @@ impl Qos {
             dirs: [Direction::default(), Direction::default()],
             refused: Vec::new(),
             stats: QosStats::default(),
+            unlimited: false,
         };
         qos.configure(limits);
         qos
@@ -427,6 +431,8 @@ impl Qos {
     }
 
     fn configure(&mut self, limits: QosLimits) {
+        let off = |d: &DirLimits| d.iops.is_none() && d.bw.is_none();
+        self.unlimited = off(&limits.read) && off(&limits.write);
         let now = self.now_ns();
         let max = f64::from(self.geo.max_transfer.max(self.geo.block_size));
         self.dirs[READ].configure(limits.read, limits.burst, max, now);
@@ -445,6 +451,11 @@ impl Qos {
                 self.configure(limits);
             }
         }
+    }
+
+    /// Unlimited with nothing held or refused: every request in flight is the child's.
+    fn holds_nothing(&self) -> bool {
+        self.unlimited && self.refused.is_empty() && self.dirs.iter().all(|d| d.waiting.is_empty())
     }
 
     fn count(&mut self, dir: usize, bytes: u64) {
@@ -505,6 +516,11 @@ impl BlockDevice for Qos {
         };
         self.follow_handle();
         let bytes = req.data_bytes(&self.geo);
+        if self.unlimited && self.dirs[dir].waiting.is_empty() {
+            self.child.submit(req)?;
+            self.count(dir, bytes);
+            return Ok(());
+        }
         let now_ns = self.now_ns();
         if self.dirs[dir].waiting.is_empty() && self.dirs[dir].ready_at(bytes, now_ns) <= now_ns {
             self.child.submit(req)?;
@@ -518,11 +534,16 @@ impl BlockDevice for Qos {
     }
 
     fn ring_doorbell(&mut self) -> DeviceResult<()> {
-        self.release();
+        if !self.holds_nothing() {
+            self.release();
+        }
         crate::ring_if_busy(self.child.as_mut())
     }
 
     fn poll(&mut self, out: &mut Vec<Completion>, min_complete: usize) -> DeviceResult<usize> {
+        if self.holds_nothing() {
+            return self.child.poll(out, min_complete);
+        }
         let target = min_complete.min(self.in_flight());
         let mut n = 0;
         loop {
@@ -726,6 +747,39 @@ mod tests {
         let stats = kura_engine::device::stats_of(&dev);
         assert_eq!(stats[0].kind, "qos");
         assert_eq!(stats[1].kind, "mem");
+    }
+
+    #[test]
+    fn an_unlimited_drive_passes_straight_through_until_a_limit_is_set() {
+        let handle = QosHandle::new(QosLimits::default());
+        let mut dev = Qos::new(crate::open("mem:1M").unwrap(), handle.clone());
+        let data = vec![3u8; 4096];
+        for lba in 0..10 {
+            dev.write_blocks(lba, &data).unwrap();
+        }
+        assert_eq!((dev.qos_stats().writes, dev.qos_stats().held), (10, 0));
+        handle.set(
+            QosLimits::default()
+                .parse_list("write_iops=100,burst=0s")
+                .unwrap(),
+        );
+        for tag in 0..5 {
+            let mut buf = kura_engine::BufferPool::global().alloc(4096).unwrap();
+            buf.copy_from_slice(&data);
+            dev.submit(Request::write(tag, 20 + tag, 1, buf)).unwrap();
+        }
+        assert!(dev.qos_stats().held >= 4, "{:?}", dev.qos_stats());
+        // Lifted while they are held: the next poll, which does not wait, sends and answers
+        // them all (under the limit it would answer one).
+        handle.set(QosLimits::default());
+        let mut out = Vec::new();
+        dev.poll(&mut out, 0).unwrap();
+        assert_eq!(out.len(), 5);
+        assert!(out.iter().all(|c| c.status.is_ok()));
+        assert_eq!((dev.in_flight(), dev.qos_stats().writes), (0, 15));
+        let mut back = vec![0u8; 4096];
+        dev.read_blocks(24, &mut back).unwrap();
+        assert_eq!(back, data);
     }
 
     #[test]
