@@ -83,7 +83,7 @@ for selection in \
   "-p kura-engine --lib --test lockfree_stress --test redirect --test conformance" \
   "-p kura-nvme --lib --test sim" \
   "-p kura-testkit --lib" \
-  "-p kura-crush --lib -p kura-accelfs --lib"; do
+  "-p kura-crush -p kura-accelfs --lib"; do
   # shellcheck disable=SC2086 # the selection is a list of words
   env "${AARCH64[@]}" cargo test --target "$TARGET" --no-fail-fast $selection "$@" || status=1
 done
