@@ -43,12 +43,17 @@ say() { local t; t=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", 
 fail() { say "FAILED: $*"; "$HERE/stop.sh" "$DIR" --keep >&2 || true; exit 1; }
 
 # Two free TCP ports on 127.0.0.1 for the monitor (v2 and v1), picked at random so that several
-# clusters (parallel test binaries) never collide.
-port_in_use() { ss -Hltn "sport = :$1" 2>/dev/null | grep -q .; }
+# clusters (parallel test binaries) never collide. They come from below the kernel's ephemeral
+# range (ip_local_port_range, 32768 up by default), where no outgoing connection can be holding
+# one between the check and ceph-mon's bind (that made ceph-mon fail to start once in CI), and a
+# port in any state, not only listening, counts as taken.
+EPHEMERAL_LOW=$(awk '{print $1}' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "$EPHEMERAL_LOW" -gt 20100 ] 2>/dev/null || EPHEMERAL_LOW=32768
+port_in_use() { ss -Hatn "( sport = :$1 or dport = :$1 )" 2>/dev/null | grep -q .; }
 pick_port() {
   local p
   for _ in $(seq 1 50); do
-    p=$((20000 + RANDOM % 40000))
+    p=$((20000 + RANDOM % (EPHEMERAL_LOW - 20000)))
     port_in_use "$p" || { echo "$p"; return; }
   done
   fail "no free port found"
