@@ -130,3 +130,53 @@ fn a_loop_device_has_one_writer() {
     drop(first);
     drop(open(&format!("uring:{loopdev}")).unwrap());
 }
+
+/// Another thread of the process forking children (as a redirect device or a spawned tool does)
+/// shares every open file with them for a while; an image opened meanwhile, and then closed,
+/// must not stay locked by those copies.
+#[test]
+fn forks_elsewhere_in_the_process_do_not_keep_a_closed_image_locked() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let dir = tempfile::tempdir().unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let forker = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                fork_a_child_that_sleeps_and_reap_it();
+            }
+        })
+    };
+    for round in 0..1000 {
+        let path = dir.path().join(format!("f{round}.img"));
+        // size= creates the image through a second, short-lived open that also takes the lock.
+        let first = open(&format!("sync:{}?size=64K", path.display()))
+            .unwrap_or_else(|e| panic!("round {round}: create: {e}"));
+        drop(first);
+        drop(
+            open(&format!("sync:{}?size=128K", path.display()))
+                .unwrap_or_else(|e| panic!("round {round}: reopen after close: {e}")),
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    forker.join().unwrap();
+}
+
+/// A child holding copies of every open file of the process for 2 ms, then gone.
+#[allow(unsafe_code)] // fork and waitpid
+fn fork_a_child_that_sleeps_and_reap_it() {
+    // SAFETY: the child only sleeps and exits, both async-signal-safe, so locks other threads
+    // held at the fork are never touched.
+    let pid = unsafe { libc::fork() };
+    if pid == 0 {
+        // SAFETY: as above; _exit skips the parent's atexit handlers and buffers.
+        unsafe {
+            libc::usleep(2000);
+            libc::_exit(0);
+        }
+    }
+    assert!(pid > 0, "fork failed");
+    let mut status = 0;
+    // SAFETY: reaping our own child, with a valid status pointer.
+    unsafe { libc::waitpid(pid, &mut status, 0) };
+}

@@ -135,7 +135,12 @@ impl BackingFile {
             let meta = f.metadata().map_err(os)?;
             if meta.file_type().is_file() && meta.len() < size {
                 lock(&f, path, access)?;
-                f.set_len(size).map_err(os)?;
+                let grown = f.set_len(size).map_err(os);
+                // Unlock explicitly rather than at close: a process forked meanwhile (a redirect
+                // proxy, a spawned tool before its exec) shares this open file, and closing our
+                // copy would leave the lock held, refusing the open below.
+                unlock(&f);
+                grown?;
             }
         }
         let is_block_node = std::fs::metadata(path)
@@ -182,30 +187,11 @@ impl BackingFile {
             },
         };
         lock(&file, path, access)?;
-        let meta = file.metadata().map_err(os)?;
-        let is_block_device = meta.file_type().is_block_device();
-        let (size, device_block_size) = if is_block_device {
-            let mut bytes: u64 = 0;
-            // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`.
-            if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes) } != 0 {
-                return Err(OpenError::Os {
-                    path: path.into(),
-                    errno: Errno::last(),
-                });
-            }
-            let mut lbs: libc::c_int = 0;
-            // SAFETY: BLKSSZGET writes one int through the pointer, which points at `lbs`.
-            if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut lbs) } != 0 {
-                lbs = 512;
-            }
-            (bytes, lbs.max(512) as u32)
-        } else if meta.file_type().is_file() {
-            (meta.len(), 512)
-        } else {
-            return Err(OpenError::Invalid(format!(
-                "{path} is neither a regular file nor a block device"
-            )));
-        };
+        let described = describe(&file, path);
+        if described.is_err() {
+            unlock(&file);
+        }
+        let (size, device_block_size, is_block_device) = described?;
         Ok(BackingFile {
             file,
             path: path.to_string(),
@@ -396,12 +382,50 @@ impl BackingFile {
 
 impl Drop for BackingFile {
     fn drop(&mut self) {
-        // Unlock explicitly rather than at close: io_uring drops its references to a registered
-        // file asynchronously after the ring is torn down, and a lock held until then would
-        // refuse the next open of an image whose device is already gone.
-        // SAFETY: flock on the fd `self.file` owns.
-        unsafe { libc::flock(self.file.as_raw_fd(), libc::LOCK_UN) };
+        // io_uring drops its references to a registered file asynchronously after the ring is
+        // torn down; a lock held until then would refuse the next open of a closed image.
+        unlock(&self.file);
     }
+}
+
+/// The size, logical block size and kind of an opened image: (bytes, block size, block device).
+fn describe(file: &File, path: &str) -> Result<(u64, u32, bool), OpenError> {
+    let meta = file.metadata().map_err(|e| OpenError::Os {
+        path: path.to_string(),
+        errno: Errno::from_io(&e),
+    })?;
+    let is_block_device = meta.file_type().is_block_device();
+    let (size, device_block_size) = if is_block_device {
+        let mut bytes: u64 = 0;
+        // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which points at `bytes`.
+        if unsafe { libc::ioctl(file.as_raw_fd(), BLKGETSIZE64, &mut bytes) } != 0 {
+            return Err(OpenError::Os {
+                path: path.into(),
+                errno: Errno::last(),
+            });
+        }
+        let mut lbs: libc::c_int = 0;
+        // SAFETY: BLKSSZGET writes one int through the pointer, which points at `lbs`.
+        if unsafe { libc::ioctl(file.as_raw_fd(), BLKSSZGET, &mut lbs) } != 0 {
+            lbs = 512;
+        }
+        (bytes, lbs.max(512) as u32)
+    } else if meta.file_type().is_file() {
+        (meta.len(), 512)
+    } else {
+        return Err(OpenError::Invalid(format!(
+            "{path} is neither a regular file nor a block device"
+        )));
+    };
+    Ok((size, device_block_size, is_block_device))
+}
+
+/// Drops our lock on `file`'s open file description. Explicit rather than at close: another
+/// reference to the description (a registered io_uring file, a child forked meanwhile) would
+/// otherwise keep the image locked after we are done with it.
+fn unlock(file: &File) {
+    // SAFETY: flock on an fd owned by `file`, with integer flags.
+    unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_UN) };
 }
 
 /// Takes the lock `access` needs on `file`; a lock held by a live process is an error naming it
