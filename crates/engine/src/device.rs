@@ -7,7 +7,7 @@
 //! backend and completed as one.
 
 use crate::buffer::IoBuf;
-use crate::error::{DeviceError, DeviceResult};
+use crate::error::{DeviceError, DeviceResult, OpenError};
 use std::fmt;
 
 /// The shape of a device: how it is addressed and how much it accepts at once.
@@ -277,6 +277,23 @@ impl From<Rejected> for DeviceError {
 /// - Completions may be returned in any order; every accepted request completes exactly once.
 /// - A failed flush poisons the device: later writes, write-zeroes, discards and flushes complete
 ///   with [`DeviceError::Poisoned`]. Reads still work.
+///
+/// # More queue pairs
+///
+/// One value is one queue pair, used from one thread. A program with several threads asks an
+/// open device for more with [`BlockDevice::new_queue`], one per thread (or a small pool handed
+/// out per call), as NVMe intends, rather than sharing one queue under a lock. The queues of one
+/// device ("siblings") are independent: each has its own depth, in-flight requests and
+/// completions, and none sees another's. They address the same blocks:
+/// - a write completed on one queue is seen by every read submitted on any queue after that
+///   completion (no order is promised between commands in flight on different queues);
+/// - a flush on any queue makes durable every write that completed, on any queue, before the
+///   flush was submitted (NVMe's flush covers the namespace; on files it is `fdatasync`, which
+///   covers the whole file);
+/// - a failed flush poisons every sibling, since what it lost may have been written through
+///   any of them;
+/// - what the device holds for its lifetime (an image's lock, the controller) is released when
+///   the last sibling is dropped, whichever it is.
 pub trait BlockDevice: Send {
     /// The device's geometry; constant for the device's lifetime.
     fn geometry(&self) -> Geometry;
@@ -318,6 +335,16 @@ pub trait BlockDevice: Send {
     fn allocation(&mut self, lba: u64, blocks: u64) -> DeviceResult<Option<Vec<Extent>>> {
         check_range(&self.geometry(), lba, blocks)?;
         Ok(None)
+    }
+
+    /// Opens another queue pair on this open device, with the same geometry and options and
+    /// nothing in flight (see "More queue pairs" above for what siblings share). `None` when
+    /// this kind has a single queue: the default, and the right answer for a layer whose state
+    /// (a cache, a fault model, a translation table) would be bypassed by a second queue to its
+    /// child; callers then share the one queue. `Some(Err(..))` when the kind has more queues
+    /// but none could be opened now (the controller's are all in use, the kernel refused a ring).
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        None
     }
 }
 
@@ -470,5 +497,8 @@ impl<D: BlockDevice + ?Sized> BlockDevice for Box<D> {
     }
     fn allocation(&mut self, lba: u64, blocks: u64) -> DeviceResult<Option<Vec<Extent>>> {
         (**self).allocation(lba, blocks)
+    }
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        (**self).new_queue()
     }
 }

@@ -27,7 +27,7 @@ use kura_engine::poison::FlushPoison;
 use kura_engine::split::{CommandSpan, SplitParent};
 use kura_engine::{
     BlockDevice, BufferPool, Completion, DeviceError, DeviceResult, Errno, Geometry, IoBuf, Opcode,
-    Rejected, Request,
+    OpenError, Rejected, Request,
 };
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -186,7 +186,8 @@ impl NvmeQueue {
         })
     }
 
-    /// Another I/O queue pair on the same controller, for another thread.
+    /// Another I/O queue pair on the same controller, for another thread (what
+    /// [`BlockDevice::new_queue`] returns, boxed); it shares this one's flush poison.
     pub fn new_queue(&self) -> Result<NvmeQueue, NvmeError> {
         if let Some(e) = self.sh.failed_error() {
             return Err(e);
@@ -204,6 +205,10 @@ impl NvmeQueue {
             self.geo.queue_depth,
             self.geo.max_transfer,
         )
+        .map(|mut q| {
+            q.poison = self.poison.sibling();
+            q
+        })
         .inspect_err(|_| self.sh.give_qid(qid))
     }
 
@@ -712,6 +717,14 @@ impl BlockDevice for NvmeQueue {
             self.sh.bus.describe(),
             self.sh.info.ns.nsid,
             self.qp.qid
+        )
+    }
+
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        Some(
+            NvmeQueue::new_queue(self)
+                .map(|q| Box::new(q) as Box<dyn BlockDevice>)
+                .map_err(OpenError::from),
         )
     }
 

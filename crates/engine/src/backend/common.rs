@@ -150,6 +150,15 @@ impl CompletedQueue {
         }
     }
 
+    /// The queue of another queue pair of the same device: nothing waiting, the flush poison
+    /// shared ([`FlushPoison::sibling`]).
+    pub fn sibling(&self) -> Self {
+        CompletedQueue {
+            done: VecDeque::new(),
+            poison: self.poison.sibling(),
+        }
+    }
+
     /// Admits `req` and runs it with `execute` unless a failed flush forbids it; the outcome waits
     /// for `poll`.
     pub fn submit(

@@ -10,7 +10,9 @@
 //! opened `O_EXCL` (which the kernel refuses while it is mounted); a read-only open (`ro=1`) takes
 //! a shared lock and opens `O_RDONLY`. A refused open names the image and, from `/proc/locks`, the
 //! process holding it, and changes nothing. The lock belongs to the open file, so it lasts as
-//! long as the device (and a forked `redirect` proxy) keeps the file open.
+//! long as the device (and a forked `redirect` proxy) keeps the file open. The queue pairs of
+//! one device share one `BackingFile` through an `Arc`: its `Drop` unlocks the open file
+//! description they all use, so it must run once, when the last of them is dropped.
 
 use crate::error::{Errno, OpenError};
 use std::fs::{File, OpenOptions};

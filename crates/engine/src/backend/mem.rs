@@ -85,12 +85,13 @@ impl MemDevice {
         self
     }
 
-    /// Another queue pair on the same storage, with fresh queue state.
+    /// Another queue pair on the same storage, with fresh queue state (what
+    /// [`BlockDevice::new_queue`] returns, boxed).
     pub fn new_queue(&self) -> MemDevice {
         MemDevice {
             storage: Arc::clone(&self.storage),
             geo: self.geo,
-            queue: CompletedQueue::default(),
+            queue: self.queue.sibling(),
             shuffle: None,
         }
     }
@@ -136,6 +137,10 @@ impl BlockDevice for MemDevice {
 
     fn describe(&self) -> String {
         format!("mem:{}", self.geo.capacity_bytes())
+    }
+
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        Some(Ok(Box::new(MemDevice::new_queue(self))))
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
@@ -188,6 +193,13 @@ impl BlockDevice for NullDevice {
 
     fn describe(&self) -> String {
         format!("null:{}", self.geo.capacity_bytes())
+    }
+
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        Some(Ok(Box::new(NullDevice {
+            geo: self.geo,
+            queue: self.queue.sibling(),
+        })))
     }
 
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {

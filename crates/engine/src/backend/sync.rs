@@ -1,5 +1,6 @@
 //! `sync:PATH` — the kernel-mediated baseline: each command is plain `pread`/`pwrite`/`fdatasync`
-//! performed when it is submitted, through the page cache unless `direct=1`.
+//! performed when it is submitted, through the page cache unless `direct=1`. More queue pairs
+//! ([`BlockDevice::new_queue`]) share the open file (and its lock) and the flush poison.
 
 use super::common::{CompletedQueue, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, pread_exact, pwrite_all, BackingFile, DirectMode};
@@ -7,13 +8,15 @@ use crate::device::{BlockDevice, Geometry, Opcode, Request};
 use crate::error::{DeviceError, DeviceResult, OpenError};
 use crate::spec::Spec;
 use crate::split::pieces;
+use std::sync::Arc;
 
 /// Options of file-backed backends besides the common ones.
 pub const FILE_OPTIONS: &[&str] = &["size", "direct", "ro"];
 
 /// A queue pair whose commands are synchronous system calls.
 pub struct SyncDevice {
-    backing: BackingFile,
+    /// Shared with the device's other queue pairs; unlocked when the last one is dropped.
+    backing: Arc<BackingFile>,
     geo: Geometry,
     queue: CompletedQueue,
 }
@@ -28,7 +31,7 @@ impl SyncDevice {
             CompletedQueue::default()
         };
         Ok(SyncDevice {
-            backing,
+            backing: Arc::new(backing),
             geo,
             queue,
         })
@@ -112,6 +115,14 @@ impl BlockDevice for SyncDevice {
                 ""
             }
         )
+    }
+
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        Some(Ok(Box::new(SyncDevice {
+            backing: Arc::clone(&self.backing),
+            geo: self.geo,
+            queue: self.queue.sibling(),
+        })))
     }
 
     crate::completed_queue_methods!(queue, execute);

@@ -15,6 +15,9 @@
 //!   overflow queue, and no more SQEs are in the kernel than the completion ring holds.
 //! - **Fallbacks**: SQPOLL and IOPOLL are asked for, not assumed; when the kernel refuses, the ring
 //!   is built without them and [`UringDevice::notes`] (and `describe`) say so.
+//! - **More queue pairs** ([`BlockDevice::new_queue`]): a new ring, with its own registrations,
+//!   on the same open file, which the rings share through an `Arc` (so its lock is released
+//!   when the last ring is dropped), as they share the flush poison.
 
 use super::common::{claim_parent, hand_over, release_parent, QueueOptions, COMMON_OPTIONS};
 use super::file::{datasync, BackingFile, DirectMode};
@@ -28,6 +31,7 @@ use crate::split::SplitParent;
 use io_uring::{opcode, squeue, types, IoUring};
 use std::collections::VecDeque;
 use std::os::unix::io::AsRawFd;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Options of `uring:` besides the common and file ones.
@@ -49,7 +53,11 @@ struct Slot {
 /// An io_uring queue pair on one file or block device.
 pub struct UringDevice {
     ring: IoUring,
-    backing: BackingFile,
+    /// Shared with the device's other queue pairs; unlocked when the last one is dropped.
+    backing: Arc<BackingFile>,
+    /// What it was opened with, for [`BlockDevice::new_queue`].
+    opts: QueueOptions,
+    want: Features,
     geo: Geometry,
     fixed_file: bool,
     /// The registered arena: pool id and base address.
@@ -94,6 +102,15 @@ impl UringDevice {
     /// Builds the ring and registrations for an opened backing file.
     pub fn new(
         backing: BackingFile,
+        opts: QueueOptions,
+        want: Features,
+    ) -> Result<Self, OpenError> {
+        Self::on_shared(Arc::new(backing), opts, want)
+    }
+
+    /// Builds a ring on a backing file other queue pairs may be using too.
+    fn on_shared(
+        backing: Arc<BackingFile>,
         opts: QueueOptions,
         want: Features,
     ) -> Result<Self, OpenError> {
@@ -152,6 +169,8 @@ impl UringDevice {
         let mut dev = UringDevice {
             ring,
             backing,
+            opts,
+            want,
             geo,
             fixed_file,
             fixed_buffers,
@@ -496,6 +515,15 @@ impl BlockDevice for UringDevice {
         blocks: u64,
     ) -> DeviceResult<Option<Vec<crate::device::Extent>>> {
         self.backing.device_allocation(&self.geo, lba, blocks)
+    }
+
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, OpenError>> {
+        Some(
+            UringDevice::on_shared(Arc::clone(&self.backing), self.opts, self.want).map(|mut q| {
+                q.poison = self.poison.sibling();
+                Box::new(q) as Box<dyn BlockDevice>
+            }),
+        )
     }
 
     fn describe(&self) -> String {
