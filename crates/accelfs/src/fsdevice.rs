@@ -1,9 +1,16 @@
 //! AccelFS blocks on an engine device: block `n` of `B` bytes is `B / device_block_size` device
 //! blocks from LBA `n × B / device_block_size`, read and written through the blocking API.
+//!
+//! [`FsDevice::sibling`] views another queue pair of the same device the same way, so that
+//! threads can do I/O side by side, each on a queue of its own; siblings share what describes
+//! the device as a whole (read-only, the overlay, whether writes await a flush).
 
 use crate::error::FsError;
+use kura_engine::OpenError;
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, DeviceError, IoBuf, Request};
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// One read or write of whole AccelFS blocks for [`FsDevice::batch`].
 #[derive(Debug)]
@@ -31,11 +38,12 @@ pub struct FsDevice {
     read_only: Option<String>,
     /// Blocks whose newest contents are not on the device (journal images a read-only mount
     /// replayed in memory): every read returns these in their place.
-    overlay: BTreeMap<u64, Vec<u8>>,
-    /// Whether a write or zero was issued since the last completed flush (so it may not be
-    /// durable yet): a journal commit flushes first when set, so that ordered data is durable
-    /// before a commit block that makes it reachable can be.
-    unflushed: bool,
+    overlay: Arc<BTreeMap<u64, Vec<u8>>>,
+    /// Whether a write or zero was issued, on this queue or a sibling, since the last completed
+    /// flush (so it may not be durable yet): a journal commit flushes first when set, so that
+    /// ordered data is durable before a commit block that makes it reachable can be. A flush
+    /// on any queue covers writes completed on all of them (`BlockDevice::new_queue`).
+    unflushed: Arc<AtomicBool>,
 }
 
 impl FsDevice {
@@ -53,16 +61,35 @@ impl FsDevice {
             block_size,
             per_block,
             read_only: None,
-            overlay: BTreeMap::new(),
-            unflushed: false,
+            overlay: Arc::default(),
+            unflushed: Arc::default(),
         })
     }
 
+    /// The same view of another queue pair of the device, for another thread's I/O; `None`
+    /// when the device has a single queue (then threads must share this one).
+    pub fn sibling(&self) -> Option<Result<FsDevice, OpenError>> {
+        let dev = match self.dev.new_queue()? {
+            Ok(dev) => dev,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(FsDevice {
+            dev,
+            block_size: self.block_size,
+            per_block: self.per_block,
+            blocks: self.blocks,
+            read_only: self.read_only.clone(),
+            overlay: Arc::clone(&self.overlay),
+            unflushed: Arc::clone(&self.unflushed),
+        }))
+    }
+
     /// From now on refuses every write, zero and flush (a read-only mount), and serves reads of
-    /// the blocks in `overlay` from it instead of the device.
+    /// the blocks in `overlay` from it instead of the device. Siblings made before are not
+    /// changed: call it before making any.
     pub fn make_read_only(&mut self, why: &str, overlay: BTreeMap<u64, Vec<u8>>) {
         self.read_only = Some(why.to_string());
-        self.overlay = overlay;
+        self.overlay = Arc::new(overlay);
     }
 
     /// Whether writes are refused.
@@ -110,7 +137,7 @@ impl FsDevice {
             )));
         }
         self.check(block, (data.len() / self.block_size) as u64)?;
-        self.unflushed = true;
+        self.unflushed.store(true, Ordering::Relaxed);
         self.dev.write_blocks(block * self.per_block, data)?;
         Ok(())
     }
@@ -119,7 +146,7 @@ impl FsDevice {
     pub fn zero(&mut self, block: u64, count: u64) -> Result<(), FsError> {
         self.writable()?;
         self.check(block, count)?;
-        self.unflushed = true;
+        self.unflushed.store(true, Ordering::Relaxed);
         self.dev
             .zero_blocks(block * self.per_block, count * self.per_block)?;
         Ok(())
@@ -128,13 +155,13 @@ impl FsDevice {
     pub fn flush(&mut self) -> Result<(), FsError> {
         self.writable()?;
         self.dev.flush_all()?;
-        self.unflushed = false;
+        self.unflushed.store(false, Ordering::Relaxed);
         Ok(())
     }
 
     /// Whether a write or zero was issued since the last completed flush.
     pub fn has_unflushed_writes(&self) -> bool {
-        self.unflushed
+        self.unflushed.load(Ordering::Relaxed)
     }
 
     /// Runs every operation at queue depth (submitting until the queue is full, reaping as
@@ -156,7 +183,7 @@ impl FsDevice {
         for op in &ops {
             if op.write {
                 self.writable()?;
-                self.unflushed = true;
+                self.unflushed.store(true, Ordering::Relaxed);
             }
             if op.buf.is_empty() || !op.buf.len().is_multiple_of(self.block_size) {
                 return Err(FsError::Invalid(format!(

@@ -4,12 +4,15 @@
 //! and calls a method of the mounted state; paths are split by `path.rs`.
 //!
 //! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. The state
-//! lock is a read-write lock: reads of cached data, `stat` of inodes in memory, handle checks
-//! and path lookups through directories in memory take it shared and run side by side; every change takes it exclusively. Nothing waits
-//! for the device holding it on the paths that matter: commits, cache misses, large reads,
-//! streams and large writes do their device I/O under the disk lock alone. Which lock protects
-//! what, the order they are taken in (state, then disk, then the commit counter) and why that
-//! cannot deadlock: "# Locks" in `state/mod.rs`.
+//! lock is a sharded read-write lock (`crossbeam_utils::sync::ShardedLock`, so that readers on
+//! different cores do not share one reader counter): reads of cached data, `stat` of inodes in
+//! memory, handle checks and path lookups through directories in memory take it shared and run
+//! side by side; every change takes it exclusively. Nothing waits for the device holding it on
+//! the paths that matter: commits, cache misses, large reads,
+//! streams and large writes do their device I/O under the disk lock alone (cache misses,
+//! streams and large writes hold it shared, each on a queue pair of its own). Which lock
+//! protects what, the order they are taken in (state, then disk, then the commit counter) and
+//! why that cannot deadlock: "# Locks" in `state/mod.rs`.
 //!
 //! Durability: `FileSystem::sync` writes every dirty block and commits the running transaction;
 //! `File::sync_all` commits it with its own file's dirty data (and that of files whose size or
@@ -38,7 +41,8 @@ use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
 use state::Mounted;
-use std::sync::{Arc, Condvar, Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
 const READ_ONLY_MOUNT: &str = "mounted read-only";
@@ -244,8 +248,10 @@ pub struct FileSystem {
 /// a group commit's leader finished (see [`FileSystem::group_commit`]).
 struct Shared {
     /// The state lock: shared for reads of cached data and `stat` of loaded inodes, exclusive
-    /// for everything else.
-    state: RwLock<Mounted>,
+    /// for everything else. Sharded ("# Locks" in `state/mod.rs`): a reader locks only its
+    /// thread's shard, a cache line of its own, so readers on different cores do not bounce
+    /// one counter between them; a writer locks every shard.
+    state: ShardedLock<Mounted>,
     /// Counts finished group commits; waiters sleep on `commit_finished` until it moves. Taken
     /// only while holding the state lock (exclusively) or holding nothing, and never held while
     /// taking another lock.
@@ -358,7 +364,7 @@ impl FileSystem {
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         Ok(FileSystem {
             inner: Arc::new(Shared {
-                state: RwLock::new(mounted),
+                state: ShardedLock::new(mounted),
                 commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
             }),
@@ -366,7 +372,7 @@ impl FileSystem {
     }
 
     /// Takes the state lock exclusively.
-    fn lock(&self) -> RwLockWriteGuard<'_, Mounted> {
+    fn lock(&self) -> ShardedLockWriteGuard<'_, Mounted> {
         // A panic while holding the lock cannot leave a half-applied change on the device (only
         // commits write metadata), so the state is still usable.
         self.inner.state.write().unwrap_or_else(|p| p.into_inner())
@@ -374,7 +380,7 @@ impl FileSystem {
 
     /// Takes the state lock shared: for what only looks at the mounted state (`&Mounted`).
     /// Never held while taking the lock exclusively (that would wait for itself).
-    fn read_lock(&self) -> RwLockReadGuard<'_, Mounted> {
+    fn read_lock(&self) -> ShardedLockReadGuard<'_, Mounted> {
         self.inner.state.read().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -442,11 +448,12 @@ impl FileSystem {
     }
 
     /// A streaming read of file `ino` ([`File::read_stream_owned`]) that holds the state lock
-    /// only to plan each window: the window is read holding the disk lock alone (taken before
-    /// the state lock is released, so no block of it can be freed and rewritten by another
-    /// file meanwhile). Each window reads the file as it was when the window was planned. The
-    /// state lock is free while `deliver` runs, but the disk lock is not: `deliver` may use the
-    /// file system for what the cache serves, not for what needs the device.
+    /// only to plan each window: the window is read holding the disk lock alone, shared, on a
+    /// queue of its own (taken before the state lock is released, so no block of it can be
+    /// freed and rewritten by another file meanwhile). Each window reads the file as it was
+    /// when the window was planned. The state lock is free while `deliver` runs, but the disk
+    /// lock is not: `deliver` may use the file system for what the cache serves, not for what
+    /// needs the device.
     pub(crate) fn read_stream_file(
         &self,
         ino: u64,
@@ -462,10 +469,10 @@ impl FileSystem {
         };
         while let Some(pieces) = g.stream_window(&mut s)? {
             let disk = g.disk();
-            let mut d = disk.lock();
+            let mut queue = disk.io();
             drop(g);
-            let result = s.read(&mut d.dev, &pieces, deliver);
-            drop(d);
+            let result = s.read(&mut queue, &pieces, deliver);
+            drop(queue);
             g = self.lock();
             result?;
             g.check_handle(ino, generation)?;
@@ -875,9 +882,9 @@ impl FileSystem {
 
     /// A read of file `ino` (of the handle's `generation`, when given) that waits for the
     /// device without the state lock: blocks missing from the cache are fetched holding only
-    /// the disk lock, so cached reads and writes of other threads go on meanwhile. If the
-    /// file's data changed while the lock was released, the read is done again under the lock
-    /// throughout (so it always ends).
+    /// the disk lock, shared, on a queue of its own, so cached reads, writes and other misses
+    /// of other threads go on meanwhile. If the file's data changed while the lock was
+    /// released, the read is done again under the lock throughout (so it always ends).
     pub(crate) fn read_file(
         &self,
         ino: u64,
@@ -900,7 +907,7 @@ impl FileSystem {
         };
         let disk = g.disk();
         drop(g);
-        let fetched = plan.read(&mut disk.lock().dev, out)?;
+        let fetched = plan.read(&mut disk.io(), out)?;
         let mut g = self.lock();
         if let Some(generation) = generation {
             g.check_handle(ino, generation)?;
@@ -918,10 +925,10 @@ impl FileSystem {
 
     /// A positioned write of file `ino` (of the handle's `generation`, when given). Small
     /// writes land in the cache under the state lock. A large write's whole blocks go to the
-    /// device holding only the disk lock, one step ([`state::WRITE_STEP`]) at a time: each step
-    /// maps its holes under the state lock, takes the disk lock, releases the state lock and
-    /// writes. The size grows when the last step is done, so no reader sees the new range
-    /// before its data is on the device.
+    /// device holding only the disk lock (shared, on a queue of its own), one step
+    /// ([`state::WRITE_STEP`]) at a time: each step maps its holes under the state lock, takes
+    /// the disk lock, releases the state lock and writes. The size grows when the last step
+    /// is done, so no reader sees the new range before its data is on the device.
     pub(crate) fn write_file(
         &self,
         ino: u64,
@@ -950,10 +957,10 @@ impl FileSystem {
                 continue;
             }
             let disk = g.disk();
-            let mut d = disk.lock();
+            let mut queue = disk.io();
             drop(g);
-            let result = d.dev.batch(ops);
-            drop(d);
+            let result = queue.batch(ops);
+            drop(queue);
             g = self.lock();
             result?;
             if let Some(generation) = generation {

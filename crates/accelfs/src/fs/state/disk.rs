@@ -14,11 +14,26 @@
 //! can slip between the snapshot and its log write; the write and the flush run under this lock
 //! alone ([`Prepared::write`]). A failed commit poisons the disk: no later commit may be written
 //! after a transaction that is missing from the log.
+//!
+//! The disk lock is a read-write lock. **Exclusive** ([`SharedDisk::lock`]: the `Disk`
+//! itself) for whatever writes the journal, flushes, or rewrites or frees blocks: commits,
+//! checkpoints, fdatasync, everything done under the state lock. **Shared**
+//! ([`SharedDisk::io`]) for I/O that needs only that no block be freed, reused and rewritten
+//! meanwhile: a read miss's fetch, a streaming window, a large write's whole blocks. Each
+//! shared holder gets a queue pair of its own from a small pool of siblings of the mount's
+//! device ([`FsDevice::sibling`]), so threads drive the device side by side, never sharing a
+//! submission queue under a lock; a device with a single queue (or that refused another) is
+//! shared instead, one holder at a time, as before.
 
 use crate::error::FsError;
 use crate::fsdevice::{BatchOp, FsDevice};
 use crate::wal::Journal;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+/// Most sibling queues a mount opens: beyond this many threads doing I/O at once, the extra
+/// ones share the mount's own queue (each queue pins its own kernel resources).
+const MAX_SIBLINGS: usize = 16;
 
 /// The device and the journal (see the module documentation).
 pub(crate) struct Disk {
@@ -30,22 +45,169 @@ pub(crate) struct Disk {
 
 /// A shared handle on the [`Disk`] of a mount.
 #[derive(Clone)]
-pub(crate) struct SharedDisk(Arc<Mutex<Disk>>);
+pub(crate) struct SharedDisk(Arc<DiskLock>);
+
+struct DiskLock {
+    /// The disk lock proper (see the module documentation).
+    gate: RwLock<()>,
+    /// Taken by exclusive holders, and by a shared one only when it must use the mount's own
+    /// queue (no sibling to be had); so always after `gate`.
+    disk: Mutex<Disk>,
+    /// Sibling queues not in use; a leaf lock, held only to take or return one.
+    queues: Mutex<Queues>,
+}
+
+struct Queues {
+    idle: Vec<FsDevice>,
+    /// Siblings opened so far (idle or in use).
+    opened: usize,
+    /// The device has one queue, or refused another: shared holders use the mount's own.
+    single: bool,
+}
+
+/// The disk lock held exclusively: the device and the journal.
+pub(crate) struct DiskGuard<'a> {
+    // Declared first so it is released first: the inner lock before the gate.
+    disk: MutexGuard<'a, Disk>,
+    _gate: RwLockWriteGuard<'a, ()>,
+}
+
+impl Deref for DiskGuard<'_> {
+    type Target = Disk;
+    fn deref(&self) -> &Disk {
+        &self.disk
+    }
+}
+
+impl DerefMut for DiskGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Disk {
+        &mut self.disk
+    }
+}
+
+/// The disk lock held shared, with a queue to do I/O on: a sibling of its own, given back to
+/// the pool when this is dropped, or the mount's own queue.
+pub(crate) struct IoGuard<'a> {
+    queue: Queue<'a>,
+    lock: &'a DiskLock,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
+enum Queue<'a> {
+    Own(Option<FsDevice>),
+    Shared(MutexGuard<'a, Disk>),
+}
+
+impl Deref for IoGuard<'_> {
+    type Target = FsDevice;
+    fn deref(&self) -> &FsDevice {
+        match &self.queue {
+            Queue::Own(Some(dev)) => dev,
+            Queue::Own(None) => unreachable!("a sibling is only taken out when dropped"),
+            Queue::Shared(disk) => &disk.dev,
+        }
+    }
+}
+
+impl DerefMut for IoGuard<'_> {
+    fn deref_mut(&mut self) -> &mut FsDevice {
+        match &mut self.queue {
+            Queue::Own(Some(dev)) => dev,
+            Queue::Own(None) => unreachable!("a sibling is only taken out when dropped"),
+            Queue::Shared(disk) => &mut disk.dev,
+        }
+    }
+}
+
+impl Drop for IoGuard<'_> {
+    fn drop(&mut self) {
+        if let Queue::Own(dev) = &mut self.queue {
+            if let Some(dev) = dev.take() {
+                self.lock.queues().idle.push(dev);
+            }
+        }
+    }
+}
 
 impl SharedDisk {
     pub(crate) fn new(dev: FsDevice, journal: Journal) -> Self {
-        SharedDisk(Arc::new(Mutex::new(Disk {
-            dev,
-            journal,
-            poisoned: None,
-        })))
+        SharedDisk(Arc::new(DiskLock {
+            gate: RwLock::new(()),
+            disk: Mutex::new(Disk {
+                dev,
+                journal,
+                poisoned: None,
+            }),
+            queues: Mutex::new(Queues {
+                idle: Vec::new(),
+                opened: 0,
+                single: false,
+            }),
+        }))
     }
 
-    /// Takes the disk lock. A panic while it was held cannot have left a half-written
-    /// transaction counted as durable (the journal's state changes only after a flush), so the
-    /// disk stays usable.
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Disk> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    /// Takes the disk lock exclusively. A panic while it was held cannot have left a
+    /// half-written transaction counted as durable (the journal's state changes only after a
+    /// flush), so the disk stays usable.
+    pub(crate) fn lock(&self) -> DiskGuard<'_> {
+        let gate = self.0.gate.write().unwrap_or_else(|p| p.into_inner());
+        DiskGuard {
+            disk: self.0.disk(),
+            _gate: gate,
+        }
+    }
+
+    /// Takes the disk lock shared, with a queue of its own when the device has more than one
+    /// (module documentation). Opening a sibling the first time costs a system call or two
+    /// (a new io_uring); after that they are reused.
+    pub(crate) fn io(&self) -> IoGuard<'_> {
+        let lock = &*self.0;
+        let gate = lock.gate.read().unwrap_or_else(|p| p.into_inner());
+        let queue = match lock.take_sibling() {
+            Some(dev) => Queue::Own(Some(dev)),
+            None => Queue::Shared(lock.disk()),
+        };
+        IoGuard {
+            queue,
+            lock,
+            _gate: gate,
+        }
+    }
+}
+
+impl DiskLock {
+    fn disk(&self) -> MutexGuard<'_, Disk> {
+        self.disk.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn queues(&self) -> MutexGuard<'_, Queues> {
+        self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// An idle sibling, or a new one while fewer than [`MAX_SIBLINGS`] are open; `None` when
+    /// the mount's own queue must be shared. The caller holds the gate shared, so no exclusive
+    /// holder has `disk`, which is taken only for the moment of opening a sibling from it.
+    fn take_sibling(&self) -> Option<FsDevice> {
+        let mut queues = self.queues();
+        if let Some(dev) = queues.idle.pop() {
+            return Some(dev);
+        }
+        if queues.single || queues.opened >= MAX_SIBLINGS {
+            return None;
+        }
+        match self.disk().dev.sibling() {
+            Some(Ok(dev)) => {
+                queues.opened += 1;
+                Some(dev)
+            }
+            // A single-queue device, or one that cannot open more now (the controller's queues
+            // are taken, the kernel refused a ring): sharing the mount's queue is correct,
+            // only slower, so it is not an error.
+            None | Some(Err(_)) => {
+                queues.single = true;
+                None
+            }
+        }
     }
 }
 

@@ -22,21 +22,38 @@
 //!
 //! Three locks, always taken in this order, never the other way round:
 //!
-//! 1. the **state lock** (`FileSystem`'s `RwLock` around this `Mounted`): every API call takes
-//!    it. **Shared** (`&Mounted`) for what only looks: a read whose blocks are all cached
-//!    ([`Mounted::read_cached`]: the inode's size and generation, the cache's per-file table,
-//!    a copy), `stat` of an inode already in memory ([`Mounted::loaded_metadata`]), a handle
-//!    check ([`Mounted::check_loaded_handle`]), path resolution, lookups and listings through
-//!    directories in memory ([`Mounted::resolve_loaded`], [`Mounted::lookup_loaded`],
-//!    [`Mounted::list_loaded`]), `statfs`. Those never load anything (loading
-//!    changes the state): when the inode is not in memory or a block is missing they return
-//!    `None`, release the shared lock and the caller starts again under the exclusive lock.
+//! 1. the **state lock** (`FileSystem`'s `ShardedLock` around this `Mounted`): every API call takes
+//!    it. It is a read-write lock split into shards (8, each a `std` `RwLock` on a cache line of
+//!    its own): a reader locks the one shard of its thread, a writer locks them all in order. So
+//!    shared readers on different cores write different cache lines (with one `RwLock`, every read
+//!    and its release wrote the one reader counter, and cached reads stopped scaling past 2-4
+//!    cores), and an exclusive lock costs a few more uncontended atomic operations, which the paths
+//!    that take it (changes, misses) can afford. **Shared** (`&Mounted`) for what only looks: a
+//!    read whose blocks are all cached ([`Mounted::read_cached`]: the inode's size and generation,
+//!    the cache's per-file table, a copy), `stat` of an inode already in memory
+//!    ([`Mounted::loaded_metadata`]), a handle check ([`Mounted::check_loaded_handle`]), path
+//!    resolution, lookups and listings through directories in memory ([`Mounted::resolve_loaded`],
+//!    [`Mounted::lookup_loaded`], [`Mounted::list_loaded`]), `statfs`. Those never load anything
+//!    (loading changes the state): when the inode is not in memory or a block is missing they
+//!    return `None`, release the shared lock and the caller starts again under the exclusive lock.
 //!    **Exclusive** for everything else (every change, cache misses, loading metadata). The few
-//!    things a shared reader writes are atomics: a cached block's `referenced` flag (the cache's
-//!    second chance, `cache.rs`), the hit counter (per-thread stripes) and a sequential
-//!    reader's position (`next_sequential`);
+//!    things a shared reader writes are atomics, each written only when its value must change (so
+//!    random reads of blocks already referenced write no line but their thread's stripe): a cached
+//!    block's `referenced` flag (the cache's second chance, `cache.rs`; set by the first hit after
+//!    the block moved), the hit counter (per-thread stripes, 128 bytes apart) and a sequential
+//!    reader's position (`next_sequential`, advanced only by a read that continues it);
 //! 2. the **disk lock** ([`SharedDisk`]: the `FsDevice` and the `Journal`): every device command
-//!    and every look at the journal's images takes it, briefly or for the I/O;
+//!    and every look at the journal's images takes it, briefly or for the I/O. A read-write
+//!    lock: **exclusive** ([`SharedDisk::lock`]) for the journal, flushes and anything that
+//!    rewrites or frees blocks (commits, checkpoints, fdatasync, every device command issued
+//!    under the state lock); **shared** ([`SharedDisk::io`]) for the I/O done with the state
+//!    lock released that needs only that no block be freed, reused and rewritten meanwhile: a
+//!    read miss's fetch, a streaming window, a large write's whole blocks. A shared holder
+//!    does its I/O on a queue pair of its own, a sibling of the mount's device from a small
+//!    pool (`disk.rs`), so those threads drive the device side by side; on a device with a
+//!    single queue they take turns on the mount's queue. Inside it, two leaf mutexes: the
+//!    `Disk` (taken after the gate, by exclusive holders and by a shared one that must use the
+//!    mount's queue) and the pool of idle siblings;
 //! 3. the **commit counter** (`FileSystem`'s `commits_finished` mutex with its condvar): a leaf,
 //!    taken by a group commit's waiter while it holds the state lock (exclusively), which it
 //!    then releases to sleep, and by the leader when it finishes; nothing else is taken while
@@ -62,14 +79,15 @@
 //! cached at planning may have been evicted since; in either case the read is done again under
 //! the state lock throughout. Reads of one file, and of different files, therefore wait for the
 //! device without blocking each other's cached reads, writes into the cache or name
-//! operations; device commands themselves are still one at a time (one queue pair behind the
-//! disk lock). A streaming read (`FileSystem::read_stream_file`) plans each window under the
-//! state lock and reads it under the disk lock alone, taken before the state lock is released
-//! (so none of its blocks can be freed, reused and rewritten by another file meanwhile). A
-//! large write (`FileSystem::write_file`) maps each step's holes under the state lock and
-//! writes its whole blocks under the disk lock alone (taken before the state lock is
-//! released); the size grows after the last step, and the blocks it overwrites leave the cache
-//! before the state lock is released, so no shared reader sees the range before its data.
+//! operations, nor each other: each fetch runs on its own queue pair under the shared disk
+//! lock. A streaming read (`FileSystem::read_stream_file`) plans each window under the state
+//! lock and reads it under the disk lock alone (shared), taken before the state lock is
+//! released (so none of its blocks can be freed, reused and rewritten by another file
+//! meanwhile: that needs the disk lock exclusively). A large write (`FileSystem::write_file`)
+//! maps each step's holes under the state lock and writes its whole blocks under the disk lock
+//! alone (shared, taken before the state lock is released); the size grows after the last
+//! step, and the blocks it overwrites leave the cache before the state lock is released, so no
+//! shared reader sees the range before its data.
 //! Still under the exclusive state lock: writes into the cache, appends (`File::append`, which
 //! must read the size and write atomically), dirty blocks evicted to make room, checkpoints,
 //! inline commits when a transaction grows too big, slow symbolic links and loading metadata
