@@ -1,4 +1,4 @@
-"""Plot of `kura bench vm`: fio IOPS inside an emulated (TCG) guest per job and disk (median with
+"""Plot of `kura bench vm`: fio IOPS inside a QEMU guest (TCG or KVM, as the report's label says) per job and disk (median with
 min-max bars), and the ratios kura/virtio-blk, kura/NBD and layer/pass-through per job with the
 issue's targets. Usage: python3 plot_vm.py REPORT.json OUT.png"""
 import json
@@ -28,7 +28,7 @@ axes[0].set_yscale("log")
 axes[0].set_xticks([k + width * (len(disks) - 1) / 2 for k in range(len(jobs))])
 axes[0].set_xticklabels(jobs, rotation=20, fontsize=8)
 axes[0].set_ylabel("IOPS in the guest (fio, median, min-max)")
-axes[0].set_title("fio in the guest per disk - emulated (TCG)")
+axes[0].set_title("fio in the guest per disk - %s" % report["label"].split(":")[0])
 axes[0].legend(fontsize=8)
 
 names = []
@@ -51,7 +51,7 @@ axes[1].set_yscale("log")
 axes[1].set_xticks([k + width * (len(names) - 1) / 2 for k in range(len(jobs))])
 axes[1].set_xticklabels(jobs, rotation=20, fontsize=8)
 axes[1].set_ylabel("IOPS ratio, same round (median, min-max)")
-axes[1].set_title("kura vs peers and layers vs pass-through - emulated (TCG)")
+axes[1].set_title("kura vs peers and layers vs pass-through - %s" % report["label"].split(":")[0])
 axes[1].legend(fontsize=8)
 fig.suptitle(
     "kura bench vm: %d rounds x %d s per job, %s; QEMU aio=%s"

@@ -100,7 +100,23 @@ const GUEST_CPUS: u32 = 2;
 
 const INIT: &str = "init-vm-bench";
 
-const LABEL: &str = "emulated (TCG): QEMU software emulation, 2 vCPUs; a relative view only";
+/// QEMU's accelerator, as scripts/nvme-vm/run.sh picks it (`KURA_VM_ACCEL`, default tcg).
+fn accelerator() -> String {
+    std::env::var("KURA_VM_ACCEL")
+        .ok()
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| "tcg".into())
+}
+
+/// What kind of machine the figures come from, for the table, the JSON and the plot.
+fn machine_label(accel: &str) -> String {
+    match accel {
+        "tcg" => format!(
+            "emulated (TCG): QEMU software emulation, {GUEST_CPUS} vCPUs; a relative view only"
+        ),
+        other => format!("QEMU accelerator {other}, {GUEST_CPUS} vCPUs"),
+    }
+}
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("quick", |a| a.help(
@@ -249,7 +265,7 @@ pub struct QemuArgs {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub bench: &'static str,
-    pub label: &'static str,
+    pub label: String,
     pub host_cpu: String,
     pub host_cores: usize,
     pub host_kernel: String,
@@ -567,6 +583,7 @@ fn start_serve(kura: &Path, dir: &Path) -> anyhow::Result<(Serve, String)> {
 }
 
 fn qemu_args(dir: &Path, aio: &str) -> QemuArgs {
+    let accel = accelerator();
     let q = GUEST_CPUS;
     let mut disks = BTreeMap::new();
     for name in ["kura", "snapshot", "mirror"] {
@@ -594,7 +611,7 @@ fn qemu_args(dir: &Path, aio: &str) -> QemuArgs {
     );
     QemuArgs {
         base: format!(
-            "scripts/nvme-vm/run.sh: qemu-system-x86_64 -accel tcg -m 1024 -smp {q} -nographic -machine q35 \
+            "scripts/nvme-vm/run.sh: qemu-system-x86_64 -accel {accel} -m 1024 -smp {q} -nographic -machine q35 \
              -device intel-iommu,aw-bits=48 -kernel VMLINUZ -initrd INITRAMFS (busybox, fio, {INIT} as /init) \
              -append 'console=ttyS0 quiet loglevel=5 intel_iommu=on panic=-1 kura_vm_...' \
              plus an emulated NVMe controller the guest does not use"
@@ -681,7 +698,8 @@ fn measure(
     dir: &Path,
 ) -> anyhow::Result<Report> {
     println!(
-        "kura bench vm ({LABEL}): {} rounds of {} jobs x {} disks, {} s each; images in {}",
+        "kura bench vm ({}): {} rounds of {} jobs x {} disks, {} s each; images in {}",
+        machine_label(&accelerator()),
         plan.rounds,
         plan.jobs.len(),
         DISKS.len(),
@@ -760,7 +778,7 @@ fn measure(
         .to_string();
     Ok(Report {
         bench: "vm",
-        label: LABEL,
+        label: machine_label(&accelerator()),
         host_cpu: crate::stats::cpu_model(),
         host_cores: std::thread::available_parallelism().map_or(0, |n| n.get()),
         host_kernel: crate::stats::kernel(),
