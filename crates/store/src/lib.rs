@@ -1,24 +1,29 @@
 //! kura-store: kura's native key-value store (issue 18), built for the engine rather than
-//! ported: an LSM of keys whose values live in the write-ahead log (`docs/kvstore-design.md`),
-//! on a raw device with its own superblock (and, later, as files on AccelFS).
+//! ported: an LSM tree (`docs/kvstore-design.md`) on a raw device with its own superblock (and,
+//! later, as files on AccelFS).
 //!
 //! This crate owns the on-disk format of `docs/kvstore-format.md` ([`format`]: encoders and
-//! checked decoders of every record and page), sorted runs ([`run`]) and the store's write path
-//! ([`Store`]: group commit into the log, the memtable with snapshots, get/put/delete/batch/scan,
-//! recovery by log replay). Flushing the memtable into runs, the manifest, compaction and
-//! iterators are specified and come next; until then every key lives in the memtable and the
-//! log only grows (see the design's plan).
+//! checked decoders of every record and page), sorted runs ([`run`]) and the store ([`Store`]:
+//! group commit into the log, the memtable with snapshots, get/put/delete/batch/scan merged over
+//! the memtable and the runs, memtable flush into level-0 runs once it passes
+//! [`StoreOptions::memtable_bytes`], level merges and [`Store::compact`], the manifest that
+//! records runs and the log start, freeing of log segments and replaced runs, recovery from
+//! superblock + manifest + log tail, [`StoreStats`]). For now values above the inline threshold
+//! are copied into the runs (not separated into the log as the design plans), and flush and
+//! compaction run in the writing call that crossed the limit, not on a background thread.
 
 #![forbid(unsafe_code)]
 
 mod error;
 pub mod format;
 mod log;
+mod manifest;
 mod memtable;
 pub mod run;
 mod segments;
 mod space;
 mod store;
+mod tree;
 
 pub use error::StoreError;
 pub use memtable::Pair;

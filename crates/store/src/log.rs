@@ -1,5 +1,6 @@
 //! The write-ahead log (format section 4): appending ops frames to the chain of log segments,
-//! sealing a segment when the next frame does not fit, and replaying the chain on open.
+//! sealing a segment when the next frame does not fit, replaying the chain on open, and
+//! handing back the segments before a new log start once a flush made them unneeded.
 
 use crate::error::StoreError;
 use crate::format::frame::{decode_ops, encode_frame, frame_pages, FrameHeader, FrameKind, Op};
@@ -21,6 +22,15 @@ pub(crate) struct Replayed {
     /// (format section 7).
     pub(crate) stop: FormatError,
     pub(crate) frames: u64,
+    /// The chain's segments from the log start on, in order.
+    pub(crate) chain: Vec<SegRef>,
+}
+
+/// Where replay starts: a page of a log segment and the first LSN not in runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LogStart {
+    pub(crate) pos: LogPos,
+    pub(crate) lsn: u64,
 }
 
 /// Appends frames at the end of the log chain.
@@ -31,6 +41,10 @@ pub(crate) struct LogWriter {
     /// Set after replay: the segment at `pos` may hold stale frames of this seg_seq past `pos`
     /// (written but never flushed before a crash), so the chain continues in a fresh segment.
     must_seal: bool,
+    /// The chain's segments from the log start to `pos`, in order.
+    chain: Vec<SegRef>,
+    /// Bytes of frames written since open.
+    written: u64,
 }
 
 /// Largest payload of one frame: a segment less the page kept for the seal.
@@ -39,12 +53,37 @@ pub(crate) fn max_payload(segment_pages: u32) -> usize {
 }
 
 impl LogWriter {
-    pub(crate) fn new(end: LogPos, store_tag: u64, segment_pages: u32) -> Self {
+    pub(crate) fn new(end: LogPos, chain: Vec<SegRef>, store_tag: u64, segment_pages: u32) -> Self {
         LogWriter {
             pos: end,
             store_tag,
             segment_pages,
             must_seal: true,
+            chain,
+            written: 0,
+        }
+    }
+
+    /// Where the next frame goes (or the seal before it).
+    pub(crate) fn pos(&self) -> LogPos {
+        self.pos
+    }
+
+    pub(crate) fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Segments the chain holds.
+    pub(crate) fn segments(&self) -> usize {
+        self.chain.len()
+    }
+
+    /// Drops the segments before the one holding `start` from the chain and returns them: a
+    /// flush recorded a log start there, so they are no longer read.
+    pub(crate) fn trim_before(&mut self, start: LogPos) -> Vec<SegRef> {
+        match self.chain.iter().position(|s| *s == start.seg) {
+            Some(i) => self.chain.drain(..i).collect(),
+            None => Vec::new(),
         }
     }
 
@@ -79,7 +118,9 @@ impl LogWriter {
             )
             .map_err(StoreError::Refused)?;
             space.segs.write(self.pos.seg.slot, self.pos.page, &seal)?;
+            self.written += seal.len() as u64;
             self.pos = LogPos { seg: next, page: 0 };
+            self.chain.push(next);
             self.must_seal = false;
         }
         let frame = encode_frame(
@@ -93,26 +134,34 @@ impl LogWriter {
         )
         .map_err(StoreError::Refused)?;
         space.segs.write(self.pos.seg.slot, self.pos.page, &frame)?;
+        self.written += frame.len() as u64;
         self.pos.page += pages as u32;
         Ok(())
     }
 }
 
-/// Replays the log from the superblock's log start: claims every slot of the chain in `space`
-/// and hands each operation at or after the log start LSN to `apply`, in LSN order, up to the
-/// first frame that is not valid.
+/// Replays the log from `start`: claims every slot of the chain in `space` and hands each
+/// operation at or after the start LSN to `apply`, in LSN order, up to the first frame that is
+/// not valid.
 pub(crate) fn replay(
     space: &mut Space,
+    start: LogStart,
     mut apply: impl FnMut(u64, Op),
 ) -> Result<Replayed, StoreError> {
     let sb = space.superblock().clone();
     let (tag, pps) = (sb.store_tag(), sb.segment_pages());
-    let mut pos = LogPos {
-        seg: sb.log_start,
-        page: sb.log_start_page,
-    };
+    let mut pos = start.pos;
+    if pos.seg.slot >= sb.slot_count || pos.page >= pps {
+        return Err(StoreError::Corrupt {
+            place: "log start".into(),
+            source: FormatError::BadField {
+                what: "log start slot or page",
+                value: pos.seg.slot,
+            },
+        });
+    }
     space.claim(pos.seg.slot);
-    let mut chain = vec![pos.seg.slot];
+    let mut chain = vec![pos.seg];
     let mut expected: Option<u64> = None;
     let mut frames = 0;
     let stop = loop {
@@ -127,14 +176,17 @@ pub(crate) fn replay(
         match header.kind {
             FrameKind::Seal => {
                 let next = header.next;
-                if next.slot >= sb.slot_count || chain.contains(&next.slot) {
+                if next.slot >= sb.slot_count
+                    || chain.iter().any(|s| s.slot == next.slot)
+                    || space.is_claimed(next.slot)
+                {
                     break FormatError::BadField {
                         what: "seal target slot",
                         value: next.slot,
                     };
                 }
                 space.claim(next.slot);
-                chain.push(next.slot);
+                chain.push(next);
                 pos = LogPos { seg: next, page: 0 };
                 continue;
             }
@@ -175,7 +227,7 @@ pub(crate) fn replay(
         }
         for (i, op) in ops.into_iter().enumerate() {
             let lsn = header.first_lsn + i as u64;
-            if lsn >= sb.log_start_lsn {
+            if lsn >= start.lsn {
                 apply(lsn, op);
             }
         }
@@ -185,8 +237,9 @@ pub(crate) fn replay(
     };
     Ok(Replayed {
         end: pos,
-        next_lsn: expected.unwrap_or(sb.log_start_lsn).max(sb.log_start_lsn),
+        next_lsn: expected.unwrap_or(start.lsn).max(start.lsn),
         stop,
         frames,
+        chain,
     })
 }

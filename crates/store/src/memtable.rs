@@ -1,6 +1,7 @@
-//! The memtable: the versions of every key written since open that a reader may still need —
-//! the newest, and for each live snapshot the newest at or below it — in key order. Versions a
-//! released snapshot pinned are dropped at the key's next write (and, once runs exist, at flush).
+//! The memtable: the versions of every key written since the last flush that a reader may still
+//! need — the newest, and for each live snapshot the newest at or below it — in key order, and
+//! the bytes they take, which decide when the store flushes it into a run. Versions a released
+//! snapshot pinned are dropped at the key's next write or at flush.
 
 use crate::format::frame::Op;
 use std::collections::BTreeMap;
@@ -10,7 +11,14 @@ use std::ops::Bound;
 pub type Pair = (Vec<u8>, Vec<u8>);
 
 /// One version: its LSN and its value (`None`: deleted).
-type Version = (u64, Option<Vec<u8>>);
+pub(crate) type Version = (u64, Option<Vec<u8>>);
+
+/// Bytes counted per version besides its key and value: the map's and the vector's share.
+const VERSION_OVERHEAD: usize = 48;
+
+fn cost(key: &[u8], value: &Option<Vec<u8>>) -> usize {
+    key.len() + value.as_ref().map_or(0, Vec::len) + VERSION_OVERHEAD
+}
 
 #[derive(Default)]
 pub(crate) struct Memtable {
@@ -18,6 +26,8 @@ pub(crate) struct Memtable {
     map: BTreeMap<Vec<u8>, Vec<Version>>,
     /// The LSN of the last operation applied: what a new snapshot sees.
     visible: u64,
+    /// Approximate memory held: keys, values and per-version overhead.
+    bytes: usize,
 }
 
 impl Memtable {
@@ -31,6 +41,8 @@ impl Memtable {
             Op::Put { key, value } => (key, Some(value)),
             Op::Delete { key } => (key, None),
         };
+        self.bytes += cost(&key, &value);
+        let key_len = key.len();
         let versions = self.map.entry(key).or_default();
         versions.push((lsn, value));
         // A version is needed if it is the newest, or a snapshot falls between it and the next.
@@ -44,44 +56,67 @@ impl Memtable {
             })
             .collect();
         let mut flags = keep.into_iter();
-        versions.retain(|_| flags.next().unwrap_or(true));
+        let mut freed = 0;
+        versions.retain(|(_, v)| {
+            let kept = flags.next().unwrap_or(true);
+            if !kept {
+                freed += key_len + v.as_ref().map_or(0, Vec::len) + VERSION_OVERHEAD;
+            }
+            kept
+        });
+        self.bytes -= freed;
         self.visible = self.visible.max(lsn);
     }
 
-    /// The value of `key` as of LSN `at`.
-    pub(crate) fn get(&self, key: &[u8], at: u64) -> Option<Vec<u8>> {
+    /// The version of `key` as of LSN `at`: `Some(None)` when it is deleted there, `None` when
+    /// the memtable holds no version at or below `at` (older runs may).
+    pub(crate) fn lookup(&self, key: &[u8], at: u64) -> Option<Option<Vec<u8>>> {
         self.map
             .get(key)?
             .iter()
             .rev()
             .find(|(lsn, _)| *lsn <= at)
-            .and_then(|(_, v)| v.clone())
+            .map(|(_, v)| v.clone())
     }
 
-    /// Up to `limit` live pairs in `[from, to)` as of LSN `at`, ascending or descending.
-    pub(crate) fn scan(
-        &self,
-        from: Option<&[u8]>,
-        to: Option<&[u8]>,
-        at: u64,
-        limit: usize,
+    /// The keys in `[from, to)` with their versions (oldest first), ascending or descending.
+    pub(crate) fn range<'a>(
+        &'a self,
+        from: Option<&'a [u8]>,
+        to: Option<&'a [u8]>,
         reverse: bool,
-    ) -> Vec<Pair> {
+    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<Version>)> + 'a> {
         if from.zip(to).is_some_and(|(f, t)| f >= t) {
-            return Vec::new();
+            return Box::new(std::iter::empty());
         }
         let lower = from.map_or(Bound::Unbounded, Bound::Included);
         let upper = to.map_or(Bound::Unbounded, Bound::Excluded);
         let range = self.map.range::<[u8], _>((lower, upper));
-        let live = |(k, versions): (&Vec<u8>, &Vec<Version>)| {
-            let (_, value) = versions.iter().rev().find(|(lsn, _)| *lsn <= at)?;
-            value.as_ref().map(|v| (k.clone(), v.clone()))
-        };
         if reverse {
-            range.rev().filter_map(live).take(limit).collect()
+            Box::new(range.rev())
         } else {
-            range.filter_map(live).take(limit).collect()
+            Box::new(range)
         }
+    }
+
+    /// Makes `lsn` (and everything before it, held in runs) what a new snapshot sees.
+    pub(crate) fn see(&mut self, lsn: u64) {
+        self.visible = self.visible.max(lsn);
+    }
+
+    /// Approximate bytes held.
+    pub(crate) fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+
+    /// Empties the memtable (its versions are in a run now); what a new snapshot sees stays.
+    pub(crate) fn clear(&mut self) {
+        self.map.clear();
+        self.bytes = 0;
     }
 
     /// Keys with a live newest version.

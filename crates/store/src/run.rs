@@ -1,17 +1,19 @@
 //! Sorted runs (format section 6): [`RunBuilder`] lays entries sorted by key (then LSN
-//! descending) out as leaf, index, filter and footer pages; [`Run`] finds the newest version of
-//! a key at or below an LSN. Pages are read through the caller's closure, so a run works the
-//! same on any segment storage; every page read is checked, and a bad one is an error, never
-//! another key's data. Not yet used by the store (plan step 3 wires it in: memtable flush and
-//! lookups below the memtable).
+//! descending) out as leaf, index, filter and footer pages, and values above the inline
+//! threshold in the run's value area at the end of its segment; [`Run`] finds the newest version
+//! of a key at or below an LSN and [`RunIter`] walks a key range forward or backward. Pages are
+//! read through the caller's closure, so a run works the same on any segment storage; every page
+//! read is checked, and a bad one is an error, never another key's data. The store writes runs
+//! at memtable flush and compaction.
 
 use crate::error::StoreError;
+use crate::format::frame::ValuePointer;
 use crate::format::page::{
     bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_index, decode_leaf,
-    encode_filter, encode_index, encode_leaf, Footer, IndexEntry, LeafEntry, PagePlace, ENTRY_ROOM,
-    FILTER_BYTES_PER_PAGE, MAX_PROBES,
+    encode_filter, encode_index, encode_leaf, Footer, IndexEntry, LeafEntry, LeafValue, PagePlace,
+    ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
 };
-use crate::format::{FormatError, PAGE_SIZE};
+use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
 use std::cmp::Reverse;
 
 /// Reads page `n` of the run's segment.
@@ -26,7 +28,15 @@ fn probes_for(bits_per_key: u32) -> u8 {
 /// Builds one run in memory, page by page.
 pub struct RunBuilder {
     seg_seq: u64,
+    slot: u64,
     segment_pages: u32,
+    /// Byte offset of the lowest value in the value area (the segment size when it is empty):
+    /// values are packed from the segment's end downward, and run pages must stay below it.
+    value_low: u64,
+    /// Values in the value area: offset in the segment and bytes.
+    values: Vec<(u64, Vec<u8>)>,
+    /// Bytes of the index entries of the finished leaves.
+    index_bytes: usize,
     pages: Vec<u8>,
     leaf: Vec<LeafEntry>,
     leaf_bytes: usize,
@@ -44,9 +54,19 @@ pub struct RunBuilder {
 impl RunBuilder {
     /// A run for the segment allocated as `seg_seq`, which holds `segment_pages` pages.
     pub fn new(seg_seq: u64, segment_pages: u32) -> Self {
+        Self::for_segment(SegRef { slot: 0, seg_seq }, segment_pages)
+    }
+
+    /// A run for the segment `seg`: values placed with [`RunBuilder::add_separated`] get
+    /// pointers naming it.
+    pub fn for_segment(seg: SegRef, segment_pages: u32) -> Self {
         RunBuilder {
-            seg_seq,
+            seg_seq: seg.seg_seq,
+            slot: seg.slot,
             segment_pages,
+            value_low: u64::from(segment_pages) * PAGE_SIZE as u64,
+            values: Vec::new(),
+            index_bytes: 0,
             pages: Vec::new(),
             leaf: Vec::new(),
             leaf_bytes: 0,
@@ -71,16 +91,99 @@ impl RunBuilder {
         }
     }
 
+    /// Pages below the value area.
+    fn page_room(&self) -> u32 {
+        (self.value_low / PAGE_SIZE as u64) as u32
+    }
+
     fn push_page(&mut self, page: &[u8; PAGE_SIZE]) -> Result<(), FormatError> {
         self.pages.extend_from_slice(page);
-        if self.page_count() > self.segment_pages {
+        if self.page_count() > self.page_room() {
             return Err(FormatError::TooLarge {
                 what: "run",
                 need: self.pages.len(),
-                room: self.segment_pages as usize * PAGE_SIZE,
+                room: self.page_room() as usize * PAGE_SIZE,
             });
         }
         Ok(())
+    }
+
+    /// Whether one more entry of `key_len` key bytes, holding `inline` value bytes in its leaf
+    /// and `separated` bytes in the value area, surely fits in the segment with everything the
+    /// run still has to write (index and filter pages at `bits_per_key`, footer). Generous:
+    /// index pages are counted at half fill.
+    pub fn fits(&self, key_len: usize, inline: usize, separated: usize, bits_per_key: u32) -> bool {
+        let entry = 2 + 13 + key_len + inline;
+        let leaves = (self.pages.len() / PAGE_SIZE)
+            + if self.leaf_bytes + entry > ENTRY_ROOM {
+                2
+            } else {
+                1
+            };
+        let last = self.last.as_ref().map_or(0, |(k, _)| k.len());
+        // Level-1 index pages at half fill, and as many again for the levels above (each
+        // index page holds at least three children, as keys are at most MAX_KEY).
+        let level1 = (self.index_bytes + 16 + last + key_len).div_ceil(ENTRY_ROOM / 2);
+        let index = if level1 <= 1 { 1 } else { 2 * level1 + 1 };
+        debug_assert!(key_len <= MAX_KEY);
+        let bits = ((self.hashes.len() + 1) as u64 * u64::from(bits_per_key.max(1))).max(64);
+        let filter = (bits.div_ceil(8) as usize).div_ceil(FILTER_BYTES_PER_PAGE);
+        let Some(low) = self.value_low.checked_sub(separated as u64) else {
+            return false;
+        };
+        let room = (low / PAGE_SIZE as u64) as usize;
+        let footer = 1;
+        entry <= ENTRY_ROOM && leaves + index + filter + footer <= room
+    }
+
+    /// Adds the next entry with its value in the run's value area (a pointer in the leaf).
+    pub fn add_separated(
+        &mut self,
+        key: Vec<u8>,
+        lsn: u64,
+        value: Vec<u8>,
+    ) -> Result<(), FormatError> {
+        let len = value.len() as u64;
+        let low = self
+            .value_low
+            .checked_sub(len)
+            .filter(|&low| low >= self.pages.len() as u64 + PAGE_SIZE as u64)
+            .ok_or(FormatError::TooLarge {
+                what: "run value area",
+                need: value.len(),
+                room: (self.value_low as usize).saturating_sub(self.pages.len() + PAGE_SIZE),
+            })?;
+        let pointer = ValuePointer {
+            segment: SegRef {
+                slot: self.slot,
+                seg_seq: self.seg_seq,
+            },
+            offset: narrow_u32(low)?,
+            len: narrow_u32(len)?,
+            crc: kura_engine::crc32c::crc32c(&value),
+        };
+        self.add(LeafEntry {
+            key,
+            lsn,
+            value: LeafValue::Pointer(pointer),
+        })?;
+        self.value_low = low;
+        self.values.push((low, value));
+        Ok(())
+    }
+
+    /// The value area to write: its first page and its bytes up to the segment's end (empty
+    /// when no value was separated). Taken before [`RunBuilder::finish`].
+    pub fn take_values(&mut self) -> (u32, Vec<u8>) {
+        let first = self.page_room();
+        let base = u64::from(first) * PAGE_SIZE as u64;
+        let end = u64::from(self.segment_pages) * PAGE_SIZE as u64;
+        let mut area = vec![0u8; (end - base) as usize];
+        for (offset, value) in self.values.drain(..) {
+            let at = (offset - base) as usize;
+            area[at..at + value.len()].copy_from_slice(&value);
+        }
+        (first, area)
     }
 
     /// Adds the next entry; entries must come sorted by key, then by LSN descending.
@@ -123,10 +226,12 @@ impl RunBuilder {
             return Ok(());
         };
         let page = encode_leaf(self.place(), &self.leaf)?;
-        self.children.push(IndexEntry {
+        let child = IndexEntry {
             key: largest,
             child: self.page_count(),
-        });
+        };
+        self.index_bytes += child.page_bytes();
+        self.children.push(child);
         self.push_page(&page)?;
         self.leaf.clear();
         self.leaf_bytes = 0;
@@ -210,6 +315,17 @@ impl RunBuilder {
     }
 }
 
+fn narrow_u32(v: u64) -> Result<u32, FormatError> {
+    u32::try_from(v).map_err(|_| FormatError::TooLarge {
+        what: "value offset",
+        need: v as usize,
+        room: u32::MAX as usize,
+    })
+}
+
+/// Reads `count` pages from page `first` of the run's segment.
+pub type ReadPages<'a> = dyn FnMut(u32, usize) -> Result<Vec<u8>, StoreError> + 'a;
+
 /// An open run: its footer and its bloom filter, the part of a run kept in memory.
 pub struct Run {
     seg_seq: u64,
@@ -276,6 +392,80 @@ impl Run {
         &self.footer
     }
 
+    /// The value a pointer of this run names, read from the value area of its segment (slot
+    /// `slot`, `segment_bytes` long) and checked against the pointer's CRC.
+    pub fn read_value(
+        &self,
+        slot: u64,
+        segment_bytes: u64,
+        pointer: &ValuePointer,
+        read: &mut ReadPages<'_>,
+    ) -> Result<Vec<u8>, StoreError> {
+        let start = u64::from(pointer.offset);
+        let end = start + u64::from(pointer.len);
+        let below = u64::from(self.footer.total_pages) * PAGE_SIZE as u64;
+        if pointer.segment
+            != (SegRef {
+                slot,
+                seg_seq: self.seg_seq,
+            })
+            || start < below
+            || end > segment_bytes
+        {
+            return Err(self.corrupt(self.footer.total_pages)(
+                FormatError::BadField {
+                    what: "value pointer outside its run's value area",
+                    value: start,
+                },
+            ));
+        }
+        let first = (start / PAGE_SIZE as u64) as u32;
+        let pages = (end.div_ceil(PAGE_SIZE as u64) - u64::from(first)) as usize;
+        let bytes = read(first, pages.max(1))?;
+        let at = (start - u64::from(first) * PAGE_SIZE as u64) as usize;
+        let value = &bytes[at..at + pointer.len as usize];
+        pointer.check(value).map_err(self.corrupt(first))?;
+        Ok(value.to_vec())
+    }
+
+    /// The first leaf whose largest key is at or above `key` (where the versions of `key` would
+    /// start), or `None` when every key of the run is below it.
+    fn seek_leaf(&self, key: &[u8], read: &mut ReadPage<'_>) -> Result<Option<u32>, StoreError> {
+        let mut page = self.footer.index_root;
+        for _ in 0..self.footer.index_levels {
+            let entries =
+                decode_index(&read(page)?, self.place(page)).map_err(self.corrupt(page))?;
+            let i = entries.partition_point(|e| e.key.as_slice() < key);
+            let Some(entry) = entries.get(i) else {
+                return Ok(None);
+            };
+            page = entry.child;
+        }
+        Ok(Some(page))
+    }
+
+    /// The entries with `from <= key < to` (absent bounds are open), in key order (versions of
+    /// a key newest first) or, with `reverse`, from the largest key down (versions oldest
+    /// first), reading one leaf at a time.
+    pub fn iter<'a>(
+        &'a self,
+        from: Option<Vec<u8>>,
+        to: Option<Vec<u8>>,
+        reverse: bool,
+        read: Box<ReadPage<'a>>,
+    ) -> RunIter<'a> {
+        RunIter {
+            run: self,
+            read,
+            from,
+            to,
+            reverse,
+            page: None,
+            leaf: Vec::new(),
+            done: false,
+        }
+    }
+
     /// The newest version of `key` with an LSN at or below `max_lsn` (a tombstone is a
     /// version), or `None`.
     pub fn get(
@@ -328,5 +518,92 @@ impl Run {
             what: "index child outside the leaves",
             value: page.into(),
         }))
+    }
+}
+
+/// A walk over one run's entries in a key range; see [`Run::iter`].
+pub struct RunIter<'a> {
+    run: &'a Run,
+    read: Box<ReadPage<'a>>,
+    from: Option<Vec<u8>>,
+    to: Option<Vec<u8>>,
+    reverse: bool,
+    /// The leaf whose entries are in `leaf`; `None` before the first.
+    page: Option<u32>,
+    /// The rest of the current leaf, the next entry last.
+    leaf: Vec<LeafEntry>,
+    done: bool,
+}
+
+impl RunIter<'_> {
+    /// Loads the next leaf in the walk's direction; false at the end of the run.
+    fn load(&mut self) -> Result<bool, StoreError> {
+        let leaves = self.run.footer.leaf_pages;
+        let next = match (self.page, self.reverse) {
+            (None, false) => match &self.from {
+                Some(from) => self.run.seek_leaf(from, &mut *self.read)?,
+                None => Some(0),
+            },
+            (None, true) => match &self.to {
+                Some(to) => Some(
+                    self.run
+                        .seek_leaf(to, &mut *self.read)?
+                        .unwrap_or(leaves.saturating_sub(1)),
+                ),
+                None => Some(leaves.saturating_sub(1)),
+            },
+            (Some(p), false) => Some(p + 1).filter(|&p| p < leaves),
+            (Some(p), true) => p.checked_sub(1),
+        };
+        let Some(page) = next else {
+            return Ok(false);
+        };
+        if page >= leaves {
+            return Err(self.run.corrupt(page)(FormatError::BadField {
+                what: "index child outside the leaves",
+                value: page.into(),
+            }));
+        }
+        let mut entries = decode_leaf(&(self.read)(page)?, self.run.place(page))
+            .map_err(self.run.corrupt(page))?;
+        if !self.reverse {
+            entries.reverse();
+        }
+        self.leaf = entries;
+        self.page = Some(page);
+        Ok(true)
+    }
+
+    fn step(&mut self) -> Result<Option<LeafEntry>, StoreError> {
+        loop {
+            let Some(e) = self.leaf.pop() else {
+                if !self.load()? {
+                    return Ok(None);
+                }
+                continue;
+            };
+            let below_from = self.from.as_ref().is_some_and(|f| e.key < *f);
+            let above_to = self.to.as_ref().is_some_and(|t| e.key >= *t);
+            match (self.reverse, below_from, above_to) {
+                (false, true, _) | (true, _, true) => continue,
+                (false, _, true) | (true, true, _) => return Ok(None),
+                _ => return Ok(Some(e)),
+            }
+        }
+    }
+}
+
+impl Iterator for RunIter<'_> {
+    type Item = Result<LeafEntry, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = self.step().transpose();
+        if !matches!(item, Some(Ok(_))) {
+            self.done = true;
+        }
+        item
     }
 }

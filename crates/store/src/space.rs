@@ -106,6 +106,37 @@ impl Space {
         self.used.insert(slot);
     }
 
+    pub(crate) fn is_claimed(&self, slot: u64) -> bool {
+        self.used.contains(&slot)
+    }
+
+    /// Gives `slot` back for allocation: nothing durable names it any more.
+    pub(crate) fn free(&mut self, slot: u64) {
+        self.used.remove(&slot);
+    }
+
+    /// Slots in use.
+    pub(crate) fn used(&self) -> u64 {
+        self.used.len() as u64
+    }
+
+    /// Records `head` as the manifest's first segment in the superblock (written and flushed).
+    pub(crate) fn set_manifest_head(&mut self, head: SegRef) -> Result<(), StoreError> {
+        let next = Superblock {
+            generation: self.sb.generation + 1,
+            manifest_head: head,
+            ..self.sb.clone()
+        };
+        self.write_superblock(next)
+    }
+
+    fn write_superblock(&mut self, next: Superblock) -> Result<(), StoreError> {
+        self.segs.write_superblock(self.next_copy, &next)?;
+        self.sb = next;
+        self.next_copy = 1 - self.next_copy;
+        Ok(())
+    }
+
     /// A free slot under a seg_seq never used before.
     pub(crate) fn allocate(&mut self) -> Result<SegRef, StoreError> {
         let slots = self.sb.slot_count;
@@ -133,9 +164,7 @@ impl Space {
             seg_seq_limit: start + LEASE,
             ..self.sb.clone()
         };
-        self.segs.write_superblock(self.next_copy, &next)?;
-        self.sb = next;
-        self.next_copy = 1 - self.next_copy;
+        self.write_superblock(next)?;
         self.next_seg_seq = start;
         Ok(())
     }

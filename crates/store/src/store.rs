@@ -1,22 +1,31 @@
-//! The store handle: group commit of write batches into the log, the memtable readers look in,
-//! and open (superblock, lease, log replay).
+//! The store handle: group commit of write batches into the log, the memtable and the runs
+//! readers look in, memtable flush and compaction, and open (superblock, lease, manifest, log
+//! replay).
 //!
 //! Writers queue their batch; the first writer to find no leader becomes the leader, takes the
 //! queued batches (up to [`StoreOptions::max_group_bytes`]), writes them as one log frame,
 //! flushes once if any of them asked for sync, applies them to the memtable and answers every
-//! writer in the group. Readers only take the memtable's read lock.
+//! writer in the group. When the memtable has grown past [`StoreOptions::memtable_bytes`] the
+//! leader then flushes it into level-0 runs, records them and the new log start in the manifest
+//! (which frees the log segments before it) and compacts levels that are over their limit;
+//! this happens in the writer's call (no background thread yet), so that one write waits for it.
+//!
+//! Locks are taken in the order `io` (the leader's), `view` (memtable and runs; readers take it
+//! shared), `space` (the device and the slot map, held per I/O), `snapshots`.
 
 use crate::error::StoreError;
 use crate::format::frame::Op;
-use crate::format::{FormatError, MAX_KEY, MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT};
-use crate::log::{self, LogWriter};
+use crate::format::{FormatError, MAX_KEY, MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT, PAGE_SIZE};
+use crate::log::{self, LogPos, LogStart, LogWriter};
+use crate::manifest::{self, ManifestWriter};
 use crate::memtable::{Memtable, Pair};
 use crate::segments::RawSegments;
 use crate::space::Space;
+use crate::tree::{self, Merge, Output, RunHandle, Tree, MAX_LEVELS};
 use kura_engine::BlockDevice;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 /// Settings fixed when a store is created, and the write path's grouping limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,6 +36,11 @@ pub struct StoreOptions {
     pub inline_threshold: u32,
     /// Most encoded bytes one commit group writes (one batch is never split).
     pub max_group_bytes: usize,
+    /// The memtable is flushed into runs once it holds more than this (keys, values and about
+    /// 48 bytes per version): the write-buffer part of the memory budget.
+    pub memtable_bytes: usize,
+    /// Level 0 is merged into level 1 once it holds more runs than this.
+    pub l0_runs: usize,
 }
 
 impl Default for StoreOptions {
@@ -35,9 +49,14 @@ impl Default for StoreOptions {
             segment_shift: 23,
             inline_threshold: 128,
             max_group_bytes: 1 << 20,
+            memtable_bytes: 16 << 20,
+            l0_runs: 4,
         }
     }
 }
+
+/// Level `i >= 1` is merged into level `i + 1` once it holds more than `LEVEL_FANOUT^i` runs.
+const LEVEL_FANOUT: usize = 10;
 
 /// Operations applied atomically: all are durable and visible together, or none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -96,7 +115,7 @@ impl Drop for Snapshot<'_> {
     }
 }
 
-/// Counters since open.
+/// Counters since open, and the shape of the store now.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct StoreStats {
     /// Batches written (a single put or delete is a batch of one).
@@ -111,6 +130,36 @@ pub struct StoreStats {
     pub memtable_keys: u64,
     /// Versions the memtable holds (the newest of each key, and older ones snapshots need).
     pub memtable_versions: u64,
+    /// Approximate bytes the memtable holds (what [`StoreOptions::memtable_bytes`] limits).
+    pub memtable_bytes: u64,
+    /// Memtable flushes into level-0 runs.
+    pub flushes: u64,
+    /// Compactions (merges of one level into the next, or of everything by
+    /// [`Store::compact`]).
+    pub compactions: u64,
+    /// Runs per level now (level 0 first).
+    pub runs_per_level: [u32; MAX_LEVELS],
+    /// Encoded bytes of the operations written by users (keys, values, op headers).
+    pub user_bytes: u64,
+    /// Bytes written to the device: log frames, runs (flush and compaction), manifest.
+    pub log_bytes_written: u64,
+    pub run_bytes_written: u64,
+    pub manifest_bytes_written: u64,
+    /// Segment slots in use now, and on the device.
+    pub slots_used: u64,
+    pub slot_count: u64,
+}
+
+impl StoreStats {
+    /// Device bytes written per byte of user operations (log, runs and manifest together).
+    pub fn write_amplification(&self) -> f64 {
+        let device = self.log_bytes_written + self.run_bytes_written + self.manifest_bytes_written;
+        if self.user_bytes == 0 {
+            0.0
+        } else {
+            device as f64 / self.user_bytes as f64
+        }
+    }
 }
 
 struct Pending {
@@ -128,13 +177,22 @@ struct Queue {
     done: HashMap<u64, Result<(), StoreError>>,
 }
 
-/// What the leader of a commit group holds while it writes.
+/// What the leader of a commit group (or a compaction) holds while it writes.
 struct Io {
-    space: Space,
     log: LogWriter,
+    manifest: ManifestWriter,
+    /// The log start the manifest records (or the superblock, before the first flush).
+    log_start: LogStart,
     next_lsn: u64,
     /// Set by the first failed log write or flush; later writes get it back.
     stopped: Option<StoreError>,
+    run_bytes: u64,
+}
+
+/// What readers look in: the memtable and the runs below it, swapped together.
+struct View {
+    mem: Memtable,
+    tree: Arc<Tree>,
 }
 
 /// An open store.
@@ -142,21 +200,33 @@ pub struct Store {
     queue: Mutex<Queue>,
     queue_changed: Condvar,
     io: Mutex<Io>,
-    mem: RwLock<Memtable>,
-    /// Live snapshots: LSN -> how many handles hold it. Taken with `mem` held (read or write),
+    view: RwLock<View>,
+    space: Mutex<Space>,
+    /// Live snapshots: LSN -> how many handles hold it. Taken with `view` held (read or write),
     /// so a snapshot is never created between a write's pruning and its publication.
     snapshots: Mutex<BTreeMap<u64, usize>>,
     max_group_bytes: usize,
     max_payload: usize,
+    /// Largest value: one must fit a run's segment with the run's four smallest pages.
+    max_value: usize,
+    memtable_bytes: usize,
+    l0_runs: usize,
+    segment_bytes: u64,
+    segment_pages: u32,
+    inline_threshold: usize,
+    slot_count: u64,
     damage: Option<String>,
     replay_stop: FormatError,
     batches: AtomicU64,
     groups: AtomicU64,
     syncs: AtomicU64,
+    user_bytes: AtomicU64,
+    flushes: AtomicU64,
+    compactions: AtomicU64,
     replayed_frames: u64,
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     // A panicking writer cannot leave the queue or the log half-updated in a way later users
     // could misread: the log is checked on replay, so the poisoned state is still usable.
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -179,45 +249,104 @@ impl Store {
         }
         let segs = RawSegments::new(dev, opts.segment_shift)?;
         let space = Space::format(segs, opts.segment_shift, opts.inline_threshold)?;
-        Self::start(space, None, opts.max_group_bytes)
+        Self::start(space, None, opts)
     }
 
-    /// Opens the store on `dev`: picks the current superblock copy, takes a seg_seq lease and
-    /// replays the log into the memtable.
+    /// Opens the store on `dev`: picks the current superblock copy, takes a seg_seq lease, reads
+    /// the manifest and replays the log after its log start into the memtable. The memtable
+    /// limit and level-0 trigger are the defaults; [`Store::open_with`] sets them.
     pub fn open(dev: Box<dyn BlockDevice>, max_group_bytes: usize) -> Result<Store, StoreError> {
+        Self::open_with(
+            dev,
+            &StoreOptions {
+                max_group_bytes,
+                ..StoreOptions::default()
+            },
+        )
+    }
+
+    /// [`Store::open`] with the run-time settings of `opts` (its format settings,
+    /// `segment_shift` and `inline_threshold`, come from the superblock instead).
+    pub fn open_with(dev: Box<dyn BlockDevice>, opts: &StoreOptions) -> Result<Store, StoreError> {
         let (space, damage) = Space::open(dev)?;
-        Self::start(space, damage, max_group_bytes)
+        Self::start(space, damage, opts)
     }
 
     fn start(
         mut space: Space,
         damage: Option<String>,
-        max_group_bytes: usize,
+        opts: &StoreOptions,
     ) -> Result<Store, StoreError> {
+        let recorded = manifest::read(&mut space)?;
+        let sb = space.superblock().clone();
+        let start = recorded
+            .as_ref()
+            .and_then(|m| m.log_start)
+            .unwrap_or(LogStart {
+                pos: LogPos {
+                    seg: sb.log_start,
+                    page: sb.log_start_page,
+                },
+                lsn: sb.log_start_lsn,
+            });
+        let space = Mutex::new(space);
+        let tree = Tree::open(
+            recorded
+                .as_ref()
+                .map(|m| m.runs.clone())
+                .unwrap_or_default(),
+            &space,
+        )?;
+        let mut space = space.into_inner().unwrap_or_else(|p| p.into_inner());
         let mut mem = Memtable::default();
         let no_snapshots = BTreeMap::new();
-        let replayed = log::replay(&mut space, |lsn, op| mem.apply(lsn, op, &no_snapshots))?;
-        let sb = space.superblock();
-        let log = LogWriter::new(replayed.end, sb.store_tag(), sb.segment_pages());
+        let replayed = log::replay(&mut space, start, |lsn, op| {
+            mem.apply(lsn, op, &no_snapshots)
+        })?;
+        // A snapshot taken now must see what the runs hold even if the log added nothing.
+        mem.see(replayed.next_lsn - 1);
+        let log = LogWriter::new(
+            replayed.end,
+            replayed.chain,
+            sb.store_tag(),
+            sb.segment_pages(),
+        );
+        let manifest_head = recorded.is_some().then_some(sb.manifest_head);
         let max_payload = log::max_payload(sb.segment_pages());
         Ok(Store {
             queue: Mutex::new(Queue::default()),
             queue_changed: Condvar::new(),
             io: Mutex::new(Io {
-                space,
                 log,
+                manifest: ManifestWriter::new(manifest_head, sb.store_tag(), sb.segment_pages()),
+                log_start: start,
                 next_lsn: replayed.next_lsn,
                 stopped: None,
+                run_bytes: 0,
             }),
-            mem: RwLock::new(mem),
+            view: RwLock::new(View {
+                mem,
+                tree: Arc::new(tree),
+            }),
             snapshots: Mutex::new(BTreeMap::new()),
-            max_group_bytes,
+            max_group_bytes: opts.max_group_bytes,
             max_payload,
+            max_value: sb.segment_size() as usize - 4 * PAGE_SIZE,
+            memtable_bytes: opts.memtable_bytes,
+            l0_runs: opts.l0_runs.max(1),
+            segment_bytes: sb.segment_size(),
+            segment_pages: sb.segment_pages(),
+            inline_threshold: sb.inline_threshold as usize,
+            slot_count: sb.slot_count,
+            space: Mutex::new(space),
             damage,
             replay_stop: replayed.stop,
             batches: AtomicU64::new(0),
             groups: AtomicU64::new(0),
             syncs: AtomicU64::new(0),
+            user_bytes: AtomicU64::new(0),
+            flushes: AtomicU64::new(0),
+            compactions: AtomicU64::new(0),
             replayed_frames: replayed.frames,
         })
     }
@@ -247,7 +376,7 @@ impl Store {
 
     /// The newest value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.read_mem().get(key, u64::MAX))
+        self.get_as_of(key, u64::MAX)
     }
 
     /// The value of `key` as `snapshot` saw it.
@@ -256,13 +385,24 @@ impl Store {
         snapshot: &Snapshot<'_>,
         key: &[u8],
     ) -> Result<Option<Vec<u8>>, StoreError> {
-        Ok(self.read_mem().get(key, snapshot.lsn))
+        self.get_as_of(key, snapshot.lsn)
+    }
+
+    fn get_as_of(&self, key: &[u8], at: u64) -> Result<Option<Vec<u8>>, StoreError> {
+        let view = self.read_view();
+        if let Some(found) = view.mem.lookup(key, at) {
+            return Ok(found);
+        }
+        Ok(view
+            .tree
+            .get(key, at, &self.space, self.segment_bytes)?
+            .flatten())
     }
 
     /// A consistent view of the store as it is now, kept until the handle is dropped.
     pub fn snapshot(&self) -> Snapshot<'_> {
-        let mem = self.read_mem();
-        let lsn = mem.visible();
+        let view = self.read_view();
+        let lsn = view.mem.visible();
         *lock(&self.snapshots).entry(lsn).or_insert(0) += 1;
         Snapshot { store: self, lsn }
     }
@@ -277,8 +417,8 @@ impl Store {
         }
     }
 
-    fn read_mem(&self) -> std::sync::RwLockReadGuard<'_, Memtable> {
-        self.mem.read().unwrap_or_else(|p| p.into_inner())
+    fn read_view(&self) -> RwLockReadGuard<'_, View> {
+        self.view.read().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Up to `limit` live pairs with `from <= key < to` (an absent bound is open), in key order
@@ -291,7 +431,7 @@ impl Store {
         limit: usize,
         reverse: bool,
     ) -> Result<Vec<Pair>, StoreError> {
-        Ok(self.read_mem().scan(from, to, u64::MAX, limit, reverse))
+        self.scan_as_of(from, to, u64::MAX, limit, reverse)
     }
 
     /// [`Store::scan`] as `snapshot` saw the store.
@@ -303,7 +443,36 @@ impl Store {
         limit: usize,
         reverse: bool,
     ) -> Result<Vec<Pair>, StoreError> {
-        Ok(self.read_mem().scan(from, to, snapshot.lsn, limit, reverse))
+        self.scan_as_of(from, to, snapshot.lsn, limit, reverse)
+    }
+
+    fn scan_as_of(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        at: u64,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<Vec<Pair>, StoreError> {
+        let mut out = Vec::new();
+        if limit == 0 || from.zip(to).is_some_and(|(f, t)| f >= t) {
+            return Ok(out);
+        }
+        let view = self.read_view();
+        let sources = tree::sources(Some(&view.mem), &view.tree, from, to, reverse, &self.space);
+        let mut merge = Merge::new(sources, reverse);
+        while out.len() < limit {
+            let Some((key, versions)) = merge.next_key()? else {
+                break;
+            };
+            let Some((_, value)) = versions.into_iter().find(|(lsn, _)| *lsn <= at) else {
+                continue;
+            };
+            if let Some(value) = value.load(&self.space, self.segment_bytes)? {
+                out.push((key, value));
+            }
+        }
+        Ok(out)
     }
 
     /// Writes `batch` atomically; with `sync`, returns only once it is durable.
@@ -316,6 +485,17 @@ impl Store {
                 what: "key",
                 need: op.key().len(),
                 room: MAX_KEY,
+            }));
+        }
+        let largest = batch.ops.iter().map(|op| match op {
+            Op::Put { value, .. } => value.len(),
+            Op::Delete { .. } => 0,
+        });
+        if let Some(len) = largest.max().filter(|&len| len > self.max_value) {
+            return Err(StoreError::Refused(FormatError::TooLarge {
+                what: "value",
+                need: len,
+                room: self.max_value,
             }));
         }
         if batch.bytes > self.max_payload {
@@ -375,7 +555,7 @@ impl Store {
     }
 
     /// Writes a group as one frame, flushes when any batch asked for sync, then makes it
-    /// visible.
+    /// visible; flushes the memtable into runs when it has grown past its limit.
     fn commit(&self, group: &[Pending]) -> Result<(), StoreError> {
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
@@ -395,11 +575,12 @@ impl Store {
         }
         let first_lsn = io.next_lsn;
         let sync = group.iter().any(|p| p.sync);
-        let io = &mut *io;
-        let written = io
-            .log
-            .append(&mut io.space, first_lsn, count, &payload)
-            .and_then(|()| if sync { io.space.segs.flush() } else { Ok(()) });
+        let written = {
+            let mut space = lock(&self.space);
+            io.log
+                .append(&mut space, first_lsn, count, &payload)
+                .and_then(|()| if sync { space.segs.flush() } else { Ok(()) })
+        };
         if let Err(e) = written {
             // A refused batch left nothing behind; a device failure leaves the log's tail
             // unknown, so no later frame may follow it.
@@ -410,24 +591,207 @@ impl Store {
         }
         io.next_lsn += u64::from(count);
         self.groups.fetch_add(1, Ordering::Relaxed);
+        self.user_bytes
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
         if sync {
             self.syncs.fetch_add(1, Ordering::Relaxed);
         }
-        let mut mem = self.mem.write().unwrap_or_else(|p| p.into_inner());
-        let snapshots = lock(&self.snapshots);
-        for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
-            mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
+        let full = {
+            let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
+            let snapshots = lock(&self.snapshots);
+            for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
+                view.mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
+            }
+            view.mem.bytes() > self.memtable_bytes
+        };
+        if full {
+            // The group is durable (if asked) and visible whatever the flush does: a flush that
+            // finds no room is retried at the next write; a device failure stops later writes.
+            if let Err(e) = self
+                .flush_locked(&mut io)
+                .and_then(|()| self.compact_due(&mut io))
+            {
+                if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
+                    io.stopped = Some(e);
+                }
+            }
         }
         Ok(())
     }
 
-    /// Makes every write so far durable.
-    pub fn sync(&self) -> Result<(), StoreError> {
+    /// Writes the memtable as level-0 runs, records them with the log start after them, and
+    /// frees the log segments before it.
+    fn flush_locked(&self, io: &mut Io) -> Result<(), StoreError> {
+        let (handles, written) = {
+            let view = self.read_view();
+            if view.mem.is_empty() {
+                return Ok(());
+            }
+            let mut out = Output::new(&self.space, 0, self.segment_pages, self.inline_threshold);
+            for (key, versions) in view.mem.range(None, None, false) {
+                for (lsn, value) in versions.iter().rev() {
+                    out.add(key, *lsn, value.clone())?;
+                }
+            }
+            out.finish()?
+        };
+        let start = LogStart {
+            pos: io.log.pos(),
+            lsn: io.next_lsn,
+        };
+        let mut tree = Tree::clone(&*self.read_view().tree);
+        let new: Vec<Arc<RunHandle>> = handles.into_iter().map(Arc::new).collect();
+        tree.levels[0].splice(0..0, new);
+        self.install(io, tree, start, written, &[], true)?;
+        let mut space = lock(&self.space);
+        for seg in io.log.trim_before(start.pos) {
+            space.free(seg.slot);
+        }
+        drop(space);
+        self.flushes.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Records `tree` and `start` in the manifest, then makes them what readers see (with an
+    /// empty memtable after a flush) and frees the segments of `dropped` runs.
+    fn install(
+        &self,
+        io: &mut Io,
+        tree: Tree,
+        start: LogStart,
+        written: u64,
+        dropped: &[Arc<RunHandle>],
+        flushed: bool,
+    ) -> Result<(), StoreError> {
+        let recorded = {
+            let mut space = lock(&self.space);
+            io.manifest
+                .record(&mut space, io.next_lsn, &tree.metas(), start)
+        };
+        if let Err(e) = recorded {
+            // The new runs are not named by anything durable: give their segments back.
+            let old = Arc::clone(&self.read_view().tree);
+            let mut space = lock(&self.space);
+            for h in tree.runs() {
+                if !old.runs().any(|o| o.meta.run == h.meta.run) {
+                    space.free(h.meta.run.slot);
+                }
+            }
+            return Err(e);
+        }
+        io.run_bytes += written;
+        {
+            let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
+            if flushed {
+                view.mem.clear();
+            }
+            view.tree = Arc::new(tree);
+        }
+        io.log_start = start;
+        let mut space = lock(&self.space);
+        for h in dropped {
+            space.free(h.meta.run.slot);
+        }
+        Ok(())
+    }
+
+    /// Merges levels over their limits into the next, from level 0 down.
+    fn compact_due(&self, io: &mut Io) -> Result<(), StoreError> {
+        loop {
+            let tree = Arc::clone(&self.read_view().tree);
+            let due = (0..MAX_LEVELS - 1).find(|&l| {
+                let limit = if l == 0 {
+                    self.l0_runs
+                } else {
+                    LEVEL_FANOUT.saturating_pow(l as u32)
+                };
+                tree.levels[l].len() > limit
+            });
+            let Some(level) = due else {
+                return Ok(());
+            };
+            self.merge_levels(io, &tree, level, level + 1)?;
+        }
+    }
+
+    /// Merges every run of levels `first..=last` into new runs at `last`, keeping the versions
+    /// live snapshots need and dropping tombstones when nothing lies below `last`.
+    fn merge_levels(
+        &self,
+        io: &mut Io,
+        tree: &Tree,
+        first: usize,
+        last: usize,
+    ) -> Result<(), StoreError> {
+        let mut inputs = Tree::default();
+        for l in first..=last {
+            inputs.levels[l] = tree.levels[l].clone();
+        }
+        let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
+        let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
+        let (handles, written) = {
+            let sources = tree::sources(None, &inputs, None, None, false, &self.space);
+            let mut merge = Merge::new(sources, false);
+            let mut out = Output::new(
+                &self.space,
+                last as u8,
+                self.segment_pages,
+                self.inline_threshold,
+            );
+            while let Some((key, versions)) = merge.next_key()? {
+                for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
+                    let value = value.load(&self.space, self.segment_bytes)?;
+                    out.add(&key, lsn, value)?;
+                }
+            }
+            out.finish()?
+        };
+        let mut next = tree.clone();
+        for l in first..=last {
+            next.levels[l].clear();
+        }
+        next.levels[last] = handles.into_iter().map(Arc::new).collect();
+        let dropped: Vec<Arc<RunHandle>> = inputs.runs().cloned().collect();
+        let start = io.log_start;
+        self.install(io, next, start, written, &dropped, false)?;
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Flushes the memtable and merges every run into one sorted level (the deepest one in
+    /// use, at least level 1), dropping versions no live snapshot needs and every tombstone;
+    /// frees the segments of the runs it replaced.
+    pub fn compact(&self) -> Result<(), StoreError> {
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
         }
-        io.space.segs.flush()?;
+        let result = self.flush_locked(&mut io).and_then(|()| {
+            let tree = Arc::clone(&self.read_view().tree);
+            if tree.runs().next().is_none() {
+                return Ok(());
+            }
+            let last = (1..MAX_LEVELS)
+                .rev()
+                .find(|&l| !tree.levels[l].is_empty())
+                .unwrap_or(1);
+            self.merge_levels(&mut io, &tree, 0, last)
+        });
+        if let Err(e) = &result {
+            if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
+                io.stopped = Some(e.clone());
+            }
+        }
+        result
+    }
+
+    /// Makes every write so far durable.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        let io = lock(&self.io);
+        if let Some(e) = &io.stopped {
+            return Err(StoreError::Stopped(e.to_string()));
+        }
+        lock(&self.space).segs.flush()?;
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -438,14 +802,34 @@ impl Store {
     }
 
     pub fn stats(&self) -> StoreStats {
-        let mem = self.read_mem();
+        let io = lock(&self.io);
+        let view = self.read_view();
+        let mut runs_per_level = [0u32; MAX_LEVELS];
+        for (n, level) in runs_per_level.iter_mut().zip(&view.tree.levels) {
+            *n = level.len() as u32;
+        }
         StoreStats {
             batches: self.batches.load(Ordering::Relaxed),
             groups: self.groups.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             replayed_frames: self.replayed_frames,
-            memtable_keys: mem.live_keys(),
-            memtable_versions: mem.versions(),
+            memtable_keys: view.mem.live_keys(),
+            memtable_versions: view.mem.versions(),
+            memtable_bytes: view.mem.bytes() as u64,
+            flushes: self.flushes.load(Ordering::Relaxed),
+            compactions: self.compactions.load(Ordering::Relaxed),
+            runs_per_level,
+            user_bytes: self.user_bytes.load(Ordering::Relaxed),
+            log_bytes_written: io.log.written(),
+            run_bytes_written: io.run_bytes,
+            manifest_bytes_written: io.manifest.written(),
+            slots_used: lock(&self.space).used(),
+            slot_count: self.slot_count,
         }
+    }
+
+    /// Segments the log chain holds now (from the log start to its end).
+    pub fn log_segments(&self) -> usize {
+        lock(&self.io).log.segments()
     }
 }

@@ -8,11 +8,16 @@
 //! synced batch and is reopened, which must show that batch on top: writing after recovery never
 //! brings back frames the crash left behind the log's end.
 //!
+//! The memtable holds 32 KiB, so the workload flushes it into runs every few writes, merges
+//! level 0 into level 1 every third flush and compacts everything twice: cut points fall
+//! inside run writes, manifest checkpoints, manifest segment switches and freed-then-reused
+//! log and run segments.
+//!
 //! `KURA_STORE_CRASH_POINTS` sets the cut points per block size (default 260, two block sizes: 520 in all).
 
 mod common;
 
-use common::{options, ram_disk, reopen};
+use common::{ram_disk, reopen, small_memtable};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
@@ -36,7 +41,7 @@ fn run_workload(
     block_size: u32,
     seed: u64,
 ) -> (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History) {
-    let dev = ram_disk(8, block_size);
+    let dev = ram_disk(16, block_size);
     let base = dev.storage().lock().expect("storage").clone();
     let fault = FaultDevice::new(
         Box::new(dev),
@@ -46,7 +51,7 @@ fn run_workload(
         },
     );
     let control = fault.control();
-    let store = Store::create(Box::new(fault), &options()).expect("create");
+    let store = Store::create(Box::new(fault), &small_memtable(32 << 10)).expect("create");
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut state = State::new();
     let mut history = History {
@@ -81,6 +86,9 @@ fn run_workload(
         }
         let submitted = control.trace().len();
         store.write(batch, sync).expect("write");
+        if op % 100 == 99 {
+            store.compact().expect("compact");
+        }
         history.states.push(state.clone());
         history.submitted_at.push(submitted);
         if sync {
@@ -89,6 +97,11 @@ fn run_workload(
                 .push((control.trace().len(), history.states.len() - 1));
         }
     }
+    let stats = store.stats();
+    assert!(
+        stats.flushes >= 10 && stats.compactions >= 4,
+        "the workload should flush and compact often: {stats:?}"
+    );
     store.close().expect("close");
     (base, control.trace(), history)
 }

@@ -1,10 +1,12 @@
-//! The store against a `BTreeMap` model: random puts, deletes, batches and reopens (clean and
-//! without close) on a RAM disk, every get compared; group commit under concurrent sync
-//! writers; damaged superblocks and log frames.
+//! The store against a `BTreeMap` model: random puts, deletes, batches, compactions and reopens
+//! (clean and without close) on a RAM disk with a memtable small enough that it is flushed into
+//! runs every few writes, every get and scan compared; snapshots across flushes and
+//! compactions; group commit under concurrent sync writers; damaged superblocks and log frames;
+//! a store many times larger than its memtable, overwritten until its space must be reclaimed.
 
 mod common;
 
-use common::{options, ram_disk, reopen};
+use common::{options, ram_disk, reopen, reopen_with, small_memtable};
 use kura_engine::backend::mem::MemStorage;
 use kura_engine::{BlockDevice, Completion, DriveStats, Geometry, Opcode, Rejected, Request};
 use kura_store::format::{FormatError, MAX_KEY, PAGE_SIZE};
@@ -24,6 +26,7 @@ enum Action {
     Scan(Option<u8>, Option<u8>, usize, bool),
     Reopen,
     DropAndReopen,
+    Compact,
 }
 
 fn key(k: u8) -> Vec<u8> {
@@ -42,6 +45,7 @@ fn action() -> impl Strategy<Value = Action> {
             .prop_map(|(f, t, n, r)| Action::Scan(f, t, n, r)),
         1 => Just(Action::Reopen),
         1 => Just(Action::DropAndReopen),
+        1 => Just(Action::Compact),
     ]
 }
 
@@ -75,7 +79,8 @@ fn check_all(store: &Store, model: &BTreeMap<Vec<u8>, Vec<u8>>) -> Result<(), Te
             k
         );
     }
-    prop_assert_eq!(store.stats().memtable_keys, model.len() as u64);
+    let all = store.scan(None, None, usize::MAX, false).expect("scan");
+    prop_assert_eq!(all.len(), model.len());
     Ok(())
 }
 
@@ -84,11 +89,12 @@ proptest! {
 
     #[test]
     fn store_matches_a_btreemap_across_reopens(actions in vec(action(), 1..120)) {
-        // Every reopen followed by a write starts a fresh 1 MiB segment (the log is never
-        // trimmed yet), so the disk holds more slots than a case can reopen.
-        let dev = ram_disk(160, 4096);
+        // A 16 KiB memtable: values average 1.5 KiB, so a flush every ten puts or so, and
+        // level 0 merged into level 1 every third flush.
+        let opts = small_memtable(16 << 10);
+        let dev = ram_disk(40, 4096);
         let storage: MemStorage = dev.storage();
-        let mut store = Store::create(Box::new(dev), &options()).expect("create");
+        let mut store = Store::create(Box::new(dev), &opts).expect("create");
         let mut model = BTreeMap::new();
         for a in actions {
             match a {
@@ -114,13 +120,20 @@ proptest! {
                 }
                 Action::Reopen => {
                     store.close().expect("close");
-                    store = reopen(&storage);
+                    store = reopen_with(&storage, &opts);
                     check_all(&store, &model)?;
                 }
                 // The RAM disk has no volatile cache, so even unsynced writes are on it.
                 Action::DropAndReopen => {
                     drop(store);
-                    store = reopen(&storage);
+                    store = reopen_with(&storage, &opts);
+                    check_all(&store, &model)?;
+                }
+                Action::Compact => {
+                    store.compact().expect("compact");
+                    let stats = store.stats();
+                    prop_assert_eq!(stats.runs_per_level[0], 0);
+                    prop_assert!(stats.runs_per_level.iter().filter(|&&n| n > 0).count() <= 1, "{:?}", stats.runs_per_level);
                     check_all(&store, &model)?;
                 }
             }
@@ -293,12 +306,22 @@ fn oversized_input_is_refused_and_the_store_goes_on() {
         matches!(refused, Err(StoreError::Refused(_))),
         "{refused:?}"
     );
+    // The largest value leaves a run's segment its four smallest pages (format section 1).
+    let largest = (1 << 20) - 4 * PAGE_SIZE;
+    let refused = store.put(b"k", &vec![0; largest + 1], true);
+    assert!(
+        matches!(refused, Err(StoreError::Refused(_))),
+        "{refused:?}"
+    );
     store
-        .put(b"k", &vec![5; (1 << 20) - 3 * PAGE_SIZE], true)
+        .put(&[7; MAX_KEY], &vec![5; largest], true)
         .expect("largest value fits");
+    // ... in the log and, after a flush, in a run.
+    store.compact().expect("compact");
+    assert_eq!(store.stats().runs_per_level[1], 1);
     assert_eq!(
-        store.get(b"k").expect("get").map(|v| v.len()),
-        Some((1 << 20) - 3 * PAGE_SIZE)
+        store.get(&[7; MAX_KEY]).expect("get").map(|v| v.len()),
+        Some(largest)
     );
 }
 
@@ -329,6 +352,7 @@ enum SnapAction {
     Take,
     Release(prop::sample::Index),
     Check(prop::sample::Index, Option<u8>, Option<u8>, bool),
+    Compact,
 }
 
 fn snap_action() -> impl Strategy<Value = SnapAction> {
@@ -340,6 +364,7 @@ fn snap_action() -> impl Strategy<Value = SnapAction> {
         1 => any::<prop::sample::Index>().prop_map(SnapAction::Release),
         3 => (any::<prop::sample::Index>(), proptest::option::of(0u8..22), proptest::option::of(0u8..22), any::<bool>())
             .prop_map(|(i, f, t, r)| SnapAction::Check(i, f, t, r)),
+        1 => Just(SnapAction::Compact),
     ]
 }
 
@@ -347,10 +372,11 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(32))]
 
     /// Every snapshot keeps answering gets and scans as the store was when it was taken, while
-    /// writes go on; the present state matches the model throughout.
+    /// writes, flushes (a 2 KiB memtable) and compactions go on; the present state matches the
+    /// model throughout.
     #[test]
     fn snapshots_keep_their_view(actions in vec(snap_action(), 1..150)) {
-        let store = Store::create(Box::new(ram_disk(8, 4096)), &options()).expect("create");
+        let store = Store::create(Box::new(ram_disk(24, 4096)), &small_memtable(2 << 10)).expect("create");
         let mut model = BTreeMap::new();
         let mut snaps = Vec::new();
         for a in actions {
@@ -367,6 +393,7 @@ proptest! {
                     store.write(batch_into(ops, &mut model), false).expect("batch");
                 }
                 SnapAction::Take => snaps.push((store.snapshot(), model.clone())),
+                SnapAction::Compact => store.compact().expect("compact"),
                 SnapAction::Release(i) => {
                     if !snaps.is_empty() {
                         snaps.remove(i.index(snaps.len()));

@@ -1,0 +1,484 @@
+//! The index below the memtable: runs by level, lookups and merged walks over the memtable and
+//! the runs (newest version wins, a tombstone hides older values, a snapshot sees only versions
+//! at or below its LSN), and writing sorted versions out as new runs (memtable flush and
+//! compaction).
+//!
+//! Order within a level is lookup order: level 0 holds flushes newest first (the runs of one
+//! flush in key order), every other level its runs in key order. Two neighbouring runs of one
+//! output may share a boundary key, the first holding its newer versions; so a lookup takes the
+//! first run, in that order, holding a version at or below the LSN sought.
+
+use crate::error::StoreError;
+use crate::format::frame::ValuePointer;
+use crate::format::manifest::RunMeta;
+use crate::format::page::{LeafEntry, LeafValue};
+use crate::format::{FormatError, SegRef};
+use crate::memtable::Memtable;
+use crate::run::{Run, RunBuilder};
+use crate::space::Space;
+use crate::store::lock;
+use std::cmp::Reverse;
+use std::iter::Peekable;
+use std::sync::{Arc, Mutex};
+
+/// Levels of the tree (level 0 and seven sorted levels).
+pub(crate) const MAX_LEVELS: usize = 8;
+/// Bloom filter bits per key of every run.
+pub(crate) const BITS_PER_KEY: u32 = 10;
+
+/// One run: what the manifest records of it and its in-memory part.
+pub(crate) struct RunHandle {
+    pub(crate) meta: RunMeta,
+    pub(crate) run: Run,
+}
+
+/// The runs, by level.
+#[derive(Clone)]
+pub(crate) struct Tree {
+    pub(crate) levels: Vec<Vec<Arc<RunHandle>>>,
+}
+
+impl Default for Tree {
+    fn default() -> Self {
+        Tree {
+            levels: vec![Vec::new(); MAX_LEVELS],
+        }
+    }
+}
+
+/// Reads single pages of one slot.
+fn page_reader(
+    space: &Mutex<Space>,
+    slot: u64,
+) -> impl FnMut(u32) -> Result<Vec<u8>, StoreError> + '_ {
+    move |page| lock(space).segs.read(slot, page, 1)
+}
+
+fn corrupt_manifest(what: &'static str, value: u64) -> StoreError {
+    StoreError::Corrupt {
+        place: "manifest".into(),
+        source: FormatError::BadField { what, value },
+    }
+}
+
+impl Tree {
+    /// Opens the runs the manifest lists (footers and bloom filters are read and checked).
+    pub(crate) fn open(metas: Vec<RunMeta>, space: &Mutex<Space>) -> Result<Tree, StoreError> {
+        let mut tree = Tree::default();
+        for meta in metas {
+            let level = meta.level as usize;
+            if level >= MAX_LEVELS {
+                return Err(corrupt_manifest("run level", level as u64));
+            }
+            let run = Run::open(
+                meta.run.seg_seq,
+                meta.pages,
+                &mut page_reader(space, meta.run.slot),
+            )?;
+            let f = run.footer();
+            if f.entries != meta.entries || f.smallest != meta.smallest || f.largest != meta.largest
+            {
+                return Err(corrupt_manifest(
+                    "run footer disagreeing with the manifest",
+                    meta.run.slot,
+                ));
+            }
+            tree.levels[level].push(Arc::new(RunHandle { meta, run }));
+        }
+        Ok(tree)
+    }
+
+    /// Every run's record, in lookup order level by level (what the manifest stores).
+    pub(crate) fn metas(&self) -> Vec<RunMeta> {
+        self.levels
+            .iter()
+            .flatten()
+            .map(|h| h.meta.clone())
+            .collect()
+    }
+
+    pub(crate) fn runs(&self) -> impl Iterator<Item = &Arc<RunHandle>> {
+        self.levels.iter().flatten()
+    }
+
+    /// The newest version of `key` at or below `at` in the runs: `Some(None)` for a tombstone.
+    pub(crate) fn get(
+        &self,
+        key: &[u8],
+        at: u64,
+        space: &Mutex<Space>,
+        segment_bytes: u64,
+    ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
+        for h in self.runs() {
+            if key < h.meta.smallest.as_slice() || key > h.meta.largest.as_slice() {
+                continue;
+            }
+            let found = h
+                .run
+                .get(key, at, &mut page_reader(space, h.meta.run.slot))?;
+            if let Some(entry) = found {
+                let value = match entry.value {
+                    LeafValue::Inline(v) => Some(v),
+                    LeafValue::Pointer(p) => Some(read_value(h, &p, space, segment_bytes)?),
+                    LeafValue::Tombstone => None,
+                };
+                return Ok(Some(value));
+            }
+        }
+        Ok(None)
+    }
+}
+
+/// The value a pointer of run `h` names.
+pub(crate) fn read_value(
+    h: &RunHandle,
+    pointer: &ValuePointer,
+    space: &Mutex<Space>,
+    segment_bytes: u64,
+) -> Result<Vec<u8>, StoreError> {
+    let slot = h.meta.run.slot;
+    h.run
+        .read_value(slot, segment_bytes, pointer, &mut |first, pages| {
+            lock(space).segs.read(slot, first, pages)
+        })
+}
+
+/// A version's value as a merge sees it; separated values are read only when needed.
+pub(crate) enum Val<'a> {
+    Bytes(Vec<u8>),
+    Pointer(&'a RunHandle, ValuePointer),
+    Tombstone,
+}
+
+impl Val<'_> {
+    /// The value bytes (`None` for a tombstone), reading a separated value.
+    pub(crate) fn load(
+        self,
+        space: &Mutex<Space>,
+        segment_bytes: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        match self {
+            Val::Bytes(v) => Ok(Some(v)),
+            Val::Pointer(h, p) => read_value(h, &p, space, segment_bytes).map(Some),
+            Val::Tombstone => Ok(None),
+        }
+    }
+}
+
+type Item<'a> = Result<(Vec<u8>, u64, Val<'a>), StoreError>;
+type Source<'a> = Peekable<Box<dyn Iterator<Item = Item<'a>> + 'a>>;
+
+/// The memtable's versions in a range, as a merge source.
+pub(crate) fn mem_source<'a>(
+    mem: &'a Memtable,
+    from: Option<&'a [u8]>,
+    to: Option<&'a [u8]>,
+    reverse: bool,
+) -> Source<'a> {
+    let it = mem.range(from, to, reverse).flat_map(|(k, versions)| {
+        versions.iter().rev().map(move |(lsn, v)| {
+            Ok((
+                k.clone(),
+                *lsn,
+                v.clone().map_or(Val::Tombstone, Val::Bytes),
+            ))
+        })
+    });
+    (Box::new(it) as Box<dyn Iterator<Item = Item<'a>> + 'a>).peekable()
+}
+
+fn entry_item(h: &RunHandle, e: Result<LeafEntry, StoreError>) -> Item<'_> {
+    let e = e?;
+    let v = match e.value {
+        LeafValue::Inline(v) => Val::Bytes(v),
+        LeafValue::Pointer(p) => Val::Pointer(h, p),
+        LeafValue::Tombstone => Val::Tombstone,
+    };
+    Ok((e.key, e.lsn, v))
+}
+
+/// The entries of consecutive runs (one level, or one run) in a range, as one merge source.
+pub(crate) fn runs_source<'a>(
+    runs: &'a [Arc<RunHandle>],
+    from: Option<&'a [u8]>,
+    to: Option<&'a [u8]>,
+    reverse: bool,
+    space: &'a Mutex<Space>,
+) -> Source<'a> {
+    let overlapping = runs.iter().filter(move |h| {
+        from.is_none_or(|f| h.meta.largest.as_slice() >= f)
+            && to.is_none_or(|t| h.meta.smallest.as_slice() < t)
+    });
+    let each = move |h: &'a Arc<RunHandle>| {
+        let read: Box<crate::run::ReadPage<'a>> = Box::new(page_reader(space, h.meta.run.slot));
+        let h: &'a RunHandle = h;
+        h.run
+            .iter(
+                from.map(<[u8]>::to_vec),
+                to.map(<[u8]>::to_vec),
+                reverse,
+                read,
+            )
+            .map(move |e| entry_item(h, e))
+    };
+    let it: Box<dyn Iterator<Item = Item<'a>> + 'a> = if reverse {
+        Box::new(overlapping.rev().flat_map(each))
+    } else {
+        Box::new(overlapping.flat_map(each))
+    };
+    it.peekable()
+}
+
+/// The sources of a walk over the memtable (if given) and every run of `tree`.
+pub(crate) fn sources<'a>(
+    mem: Option<&'a Memtable>,
+    tree: &'a Tree,
+    from: Option<&'a [u8]>,
+    to: Option<&'a [u8]>,
+    reverse: bool,
+    space: &'a Mutex<Space>,
+) -> Vec<Source<'a>> {
+    let mut out = Vec::new();
+    if let Some(mem) = mem {
+        out.push(mem_source(mem, from, to, reverse));
+    }
+    for h in &tree.levels[0] {
+        out.push(runs_source(
+            std::slice::from_ref(h),
+            from,
+            to,
+            reverse,
+            space,
+        ));
+    }
+    for level in &tree.levels[1..] {
+        if !level.is_empty() {
+            out.push(runs_source(level, from, to, reverse, space));
+        }
+    }
+    out
+}
+
+/// Merges sources key by key.
+pub(crate) struct Merge<'a> {
+    sources: Vec<Source<'a>>,
+    reverse: bool,
+}
+
+/// One key and its versions from every source, newest first.
+pub(crate) type Versions<'a> = (Vec<u8>, Vec<(u64, Val<'a>)>);
+
+impl<'a> Merge<'a> {
+    pub(crate) fn new(sources: Vec<Source<'a>>, reverse: bool) -> Self {
+        Merge { sources, reverse }
+    }
+
+    /// The next key in the walk's direction with all its versions.
+    pub(crate) fn next_key(&mut self) -> Result<Option<Versions<'a>>, StoreError> {
+        let mut best: Option<Vec<u8>> = None;
+        for s in &mut self.sources {
+            match s.peek() {
+                None => {}
+                Some(Err(_)) => {
+                    if let Some(Err(e)) = s.next() {
+                        return Err(e);
+                    }
+                }
+                Some(Ok((k, _, _))) => {
+                    let better = best
+                        .as_ref()
+                        .is_none_or(|b| if self.reverse { k > b } else { k < b });
+                    if better {
+                        best = Some(k.clone());
+                    }
+                }
+            }
+        }
+        let Some(key) = best else {
+            return Ok(None);
+        };
+        let mut versions = Vec::new();
+        for s in &mut self.sources {
+            while s
+                .peek()
+                .is_some_and(|i| matches!(i, Ok((k, _, _)) if *k == key))
+            {
+                if let Some(Ok((_, lsn, v))) = s.next() {
+                    versions.push((lsn, v));
+                }
+            }
+        }
+        versions.sort_by_key(|(lsn, _)| Reverse(*lsn));
+        versions.dedup_by_key(|(lsn, _)| *lsn);
+        Ok(Some((key, versions)))
+    }
+}
+
+/// The versions a compaction keeps: the newest, and for each live snapshot the newest at or
+/// below it; at the last level, tombstones with nothing older kept below them go too.
+pub(crate) fn retain<'a>(
+    versions: Vec<(u64, Val<'a>)>,
+    snapshots: &[u64],
+    bottom: bool,
+) -> Vec<(u64, Val<'a>)> {
+    let mut keep = vec![false; versions.len()];
+    if let Some(first) = keep.first_mut() {
+        *first = true;
+    }
+    for &s in snapshots {
+        if let Some(i) = versions.iter().position(|(lsn, _)| *lsn <= s) {
+            keep[i] = true;
+        }
+    }
+    let mut out: Vec<_> = versions
+        .into_iter()
+        .zip(keep)
+        .filter_map(|(v, k)| k.then_some(v))
+        .collect();
+    if bottom {
+        while matches!(out.last(), Some((_, Val::Tombstone))) {
+            out.pop();
+        }
+    }
+    out
+}
+
+/// Writes sorted versions as runs of one level, cutting a new run when a segment is full.
+pub(crate) struct Output<'a> {
+    space: &'a Mutex<Space>,
+    level: u8,
+    segment_pages: u32,
+    inline_threshold: usize,
+    current: Option<(SegRef, RunBuilder)>,
+    done: Vec<RunHandle>,
+    allocated: Vec<SegRef>,
+    /// Device bytes written so far.
+    pub(crate) written: u64,
+}
+
+impl<'a> Output<'a> {
+    pub(crate) fn new(
+        space: &'a Mutex<Space>,
+        level: u8,
+        segment_pages: u32,
+        inline_threshold: usize,
+    ) -> Self {
+        Output {
+            space,
+            level,
+            segment_pages,
+            inline_threshold,
+            current: None,
+            done: Vec::new(),
+            allocated: Vec::new(),
+            written: 0,
+        }
+    }
+
+    /// Adds the next version (keys ascending, LSNs descending within a key).
+    pub(crate) fn add(
+        &mut self,
+        key: &[u8],
+        lsn: u64,
+        value: Option<Vec<u8>>,
+    ) -> Result<(), StoreError> {
+        let (inline, separated) = match &value {
+            None => (0, 0),
+            Some(v) if v.len() <= self.inline_threshold => (v.len(), 0),
+            Some(v) => (ValuePointer::ENCODED_LEN, v.len()),
+        };
+        let full = self
+            .current
+            .as_ref()
+            .is_some_and(|(_, b)| !b.fits(key.len(), inline, separated, BITS_PER_KEY));
+        if full {
+            self.finish_current()?;
+        }
+        let builder = match &mut self.current {
+            Some((_, b)) => b,
+            None => {
+                let seg = lock(self.space).allocate()?;
+                self.allocated.push(seg);
+                let b = RunBuilder::for_segment(seg, self.segment_pages);
+                if !b.fits(key.len(), inline, separated, BITS_PER_KEY) {
+                    return Err(StoreError::Refused(FormatError::TooLarge {
+                        what: "version in an empty run",
+                        need: separated + inline + key.len(),
+                        room: self.segment_pages as usize * crate::format::PAGE_SIZE,
+                    }));
+                }
+                &mut self.current.insert((seg, b)).1
+            }
+        };
+        let added = match value {
+            Some(v) if separated > 0 => builder.add_separated(key.to_vec(), lsn, v),
+            value => builder.add(LeafEntry {
+                key: key.to_vec(),
+                lsn,
+                value: value.map_or(LeafValue::Tombstone, LeafValue::Inline),
+            }),
+        };
+        added.map_err(StoreError::Refused)
+    }
+
+    fn finish_current(&mut self) -> Result<(), StoreError> {
+        let Some((seg, mut b)) = self.current.take() else {
+            return Ok(());
+        };
+        let (first_value_page, area) = b.take_values();
+        let (pages, footer) = b.finish(BITS_PER_KEY).map_err(StoreError::Refused)?;
+        {
+            let mut space = lock(self.space);
+            space.segs.write(seg.slot, 0, &pages)?;
+            if !area.is_empty() {
+                space.segs.write(seg.slot, first_value_page, &area)?;
+            }
+        }
+        self.written += (pages.len() + area.len()) as u64;
+        let run = Run::open(
+            seg.seg_seq,
+            footer.total_pages,
+            &mut page_reader(self.space, seg.slot),
+        )?;
+        let meta = RunMeta {
+            level: self.level,
+            run: seg,
+            pages: footer.total_pages,
+            entries: footer.entries,
+            min_lsn: footer.min_lsn,
+            max_lsn: footer.max_lsn,
+            smallest: footer.smallest,
+            largest: footer.largest,
+        };
+        self.done.push(RunHandle { meta, run });
+        Ok(())
+    }
+
+    /// The runs written, made durable (empty when nothing was added).
+    pub(crate) fn finish(mut self) -> Result<(Vec<RunHandle>, u64), StoreError> {
+        let result = self.finish_current().and_then(|()| {
+            if self.done.is_empty() {
+                Ok(())
+            } else {
+                lock(self.space).segs.flush()
+            }
+        });
+        result?;
+        self.allocated.clear();
+        Ok((std::mem::take(&mut self.done), self.written))
+    }
+}
+
+impl Drop for Output<'_> {
+    /// An output dropped before [`Output::finish`] succeeded gives back every segment it
+    /// took: nothing durable names them.
+    fn drop(&mut self) {
+        if self.allocated.is_empty() {
+            return;
+        }
+        let mut space = lock(self.space);
+        for seg in self.allocated.drain(..) {
+            space.free(seg.slot);
+        }
+    }
+}

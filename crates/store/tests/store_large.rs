@@ -1,0 +1,122 @@
+//! A store many times larger than its memtable: 50k keys through a 256 KiB memtable (so dozens
+//! of flushes and several compactions), some deleted and overwritten, every key checked against
+//! a `BTreeMap` before and after reopening; then the same keys overwritten round after round,
+//! writing several times the device's size, which only works if flushes free log segments and
+//! compactions free the runs they replace.
+
+mod common;
+
+use common::{ram_disk, reopen_with, SHIFT};
+use kura_store::{Store, StoreOptions, WriteBatch};
+use std::collections::BTreeMap;
+
+const KEYS: u32 = 50_000;
+
+fn opts() -> StoreOptions {
+    StoreOptions {
+        segment_shift: SHIFT,
+        memtable_bytes: 256 << 10,
+        ..StoreOptions::default()
+    }
+}
+
+fn key(i: u32) -> Vec<u8> {
+    format!("key{:08}", i.wrapping_mul(2_654_435_761) % 1_000_000_007).into_bytes()
+}
+
+/// Mostly 100-byte values (inline in runs), every 97th 3000 bytes (in the run's value area).
+fn value(i: u32, round: u32) -> Vec<u8> {
+    let len = if i.is_multiple_of(97) { 3000 } else { 100 };
+    (0..len)
+        .map(|b| (b as u32 ^ i ^ round.wrapping_mul(31)) as u8)
+        .collect()
+}
+
+/// Every key by a full scan; by `get`, every `step`th live key and deleted key.
+fn check(store: &Store, model: &BTreeMap<Vec<u8>, Vec<u8>>, deleted: &[Vec<u8>], step: usize) {
+    for (k, v) in model.iter().step_by(step) {
+        assert_eq!(store.get(k).expect("get").as_ref(), Some(v), "{k:?}");
+    }
+    for k in deleted.iter().step_by(step) {
+        assert_eq!(store.get(k).expect("get"), None, "deleted {k:?}");
+    }
+    let all = store.scan(None, None, usize::MAX, false).expect("scan");
+    assert_eq!(all.len(), model.len());
+    assert!(all
+        .iter()
+        .zip(model)
+        .all(|(a, (k, v))| a.0 == *k && a.1 == *v));
+    let tail = store.scan(None, None, 100, true).expect("reverse scan");
+    assert!(tail
+        .iter()
+        .zip(model.iter().rev())
+        .all(|(a, (k, v))| a.0 == *k && a.1 == *v));
+}
+
+#[test]
+fn fifty_thousand_keys_through_a_small_memtable() {
+    let dev = ram_disk(48, 4096);
+    let storage = dev.storage();
+    let store = Store::create(Box::new(dev), &opts()).expect("create");
+    let mut model = BTreeMap::new();
+    for chunk in (0..KEYS).collect::<Vec<_>>().chunks(50) {
+        let mut batch = WriteBatch::new();
+        for &i in chunk {
+            batch.put(&key(i), &value(i, 0));
+            model.insert(key(i), value(i, 0));
+        }
+        store.write(batch, false).expect("write");
+    }
+    let mut deleted = Vec::new();
+    for i in (0..KEYS).step_by(7) {
+        store.delete(&key(i), false).expect("delete");
+        model.remove(&key(i));
+        deleted.push(key(i));
+    }
+    for i in (0..KEYS).step_by(5) {
+        if model.contains_key(&key(i)) {
+            store.put(&key(i), &value(i, 1), false).expect("overwrite");
+            model.insert(key(i), value(i, 1));
+        }
+    }
+    let stats = store.stats();
+    assert!(stats.flushes >= 20, "{stats:?}");
+    assert!(stats.compactions >= 2, "{stats:?}");
+    assert!(stats.memtable_bytes <= 256 << 10, "{stats:?}");
+    check(&store, &model, &deleted, 10);
+    store.close().expect("close");
+
+    let store = reopen_with(&storage, &opts());
+    check(&store, &model, &deleted, 10);
+
+    // Overwrite 10k keys round after round until more than the device's size was written.
+    let hot: Vec<u32> = (0..KEYS)
+        .filter(|i| !i.is_multiple_of(7))
+        .take(10_000)
+        .collect();
+    for round in 2..10 {
+        for chunk in hot.chunks(100) {
+            let mut batch = WriteBatch::new();
+            for &i in chunk {
+                batch.put(&key(i), &value(i, round));
+                model.insert(key(i), value(i, round));
+            }
+            store.write(batch, false).expect("overwrite round");
+        }
+    }
+    let stats = store.stats();
+    let written = stats.log_bytes_written + stats.run_bytes_written;
+    assert!(
+        written > stats.slot_count << SHIFT,
+        "wrote {written} bytes to a {}-slot device",
+        stats.slot_count
+    );
+    assert!(stats.slots_used < stats.slot_count, "{stats:?}");
+    assert!(stats.write_amplification() > 1.0);
+    store.compact().expect("compact");
+    let after = store.stats();
+    assert_eq!(after.runs_per_level[0], 0);
+    check(&store, &model, &deleted, 10);
+    store.close().expect("close");
+    check(&reopen_with(&storage, &opts()), &model, &deleted, 10);
+}
