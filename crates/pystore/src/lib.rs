@@ -754,8 +754,14 @@ impl Scan {
             if st.left == Some(0) {
                 return Ok(None);
             }
-            if st.page.is_empty() && !st.drained {
+            if st.page.is_empty() {
+                if st.drained {
+                    return Ok(None);
+                }
                 self.fetch(&mut st)?;
+            } else if read(&self.view.snap).is_none() {
+                // Pairs already fetched are not handed out past a close either.
+                return Err(Failure::Closed("scan's snapshot"));
             }
             let pair = st.page.pop_front();
             if pair.is_some() {

@@ -1,0 +1,87 @@
+//! Runs the Python tests of the `kura_store` module (`tests/test_store.py`) under pytest: the
+//! built extension is copied into a temporary directory as `kura_store.so`, the name Python
+//! imports, and that directory is put on `PYTHONPATH`.
+
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The extension cargo built for this test: `target/<profile>/deps/libkura_store.so`, beside the
+/// test binary (`cargo test` builds the library first but copies it up to `target/<profile>`
+/// only in `cargo build`, so the copy there may be older). Built on the spot when absent (a
+/// test binary run on its own, after a `cargo clean -p kura-pystore`).
+fn extension() -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    let deps = exe.parent().expect("the test binary's directory");
+    let candidates = [
+        Some(deps.join("libkura_store.so")),
+        deps.parent().map(|d| d.join("libkura_store.so")),
+    ];
+    if let Some(found) = candidates.iter().flatten().find(|p| p.is_file()) {
+        return found.clone();
+    }
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["build", "-p", "kura-pystore"])
+        .status()
+        .expect("running cargo build -p kura-pystore");
+    assert!(status.success(), "cargo build -p kura-pystore failed");
+    candidates
+        .iter()
+        .flatten()
+        .find(|p| p.is_file())
+        .cloned()
+        .expect("libkura_store.so after cargo build -p kura-pystore")
+}
+
+fn python_has(module: &str) -> bool {
+    Command::new("python3")
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+#[test]
+fn kura_store_module_passes_its_pytest_suite() {
+    if kura_testkit::which("python3").is_none() {
+        kura_testkit::skip(
+            "pystore::python",
+            "python3",
+            "python3 is not installed (scripts/setup.sh installs it)",
+        );
+        return;
+    }
+    if !python_has("pytest") {
+        kura_testkit::skip(
+            "pystore::python",
+            "pytest",
+            "pytest is not installed for python3 (scripts/setup.sh installs it)",
+        );
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    std::fs::copy(extension(), dir.path().join("kura_store.so")).expect("copying the extension");
+    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/test_store.py");
+    let out = Command::new("python3")
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(&tests)
+        // pytest's own temporary files stay inside this test's directory.
+        .arg("--basetemp")
+        .arg(dir.path().join("pytest"))
+        .env("PYTHONPATH", dir.path())
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .output()
+        .expect("running python3 -m pytest");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    println!("{stdout}");
+    eprintln!("{stderr}");
+    assert!(
+        out.status.success(),
+        "pytest failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    // Exit 0 also when pytest collected nothing: make sure the suite ran.
+    assert!(stdout.contains(" passed"), "pytest ran no test:\n{stdout}");
+}
