@@ -57,6 +57,11 @@ impl Default for StoreOptions {
 
 /// Level `i >= 1` is merged into level `i + 1` once it holds more than `LEVEL_FANOUT^i` runs.
 const LEVEL_FANOUT: usize = 10;
+/// The memtable is also flushed once the log chain spans more segments than this (or a quarter
+/// of the device's slots, if fewer): every open continues the log in a fresh segment, so many
+/// short sessions (one `kura kv put` each) would otherwise fill the device with log segments of
+/// a small memtable, and replay at open would grow without bound.
+const MAX_LOG_SEGMENTS: u64 = 8;
 
 /// Operations applied atomically: all are durable and visible together, or none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -211,6 +216,7 @@ pub struct Store {
     max_value: usize,
     memtable_bytes: usize,
     l0_runs: usize,
+    max_log_segments: usize,
     segment_bytes: u64,
     segment_pages: u32,
     inline_threshold: usize,
@@ -334,6 +340,7 @@ impl Store {
             max_value: sb.segment_size() as usize - 4 * PAGE_SIZE,
             memtable_bytes: opts.memtable_bytes,
             l0_runs: opts.l0_runs.max(1),
+            max_log_segments: MAX_LOG_SEGMENTS.min(sb.slot_count / 4).max(1) as usize,
             segment_bytes: sb.segment_size(),
             segment_pages: sb.segment_pages(),
             inline_threshold: sb.inline_threshold as usize,
@@ -602,7 +609,7 @@ impl Store {
             for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
                 view.mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
             }
-            view.mem.bytes() > self.memtable_bytes
+            view.mem.bytes() > self.memtable_bytes || io.log.segments() > self.max_log_segments
         };
         if full {
             // The group is durable (if asked) and visible whatever the flush does: a flush that

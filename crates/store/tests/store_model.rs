@@ -441,3 +441,31 @@ fn versions_are_kept_only_while_a_snapshot_needs_them() {
     assert_eq!(store.stats().memtable_versions, 1);
     assert_eq!(store.get(b"k").expect("get"), Some(b"newest".to_vec()));
 }
+
+/// Every open continues the log in a fresh segment; many short sessions (as `kura kv put`
+/// makes) must not fill the device with log segments of a memtable that never reaches its limit.
+#[test]
+fn many_short_sessions_do_not_fill_the_device() {
+    let dev = ram_disk(16, 4096);
+    let storage = dev.storage();
+    Store::create(Box::new(dev), &options())
+        .expect("create")
+        .close()
+        .expect("close");
+    for i in 0..200u32 {
+        let store = reopen(&storage);
+        store
+            .put(&i.to_be_bytes(), &i.to_le_bytes(), true)
+            .expect("put in a short session");
+        let stats = store.stats();
+        assert!(stats.slots_used < stats.slot_count, "{stats:?}");
+        store.close().expect("close");
+    }
+    let store = reopen(&storage);
+    assert!(store.log_segments() <= 4, "{}", store.log_segments());
+    let all = store.scan(None, None, usize::MAX, false).expect("scan");
+    let expected: Vec<_> = (0..200u32)
+        .map(|i| (i.to_be_bytes().to_vec(), i.to_le_bytes().to_vec()))
+        .collect();
+    assert_eq!(all, expected);
+}
