@@ -41,7 +41,8 @@
 //!
 //!     for key, value in db.scan(start=b"b", end=b"d", reverse=True, limit=10):
 //!         print(key, value)
-//!     print(db.stats())                  # {'batches': 4, 'groups': 4, ...}
+//!     db.compact()                       # everything into one sorted level
+//!     print(db.stats())                  # {'batches': 4, 'groups': 4, 'flushes': 1, ...}
 //!
 //! with kura_store.Store("file:/tmp/kv.img") as db:   # reopen: the log is replayed
 //!     assert db[b"date"] == b"brown"
@@ -56,10 +57,10 @@
 //! `OSError`.
 //!
 //! Every call that reads or writes the store releases the GIL while it runs, so Python threads
-//! overlap in the store (concurrent writers share group commits). Not yet offered, because
-//! kura-store has no such API yet: `compact()`, and iterating without a snapshot: a scan
-//! holds a snapshot (which keeps the versions it sees in memory) until it is exhausted or
-//! dropped, and fetches pairs a page at a time.
+//! overlap in the store (concurrent writers share group commits). A scan holds a snapshot
+//! (which keeps the versions it sees from being dropped) until it is exhausted or dropped, and
+//! fetches pairs a page at a time through kura-store's bounded `scan_at`, which returns a Vec
+//! per page: kura-store has no streaming iterator yet.
 
 #![forbid(unsafe_code)]
 
@@ -310,15 +311,17 @@ fn value_or<'py>(
 /// A kura native key-value store on an engine device spec.
 ///
 /// Store(spec, create=False, *, segment_size=None, inline_threshold=None,
-///       max_group_bytes=None)
+///       max_group_bytes=None, memtable_bytes=None, l0_runs=None)
 ///
 /// spec names the device, e.g. "file:/tmp/kv.img?size=256M" or "mem:64M" (see `kura specs`;
 /// the engine's kinds). With create=True the device is formatted as an empty store (what it
 /// held is lost); otherwise the store on it is opened and its log replayed. segment_size
-/// (a power of two, 1 MiB to 1 GiB) and inline_threshold are fixed at create;
-/// max_group_bytes bounds one group commit. A Store is a context manager: leaving the block
-/// closes it (a final sync). One Store at a time may hold an image: a second one, in this or
-/// another process, raises LockedError.
+/// (a power of two, 1 MiB to 1 GiB) and inline_threshold are fixed at create; the others
+/// apply to this open: max_group_bytes bounds one group commit, memtable_bytes is the write
+/// buffer flushed into sorted runs when full, l0_runs how many level-0 runs trigger a merge.
+/// None keeps kura-store's default. A Store is a context manager: leaving the block closes it
+/// (a final sync). One Store at a time may hold an image: a second one, in this or another
+/// process, raises LockedError.
 #[pyclass(module = "kura_store", frozen)]
 struct Store {
     shared: Arc<Shared>,
@@ -328,7 +331,11 @@ struct Store {
 #[pymethods]
 impl Store {
     #[new]
-    #[pyo3(signature = (spec, create=false, *, segment_size=None, inline_threshold=None, max_group_bytes=None))]
+    #[pyo3(signature = (
+        spec, create=false, *, segment_size=None, inline_threshold=None, max_group_bytes=None,
+        memtable_bytes=None, l0_runs=None
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python's keyword arguments, one each
     fn new(
         py: Python<'_>,
         spec: String,
@@ -336,6 +343,8 @@ impl Store {
         segment_size: Option<u64>,
         inline_threshold: Option<u32>,
         max_group_bytes: Option<usize>,
+        memtable_bytes: Option<usize>,
+        l0_runs: Option<usize>,
     ) -> PyResult<Self> {
         let mut opts = StoreOptions::default();
         if let Some(size) = segment_size {
@@ -352,6 +361,12 @@ impl Store {
         if let Some(m) = max_group_bytes {
             opts.max_group_bytes = m;
         }
+        if let Some(m) = memtable_bytes {
+            opts.memtable_bytes = m;
+        }
+        if let Some(n) = l0_runs {
+            opts.l0_runs = n;
+        }
         if !create && (segment_size.is_some() || inline_threshold.is_some()) {
             return Err(PyValueError::new_err(
                 "segment_size and inline_threshold are fixed when a store is created: pass \
@@ -363,7 +378,7 @@ impl Store {
             if create {
                 Inner::create(dev, &opts)
             } else {
-                Inner::open(dev, opts.max_group_bytes)
+                Inner::open_with(dev, &opts)
             }
             .map_err(Opening::Store)
         });
@@ -496,12 +511,26 @@ impl Store {
         Ok(py.detach(|| shared.run(|s| s.sync()))?)
     }
 
-    /// stats(): counters since open, as a dict: batches (writes, a put being a batch of one),
-    /// groups (log frames: group commits), syncs (flushes), replayed_frames (log frames
-    /// replayed at open), memtable_keys (live keys), memtable_versions (versions held,
-    /// including older ones snapshots need).
+    /// compact(): flushes the write buffer and merges every sorted run into one level,
+    /// dropping versions no live snapshot needs and every tombstone, and frees the space of
+    /// the runs it replaced.
+    fn compact(&self, py: Python<'_>) -> PyResult<()> {
+        let shared = &self.shared;
+        Ok(py.detach(|| shared.run(|s| s.compact()))?)
+    }
+
+    /// stats(): counters since open and the store's shape now, as a dict: batches (writes, a
+    /// put being a batch of one), groups (log frames: group commits), syncs (device flushes),
+    /// replayed_frames (log frames replayed at open), memtable_keys, memtable_versions and
+    /// memtable_bytes (the write buffer: live keys, versions held including older ones
+    /// snapshots need, approximate bytes), flushes (write buffer into level-0 runs),
+    /// compactions, runs_per_level (a list, level 0 first), user_bytes (encoded bytes of the
+    /// operations written), log_bytes_written, run_bytes_written, manifest_bytes_written,
+    /// write_amplification (device bytes per user byte), slots_used and slot_count (segment
+    /// slots in use and on the device).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let stats = self.shared.run(|s| Ok(s.stats()))?;
+        let shared = &self.shared;
+        let stats = py.detach(|| shared.run(|s| Ok(s.stats())))?;
         let d = PyDict::new(py);
         d.set_item("batches", stats.batches)?;
         d.set_item("groups", stats.groups)?;
@@ -509,6 +538,17 @@ impl Store {
         d.set_item("replayed_frames", stats.replayed_frames)?;
         d.set_item("memtable_keys", stats.memtable_keys)?;
         d.set_item("memtable_versions", stats.memtable_versions)?;
+        d.set_item("memtable_bytes", stats.memtable_bytes)?;
+        d.set_item("flushes", stats.flushes)?;
+        d.set_item("compactions", stats.compactions)?;
+        d.set_item("runs_per_level", stats.runs_per_level.to_vec())?;
+        d.set_item("user_bytes", stats.user_bytes)?;
+        d.set_item("log_bytes_written", stats.log_bytes_written)?;
+        d.set_item("run_bytes_written", stats.run_bytes_written)?;
+        d.set_item("manifest_bytes_written", stats.manifest_bytes_written)?;
+        d.set_item("write_amplification", stats.write_amplification())?;
+        d.set_item("slots_used", stats.slots_used)?;
+        d.set_item("slot_count", stats.slot_count)?;
         Ok(d)
     }
 
