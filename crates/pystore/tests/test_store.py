@@ -4,6 +4,7 @@ Run by tests/python.rs, which builds the extension, copies it as kura_store.so i
 directory and puts that directory on PYTHONPATH.
 """
 
+import gc
 import random
 import threading
 
@@ -306,6 +307,15 @@ def test_corrupt_image_raises_corrupt_error(image):
     blank.write_bytes(bytes(4 << 20))
     with pytest.raises(kura_store.CorruptError, match="create=True"):
         reopen(blank)
+
+
+def test_a_store_dropped_without_close_syncs_and_releases_the_image(image):
+    db = create(image)
+    db.put(b"k", b"v")
+    del db
+    gc.collect()
+    with reopen(image) as db:
+        assert db[b"k"] == b"v"
 
 
 def test_second_store_on_one_image_is_refused(image):
