@@ -44,8 +44,9 @@ writes it as one atomic, synced batch; the native store in batches of at most 1 
 values (its log frame bounds a batch), synced at the end, so a device failure midway can leave a
 prefix of the file imported.
 
-Not yet in the native store (kura-store has no flush of the memtable nor compaction yet): `compact`
-exits 2 saying so, and every key lives in memory while the store is open.";
+The native store flushes its memtable (16 MiB) into sorted runs and merges them as they pile up;
+`compact` merges every run into one level. Its values are copied into the runs (not yet kept
+apart in a value log), and flushes and merges run inside the writing command.";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Engine {
@@ -86,8 +87,8 @@ pub enum KvCommand {
         #[arg(long)]
         force: bool,
         /// Native: the segment size, a power of two from 1M to 1G. Each command that writes
-        /// starts its log in a fresh segment and kura-store frees none yet, so a device holds
-        /// about (size / segment size - 1) writing commands.
+        /// continues the log in a fresh segment, and each sorted run takes a segment of its own;
+        /// segments are freed once flushed or merged.
         #[arg(long, default_value = "8M")]
         segment_size: String,
     },
@@ -433,17 +434,10 @@ pub fn run(cmd: KvCommand) -> anyhow::Result<()> {
         } => export(&at, file.as_deref(), format_of(jsonl, enc)),
         KvCommand::Stats { at } => stats(&at),
         KvCommand::Compact { at } => {
-            if at.engine == Engine::Native {
-                native_spec(&at)?;
-                eprintln!(
-                    "kura kv compact: the native store cannot compact yet (kura-store has no \
-                     memtable flush nor compaction so far); nothing was done"
-                );
-                std::process::exit(2);
-            }
             let kv = Kv::open(&at, false)?;
-            if let Kv::Level { db, .. } = &kv {
-                db.compact()?;
+            match &kv {
+                Kv::Level { db, .. } => db.compact()?,
+                Kv::Native(s) => s.compact()?,
             }
             kv.close()?;
             println!("compacted {}", at.db);
@@ -856,8 +850,15 @@ fn stats(at: &At) -> anyhow::Result<()> {
         Kv::Native(s) => {
             let st = s.stats();
             writeln!(text, "engine: native")?;
-            writeln!(text, "live keys: {}", st.memtable_keys)?;
-            writeln!(text, "versions held: {}", st.memtable_versions)?;
+            writeln!(text, "memtable keys: {}", st.memtable_keys)?;
+            writeln!(text, "memtable versions: {}", st.memtable_versions)?;
+            writeln!(text, "memtable bytes: {}", st.memtable_bytes)?;
+            writeln!(text, "runs per level: {:?}", st.runs_per_level)?;
+            writeln!(
+                text,
+                "segment slots used: {} of {}",
+                st.slots_used, st.slot_count
+            )?;
             writeln!(text, "log frames replayed at open: {}", st.replayed_frames)?;
             writeln!(text, "replay stopped at: {}", s.replay_stop())?;
             if let Some(d) = s.damage() {
