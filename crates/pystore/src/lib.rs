@@ -33,6 +33,8 @@
 //!     batch.put(b"date", b"brown")
 //!     batch.delete(b"apple")
 //!     db.write(batch, sync=True)         # all or nothing, also across a crash
+//!     with db.write_batch() as b:        # the same, written when the block ends normally
+//!         b.put(b"fig", b"purple")
 //!
 //!     with db.snapshot() as snap:        # a frozen view
 //!         db[b"elder"] = b"black"
@@ -64,7 +66,7 @@
 
 #![forbid(unsafe_code)]
 
-use pyo3::exceptions::{PyException, PyKeyError, PyOSError, PyValueError};
+use pyo3::exceptions::{PyException, PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use self_cell::self_cell;
@@ -468,6 +470,16 @@ impl Store {
         Ok(py.detach(|| shared.run(|s| s.write(ops, sync)))?)
     }
 
+    /// write_batch(sync=False): a WriteBatch for a with-block, written atomically to this store
+    /// when the block ends normally (with sync as in write), dropped when it raises.
+    #[pyo3(signature = (sync=false))]
+    fn write_batch(&self, sync: bool) -> WriteBatch {
+        WriteBatch {
+            ops: Mutex::new(store::WriteBatch::new()),
+            target: Some((Arc::clone(&self.shared), sync)),
+        }
+    }
+
     /// snapshot(): a Snapshot, a consistent read-only view of the store as it is now, kept
     /// until it is closed (or its with-block ends, or the store closes).
     fn snapshot(&self, py: Python<'_>) -> PyResult<SnapshotView> {
@@ -596,10 +608,15 @@ impl Store {
 /// Operations to apply together with Store.write(batch): all of them or none.
 ///
 /// WriteBatch() starts empty; put(key, value) and delete(key) add to it in order (a later
-/// operation on a key wins). Store.write empties it.
+/// operation on a key wins). Store.write empties it (also when the write fails).
+///
+/// Store.write_batch(sync=False) makes one bound to its store for a with-block: the batch is
+/// written when the block ends normally and dropped when it raises.
 #[pyclass(module = "kura_store", name = "WriteBatch", frozen)]
 struct WriteBatch {
     ops: Mutex<store::WriteBatch>,
+    /// The store a with-block writes to and its sync flag (Store.write_batch).
+    target: Option<(Arc<Shared>, bool)>,
 }
 
 #[pymethods]
@@ -608,7 +625,33 @@ impl WriteBatch {
     fn new() -> Self {
         WriteBatch {
             ops: Mutex::new(store::WriteBatch::new()),
+            target: None,
         }
+    }
+
+    fn __enter__(slf: Bound<'_, Self>) -> PyResult<Bound<'_, Self>> {
+        if slf.get().target.is_none() {
+            return Err(PyTypeError::new_err(
+                "this WriteBatch belongs to no store: use `with store.write_batch() as b:` or \
+                 store.write(batch)",
+            ));
+        }
+        Ok(slf)
+    }
+
+    /// Writes the batch when the with-block ended without an exception; drops it otherwise.
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        exc_type: Option<Bound<'_, PyAny>>,
+        _exc: Option<Bound<'_, PyAny>>,
+        _tb: Option<Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ops = std::mem::take(&mut *lock(&self.ops));
+        if let (None, Some((shared, sync))) = (exc_type, &self.target) {
+            py.detach(|| shared.run(|s| s.write(ops, *sync)))?;
+        }
+        Ok(false)
     }
 
     /// put(key, value): stores value under key when the batch is written.

@@ -92,6 +92,27 @@ def test_write_batch_is_atomic_and_survives_reopen(image):
         assert len(list(db.scan())) == 100
 
 
+def test_write_batch_with_block(image):
+    with create(image) as db:
+        with db.write_batch(sync=True) as b:
+            b.put(b"x", b"1")
+            b.put(b"y", b"2")
+            assert b"x" not in db
+        assert db[b"x"] == b"1" and db[b"y"] == b"2"
+        with pytest.raises(RuntimeError):
+            with db.write_batch() as b:
+                b.delete(b"x")
+                raise RuntimeError("the block fails: nothing is written")
+        assert db[b"x"] == b"1"
+        with pytest.raises(TypeError):
+            with kura_store.WriteBatch():
+                pass
+        bound = db.write_batch()
+    with pytest.raises(kura_store.ClosedError):
+        with bound as b:
+            b.put(b"z", b"3")
+
+
 def test_batches_are_seen_whole_by_concurrent_scans(image):
     """A writer sets ten keys to one value per batch; every scan sees one value in all ten."""
     with create(image) as db:
