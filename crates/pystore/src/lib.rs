@@ -1,5 +1,5 @@
-//! kura-pystore: kura's native key-value store ([`store`], the kura-store crate) as the Python module
-//! `kura_store` (issue 18). This crate owns the Python-facing API only: how store handles,
+//! kura-pystore: kura's native key-value store ([`store`], the kura-store crate) as the Python
+//! module `kura_store` (issue 18). This crate owns the Python-facing API only: how store handles,
 //! write batches, snapshots and scans look from Python, which Python exception each store error
 //! becomes, and when the GIL is released. The store itself (format, recovery, group commit) is
 //! kura-store's.
@@ -44,7 +44,7 @@
 //!     for key, value in db.scan(start=b"b", end=b"d", reverse=True, limit=10):
 //!         print(key, value)
 //!     db.compact()                       # everything into one sorted level
-//!     print(db.stats())                  # {'batches': 4, 'groups': 4, 'flushes': 1, ...}
+//!     print(db.stats())                  # {'batches': 6, 'groups': 6, 'flushes': 1, ...}
 //!
 //! with kura_store.Store("file:/tmp/kv.img") as db:   # reopen: the log is replayed
 //!     assert db[b"date"] == b"brown"
