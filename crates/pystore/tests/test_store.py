@@ -5,7 +5,9 @@ directory and puts that directory on PYTHONPATH.
 """
 
 import gc
+import pathlib
 import random
+import re
 import threading
 
 import pytest
@@ -376,3 +378,12 @@ def test_threads_put_concurrently(image):
         got = dict(db.scan())
         assert len(got) == threads * per_thread
         assert all(got[b"t%d-%04d" % (t, i)] == b"%d" % (t * i) for t in range(threads) for i in range(per_thread))
+
+
+def test_the_usage_example_in_the_crate_docs_runs(tmp_path, capsys):
+    lib = pathlib.Path(__file__).parent.parent / "src" / "lib.rs"
+    docs = "\n".join(line[4:] if line.startswith("//! ") else line[3:] for line in lib.read_text().splitlines() if line.startswith("//!"))
+    example = re.search(r"```python\n(.*?)```", docs, re.S).group(1)
+    example = example.replace("/tmp/kv.img", str(tmp_path / "kv.img"))
+    exec(compile(example, str(lib), "exec"), {})
+    assert "(b'fig', b'purple')" in capsys.readouterr().out
