@@ -310,7 +310,7 @@ impl Store {
             mem.apply(lsn, op, &no_snapshots)
         })?;
         // A snapshot taken now must see what the runs hold even if the log added nothing.
-        mem.see(replayed.next_lsn - 1);
+        mem.see(replayed.next_lsn.saturating_sub(1));
         let log = LogWriter::new(
             replayed.end,
             replayed.chain,
