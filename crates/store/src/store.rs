@@ -5,10 +5,12 @@
 //! Writers queue their batch; the first writer to find no leader becomes the leader, takes the
 //! queued batches (up to [`StoreOptions::max_group_bytes`]), writes them as one log frame,
 //! flushes once if any of them asked for sync, applies them to the memtable and answers every
-//! writer in the group. When the memtable has grown past [`StoreOptions::memtable_bytes`] the
-//! leader then flushes it into level-0 runs, records them and the new log start in the manifest
-//! (which frees the log segments before it) and compacts levels that are over their limit;
-//! this happens in the writer's call (no background thread yet), so that one write waits for it.
+//! writer in the group. Unsynced groups gather in memory (up to 32 KiB) and reach the log as one
+//! frame with the next sync, or are dropped once a flush put them in a run. When the memtable
+//! has grown past [`StoreOptions::memtable_bytes`] the leader then flushes it into level-0
+//! runs, records them and the new log start in the manifest (which frees the log segments
+//! before it) and compacts levels that are over their limit; this happens in the writer's call
+//! (no background thread yet), so that one write waits for it.
 //!
 //! Locks are taken in the order `io` (the leader's), `view` (memtable and runs; readers take it
 //! shared), `space` (the device and the slot map, held per I/O), `snapshots`.
@@ -62,6 +64,8 @@ const LEVEL_FANOUT: usize = 10;
 /// short sessions (one `kura kv put` each) would otherwise fill the device with log segments of
 /// a small memtable, and replay at open would grow without bound.
 const MAX_LOG_SEGMENTS: u64 = 8;
+/// Unsynced groups gather in memory up to this many payload bytes before they are written.
+const LOG_BUFFER: usize = 32 << 10;
 
 /// Operations applied atomically: all are durable and visible together, or none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -192,6 +196,10 @@ struct Io {
     /// Set by the first failed log write or flush; later writes get it back.
     stopped: Option<StoreError>,
     run_bytes: u64,
+    /// Unsynced groups not yet in the log: one frame's payload, its first LSN, its op count.
+    pending: Vec<u8>,
+    pending_first: u64,
+    pending_count: u32,
 }
 
 /// What readers look in: the memtable and the runs below it, swapped together.
@@ -329,6 +337,9 @@ impl Store {
                 next_lsn: replayed.next_lsn,
                 stopped: None,
                 run_bytes: 0,
+                pending: Vec::new(),
+                pending_first: 0,
+                pending_count: 0,
             }),
             view: RwLock::new(View {
                 mem,
@@ -582,15 +593,32 @@ impl Store {
         }
         let first_lsn = io.next_lsn;
         let sync = group.iter().any(|p| p.sync);
-        let written = {
-            let mut space = lock(&self.space);
-            io.log
-                .append(&mut space, first_lsn, count, &payload)
-                .and_then(|()| if sync { space.segs.flush() } else { Ok(()) })
-        };
+        // Unsynced groups gather in one frame: a frame takes whole pages, so a small write of
+        // its own would cost a page of log. They go out with the next sync, when LOG_BUFFER
+        // bytes have gathered, or not at all once a flush put them in a run; a crash may lose
+        // them, as it may lose any write not synced.
+        let mut written = Ok(());
+        if io.pending.len() + payload.len() > self.max_payload {
+            written = self.write_pending(&mut io, false);
+        }
+        let before = (io.pending.len(), io.pending_count);
+        if written.is_ok() {
+            if io.pending_count == 0 {
+                io.pending_first = first_lsn;
+            }
+            io.pending.extend_from_slice(&payload);
+            io.pending_count += count;
+            if sync || io.pending.len() >= LOG_BUFFER {
+                written = self.write_pending(&mut io, sync);
+            }
+        }
         if let Err(e) = written {
-            // A refused batch left nothing behind; a device failure leaves the log's tail
-            // unknown, so no later frame may follow it.
+            // A refused or unplaced group leaves nothing behind; a device failure leaves the
+            // log's tail unknown, so no later frame may follow it.
+            if io.pending_count > 0 {
+                io.pending.truncate(before.0);
+                io.pending_count = before.1;
+            }
             if !matches!(e, StoreError::Refused(_) | StoreError::Full { .. }) {
                 io.stopped = Some(e.clone());
             }
@@ -626,8 +654,24 @@ impl Store {
         Ok(())
     }
 
+    /// Writes the gathered unsynced groups as one log frame, then flushes the device if `sync`.
+    fn write_pending(&self, io: &mut Io, sync: bool) -> Result<(), StoreError> {
+        let mut space = lock(&self.space);
+        if io.pending_count > 0 {
+            io.log
+                .append(&mut space, io.pending_first, io.pending_count, &io.pending)?;
+            io.pending.clear();
+            io.pending_count = 0;
+        }
+        if sync {
+            space.segs.flush()?;
+        }
+        Ok(())
+    }
+
     /// Writes the memtable as level-0 runs, records them with the log start after them, and
-    /// frees the log segments before it.
+    /// frees the log segments before it. Gathered unsynced groups are in the runs then, and
+    /// never written to the log.
     fn flush_locked(&self, io: &mut Io) -> Result<(), StoreError> {
         let (handles, written) = {
             let view = self.read_view();
@@ -650,6 +694,8 @@ impl Store {
         let new: Vec<Arc<RunHandle>> = handles.into_iter().map(Arc::new).collect();
         tree.levels[0].splice(0..0, new);
         self.install(io, tree, start, written, &[], true)?;
+        io.pending.clear();
+        io.pending_count = 0;
         let mut space = lock(&self.space);
         for seg in io.log.trim_before(start.pos) {
             space.free(seg.slot);
@@ -794,11 +840,14 @@ impl Store {
 
     /// Makes every write so far durable.
     pub fn sync(&self) -> Result<(), StoreError> {
-        let io = lock(&self.io);
+        let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
         }
-        lock(&self.space).segs.flush()?;
+        if let Err(e) = self.write_pending(&mut io, true) {
+            io.stopped = Some(e.clone());
+            return Err(e);
+        }
         self.syncs.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
@@ -838,5 +887,21 @@ impl Store {
     /// Segments the log chain holds now (from the log start to its end).
     pub fn log_segments(&self) -> usize {
         lock(&self.io).log.segments()
+    }
+}
+
+impl Drop for Store {
+    /// Writes what unsynced groups gathered (without a device flush: dropping is not a sync),
+    /// so a store dropped without [`Store::close`] loses no more than its device cache holds.
+    fn drop(&mut self) {
+        let io = self.io.get_mut().unwrap_or_else(|p| p.into_inner());
+        if io.pending_count == 0 || io.stopped.is_some() {
+            return;
+        }
+        let space = self.space.get_mut().unwrap_or_else(|p| p.into_inner());
+        // Nothing to report to: a failure here loses only unsynced writes, as a crash would.
+        let _ = io
+            .log
+            .append(space, io.pending_first, io.pending_count, &io.pending);
     }
 }
