@@ -748,6 +748,8 @@ impl Mounted {
             node.map.insert(logical, got as u32, start);
             node.map_dirty = true;
             i += got as usize;
+            // At once, so that a later run failing to allocate leaves the node counted.
+            self.touch(ino);
         }
         self.touch(ino);
         Ok(holes.into_iter().collect())
@@ -775,6 +777,8 @@ impl Mounted {
             for (start, len) in freed {
                 self.alloc.free_blocks(start, u64::from(len));
             }
+            // Before the tail's read, which may fail: the map changed (`touch` counts it).
+            self.touch(ino);
             self.cache.remove_from(ino, keep);
             let tail = (size % bs) as usize;
             if tail != 0 {

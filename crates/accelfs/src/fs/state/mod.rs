@@ -138,6 +138,9 @@ pub(crate) struct Mounted {
     // ---- inode metadata (`inodes.rs`) ----
     nodes: HashMap<u64, Node>,
     dirty_nodes: BTreeSet<u64>,
+    /// Extent and attribute blocks of the dirty nodes, kept up to date by `touch` so that the
+    /// transaction's size is known without walking them (`inodes.rs`).
+    dirty_extra: usize,
     itable: HashMap<u64, Vec<u8>>,
     dirty_itable: BTreeSet<u64>,
     // ---- names (`names.rs`) ----
@@ -205,6 +208,7 @@ impl Mounted {
             alloc,
             nodes: HashMap::new(),
             dirty_nodes: BTreeSet::new(),
+            dirty_extra: 0,
             itable: HashMap::new(),
             dirty_itable: BTreeSet::new(),
             dirs: HashMap::new(),
