@@ -182,23 +182,99 @@ pub fn align_ungapped(
     })
 }
 
-const NEG: i32 = i32::MIN / 4;
 // Traceback byte: bits 0-1 say where H came from, bit 2 whether E extended, bit 3 whether F did.
 const FROM_DIAG: u8 = 0;
 const FROM_E: u8 = 1;
 const FROM_F: u8 = 2;
 const FROM_CLIP: u8 = 3;
 const E_EXTEND: u8 = 4;
+// The kernel computes the source as the count of earlier sources that did not reach H.
+const _: () = assert!(FROM_DIAG == 0 && FROM_E == 1 && FROM_F == 2 && FROM_CLIP == 3);
 const F_EXTEND: u8 = 8;
+/// Largest magnitude a score may reach for the 16-bit kernel to be used (its "no path" marker sits
+/// at -16384 and real scores must stay clear of the -8192 validity threshold).
+const NARROW_LIMIT: i64 = 8000;
+
+/// A score cell of the DP kernel: 16-bit when every reachable score fits (twice the lanes per
+/// vector register for the compiler's auto-vectorisation), 32-bit otherwise. Both keep the same
+/// "no path" convention so that they fill identical traceback matrices along every real path.
+trait Lane: Copy + Ord + fmt::Debug {
+    /// Marks a cell no alignment reaches.
+    const NEG: Self;
+    /// Scores above this are real; at or below it they derive from [`Lane::NEG`].
+    const VALID: Self;
+    const ZERO: Self;
+    /// Converts a score known to fit.
+    fn of(v: i32) -> Self;
+    fn get(self) -> i32;
+    fn add(self, o: Self) -> Self;
+    fn sub(self, o: Self) -> Self;
+}
+
+impl Lane for i16 {
+    const NEG: Self = i16::MIN / 2;
+    const VALID: Self = i16::MIN / 4;
+    const ZERO: Self = 0;
+    fn of(v: i32) -> Self {
+        v.clamp(i32::from(i16::MIN), i32::from(i16::MAX)) as i16
+    }
+    fn get(self) -> i32 {
+        i32::from(self)
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.saturating_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.saturating_sub(o)
+    }
+}
+
+impl Lane for i32 {
+    const NEG: Self = i32::MIN / 4;
+    const VALID: Self = i32::MIN / 8;
+    const ZERO: Self = 0;
+    fn of(v: i32) -> Self {
+        v
+    }
+    fn get(self) -> i32 {
+        self
+    }
+    #[inline(always)]
+    fn add(self, o: Self) -> Self {
+        self.saturating_add(o)
+    }
+    #[inline(always)]
+    fn sub(self, o: Self) -> Self {
+        self.saturating_sub(o)
+    }
+}
+
+/// Row buffers of one lane width, each `width + 1` long so the cell above-right of the last
+/// column reads a "no path" marker.
+#[derive(Debug, Default)]
+struct Rows<T> {
+    h: Vec<T>,
+    e: Vec<T>,
+    f: Vec<T>,
+    h_prev: Vec<T>,
+    f_prev: Vec<T>,
+    diag: Vec<T>,
+    /// max(diagonal, F, fresh start): H before the row's left-to-right E recurrence.
+    partial: Vec<T>,
+    /// `gap_extend * k` at k.
+    ramp: Vec<T>,
+    /// `pair_score(x, reference[p])` at `x * n + p` for every read code x, so a row's scores are
+    /// one contiguous slice.
+    profile: Vec<T>,
+}
 
 /// Reusable buffers so that aligning millions of reads allocates nothing per read.
 #[derive(Debug, Default)]
 pub struct Aligner {
-    h: Vec<i32>,
-    e: Vec<i32>,
-    f: Vec<i32>,
-    h_prev: Vec<i32>,
-    f_prev: Vec<i32>,
+    narrow: Rows<i16>,
+    wide: Rows<i32>,
     trace: Vec<u8>,
 }
 
@@ -220,122 +296,34 @@ impl Aligner {
         sc: &Scoring,
     ) -> Option<Alignment> {
         let m = read.len();
-        let n = reference.len() as isize;
-        if m == 0 || n == 0 {
+        if m == 0 || reference.is_empty() {
             return None;
         }
         let width = 2 * band + 1;
         let lo = diagonal - band as isize;
-        let open = sc.gap_open + sc.gap_extend;
-        for v in [
-            &mut self.h,
-            &mut self.e,
-            &mut self.f,
-            &mut self.h_prev,
-            &mut self.f_prev,
-        ] {
-            v.clear();
-            v.resize(width, NEG);
-        }
         self.trace.clear();
         self.trace.resize((m + 1) * width, 0);
-        // Row 0: no read base used yet; any reference start inside the band is free.
-        for c in 0..width {
-            let j = lo + c as isize;
-            if (0..=n).contains(&j) {
-                self.h_prev[c] = 0;
-            }
-        }
-        let mut best = (NEG, 0usize, 0usize);
-        let mut row_best;
-        for i in 1..=m {
-            let a = read[i - 1];
-            let clip_start = -sc.clip;
-            row_best = (NEG, 0usize);
-            let mut e_left = NEG;
-            let mut h_left = NEG;
-            for c in 0..width {
-                // Column c in row i is reference prefix length j = i + lo + c.
-                let j = i as isize + lo + c as isize;
-                let idx = i * width + c;
-                if j < 0 || j > n {
-                    self.h[c] = NEG;
-                    self.e[c] = NEG;
-                    self.f[c] = NEG;
-                    e_left = NEG;
-                    h_left = NEG;
-                    continue;
-                }
-                let mut t = 0u8;
-                let e_open = h_left.saturating_sub(open);
-                let e_ext = e_left.saturating_sub(sc.gap_extend);
-                let e = if e_ext > e_open {
-                    t |= E_EXTEND;
-                    e_ext
-                } else {
-                    e_open
-                };
-                let (up_h, up_f) = if c + 1 < width {
-                    (self.h_prev[c + 1], self.f_prev[c + 1])
-                } else {
-                    (NEG, NEG)
-                };
-                let f_open = up_h.saturating_sub(open);
-                let f_ext = up_f.saturating_sub(sc.gap_extend);
-                let f = if f_ext > f_open {
-                    t |= F_EXTEND;
-                    f_ext
-                } else {
-                    f_open
-                };
-                let diag = if j >= 1 && self.h_prev[c] > NEG / 2 {
-                    self.h_prev[c] + pair_score(a, reference[(j - 1) as usize], sc)
-                } else {
-                    NEG
-                };
-                let mut h = diag;
-                let mut from = FROM_DIAG;
-                if e > h {
-                    h = e;
-                    from = FROM_E;
-                }
-                if f > h {
-                    h = f;
-                    from = FROM_F;
-                }
-                // A fresh start after soft-clipping read[..i]: the band must allow reference
-                // prefix j, and the first aligned base then follows.
-                if j >= 1 {
-                    let start = clip_start + pair_score(a, reference[(j - 1) as usize], sc);
-                    if start > h {
-                        h = start;
-                        from = FROM_CLIP;
-                    }
-                }
-                self.trace[idx] = t | from;
-                self.h[c] = h;
-                self.e[c] = e;
-                self.f[c] = f;
-                e_left = e;
-                h_left = h;
-                if h > row_best.0 {
-                    row_best = (h, c);
-                }
-            }
-            let end_score = if i == m {
-                row_best.0
-            } else {
-                row_best.0.saturating_sub(sc.clip)
-            };
-            if end_score > best.0 {
-                best = (end_score, i, row_best.1);
-            }
-            std::mem::swap(&mut self.h, &mut self.h_prev);
-            std::mem::swap(&mut self.f, &mut self.f_prev);
-        }
-        if best.0 <= NEG / 2 {
-            return None;
-        }
+        let best = if score_bound(m, width, sc) < NARROW_LIMIT {
+            fill(
+                &mut self.narrow,
+                &mut self.trace,
+                read,
+                reference,
+                lo,
+                width,
+                sc,
+            )
+        } else {
+            fill(
+                &mut self.wide,
+                &mut self.trace,
+                read,
+                reference,
+                lo,
+                width,
+                sc,
+            )
+        }?;
         Some(self.traceback(read, reference, best, lo, width))
     }
 
@@ -406,6 +394,177 @@ impl Aligner {
     }
 }
 
+/// Largest magnitude any cell of a `m`-row, `width`-column band can hold (scores of real paths
+/// and the gap runs leading out of them).
+fn score_bound(m: usize, width: usize, sc: &Scoring) -> i64 {
+    let p = |v: i32| i64::from(v.unsigned_abs());
+    let (m, width) = (m as i64, width as i64);
+    p(sc.clip)
+        + p(sc.mismatch).max(p(sc.ambiguous))
+        + 2 * p(sc.gap_open)
+        + p(sc.gap_extend) * (2 * m + width + 2)
+        + p(sc.matched) * m
+}
+
+/// Fills the banded DP matrix row by row and records the traceback bytes; returns the best end
+/// cell `(score, row, column)`, or `None` when the band misses the window.
+///
+/// Each row is three passes so that the two independent ones vectorise: (1) the diagonal, the
+/// vertical gap F and a fresh start after clipping, which depend on the previous row only;
+/// (2) the horizontal gap E, a left-to-right recurrence, with the row maximum; (3) the traceback
+/// byte. Ties break as in a cell-by-cell evaluation in the order diagonal, E, F, fresh start.
+fn fill<T: Lane>(
+    r: &mut Rows<T>,
+    trace: &mut [u8],
+    read: &[u8],
+    reference: &[u8],
+    lo: isize,
+    width: usize,
+    sc: &Scoring,
+) -> Option<(i32, usize, usize)> {
+    let m = read.len();
+    let n = reference.len();
+    let neg = T::NEG;
+    let open = T::of(sc.gap_open + sc.gap_extend);
+    let ext = T::of(sc.gap_extend);
+    let clip = T::of(sc.clip);
+    for v in [
+        &mut r.h,
+        &mut r.e,
+        &mut r.f,
+        &mut r.h_prev,
+        &mut r.f_prev,
+        &mut r.diag,
+        &mut r.partial,
+    ] {
+        v.clear();
+        v.resize(width + 1, neg);
+    }
+    r.ramp.clear();
+    r.ramp
+        .extend((0..=width).map(|k| T::of(sc.gap_extend.saturating_mul(k as i32))));
+    r.profile.clear();
+    for x in 0..=AMBIGUOUS {
+        r.profile
+            .extend(reference.iter().map(|&b| T::of(pair_score(x, b, sc))));
+    }
+    // Row 0: no read base used yet; any reference start inside the band is free.
+    for c in 0..width {
+        let j = lo + c as isize;
+        if (0..=n as isize).contains(&j) {
+            r.h_prev[c] = T::ZERO;
+        }
+    }
+    let mut best = (neg, 0usize, 0usize);
+    for i in 1..=m {
+        let a = usize::from(read[i - 1].min(AMBIGUOUS));
+        // Column c of row i is reference prefix length j = j0 + c; cells outside 0..=n are empty.
+        let j0 = i as isize + lo;
+        let cs = (-j0).clamp(0, width as isize) as usize;
+        let ce = (n as isize - j0 + 1).clamp(0, width as isize) as usize;
+        r.h[..width].fill(neg);
+        r.f[..width].fill(neg);
+        let mut row_best = (neg, 0usize);
+        if cs < ce {
+            let row_trace = &mut trace[i * width..(i + 1) * width];
+            // The j = 0 cell: nothing to its diagonal, no base to start on, only F.
+            let c1 = if j0 + cs as isize == 0 {
+                let (up_h, up_f) = (r.h_prev[cs + 1], r.f_prev[cs + 1]);
+                let (f_open, f_ext) = (up_h.sub(open), up_f.sub(ext));
+                r.f[cs] = f_open.max(f_ext);
+                r.diag[cs] = neg;
+                r.partial[cs] = neg.max(r.f[cs]);
+                row_trace[cs] = F_EXTEND * u8::from(f_ext > f_open);
+                cs + 1
+            } else {
+                cs
+            };
+            if c1 < ce {
+                let from = (j0 + c1 as isize - 1) as usize;
+                let scores = &r.profile[a * n + from..a * n + from + (ce - c1)];
+                let cells = r.f[c1..ce]
+                    .iter_mut()
+                    .zip(&mut r.diag[c1..ce])
+                    .zip(&mut r.partial[c1..ce])
+                    .zip(&mut row_trace[c1..ce]);
+                let prev = r.h_prev[c1..ce]
+                    .iter()
+                    .zip(&r.h_prev[c1 + 1..=ce])
+                    .zip(&r.f_prev[c1 + 1..=ce])
+                    .zip(scores);
+                for ((((f, d), p), t), (((&hd, &up_h), &up_f), &s)) in cells.zip(prev) {
+                    let (f_open, f_ext) = (up_h.sub(open), up_f.sub(ext));
+                    *f = f_open.max(f_ext);
+                    *t = F_EXTEND * u8::from(f_ext > f_open);
+                    *d = if hd > T::VALID { hd.add(s) } else { neg };
+                    *p = (*d).max(*f).max(s.sub(clip));
+                }
+            }
+            // E(c) = max(H(c-1) - open, E(c-1) - ext) with H = max(partial, E) unrolls (open >=
+            // ext) to max over c' < c of partial(c') - open - ext * (c - 1 - c'): a running
+            // maximum of partial(c') + ext * c', one dependent operation per cell instead of
+            // three, and everything else in the row vectorises.
+            let len = ce - cs;
+            let ramp = &r.ramp[..len];
+            for ((q, &p), &k) in r.h[cs..ce].iter_mut().zip(&r.partial[cs..ce]).zip(ramp) {
+                *q = p.add(k);
+            }
+            let mut run = neg;
+            for (e, &q) in r.e[cs..ce].iter_mut().zip(&r.h[cs..ce]) {
+                *e = run;
+                run = run.max(q);
+            }
+            // The row's first cell has nothing to its left: its E is no path.
+            r.e[cs] = neg.sub(ext);
+            for (e, &k) in r.e[cs + 1..ce].iter_mut().zip(ramp) {
+                *e = e.sub(open).sub(k);
+            }
+            for ((h, &p), &e) in r.h[cs..ce]
+                .iter_mut()
+                .zip(&r.partial[cs..ce])
+                .zip(&r.e[cs..ce])
+            {
+                *h = p.max(e);
+            }
+            // At the first cell E extends a "no path" left neighbour, as the recurrence says.
+            row_trace[cs] |= E_EXTEND * u8::from(neg.sub(ext) > neg.sub(open));
+            let left = r.h[cs..ce - 1].iter().zip(&r.e[cs..ce - 1]);
+            for (t, (&hl, &el)) in row_trace[cs + 1..ce].iter_mut().zip(left) {
+                *t |= E_EXTEND * u8::from(el.sub(ext) > hl.sub(open));
+            }
+            let cells = r.h[cs..ce]
+                .iter()
+                .zip(&r.diag[cs..ce])
+                .zip(&r.e[cs..ce])
+                .zip(&r.f[cs..ce]);
+            for (t, (((&h, &d), &e), &f)) in row_trace[cs..ce].iter_mut().zip(cells) {
+                // 0 diagonal, 1 E, 2 F, 3 fresh start: the first source, in that order, that
+                // reaches H.
+                let not_d = u8::from(d != h);
+                let not_e = not_d & u8::from(e != h);
+                *t |= FROM_DIAG + not_d + not_e + (not_e & u8::from(f != h));
+            }
+            let top = r.h[cs..ce].iter().fold(neg, |a, &b| a.max(b));
+            if top > neg {
+                if let Some(k) = r.h[cs..ce].iter().position(|&h| h == top) {
+                    row_best = (top, cs + k);
+                }
+            }
+        }
+        let end_score = if i == m {
+            row_best.0
+        } else {
+            row_best.0.sub(clip)
+        };
+        if end_score > best.0 {
+            best = (end_score, i, row_best.1);
+        }
+        std::mem::swap(&mut r.h, &mut r.h_prev);
+        std::mem::swap(&mut r.f, &mut r.f_prev);
+    }
+    (best.0 > T::VALID).then_some((best.0.get(), best.1, best.2))
+}
+
 fn finish(
     score: i32,
     ref_start: usize,
@@ -428,5 +587,235 @@ fn finish(
         mismatches,
         inserted,
         deleted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The row-pass kernel against the cell-by-cell scalar kernel it replaced, kept here as the
+    //! oracle: same score, CIGAR, span and counts on random reads with substitutions and indels,
+    //! for extension-sized bands and rescue-sized (window-wide) ones, in both lane widths.
+
+    use super::*;
+    use proptest::prelude::*;
+
+    const NEG: i32 = i32::MIN / 4;
+
+    /// The previous scalar kernel, cell by cell, unchanged apart from owning its buffers.
+    fn oracle(
+        read: &[u8],
+        reference: &[u8],
+        diagonal: isize,
+        band: usize,
+        sc: &Scoring,
+    ) -> Option<Alignment> {
+        let m = read.len();
+        let n = reference.len() as isize;
+        if m == 0 || n == 0 {
+            return None;
+        }
+        let width = 2 * band + 1;
+        let lo = diagonal - band as isize;
+        let open = sc.gap_open + sc.gap_extend;
+        let (mut h, mut e, mut f) = (vec![NEG; width], vec![NEG; width], vec![NEG; width]);
+        let (mut h_prev, mut f_prev) = (vec![NEG; width], vec![NEG; width]);
+        let mut trace = vec![0u8; (m + 1) * width];
+        for (c, hp) in h_prev.iter_mut().enumerate() {
+            if (0..=n).contains(&(lo + c as isize)) {
+                *hp = 0;
+            }
+        }
+        let mut best = (NEG, 0usize, 0usize);
+        for i in 1..=m {
+            let a = read[i - 1];
+            let mut row_best = (NEG, 0usize);
+            let (mut e_left, mut h_left) = (NEG, NEG);
+            for c in 0..width {
+                let j = i as isize + lo + c as isize;
+                if j < 0 || j > n {
+                    (h[c], e[c], f[c], e_left, h_left) = (NEG, NEG, NEG, NEG, NEG);
+                    continue;
+                }
+                let mut t = 0u8;
+                let e_open = h_left.saturating_sub(open);
+                let e_ext = e_left.saturating_sub(sc.gap_extend);
+                let ev = if e_ext > e_open {
+                    t |= E_EXTEND;
+                    e_ext
+                } else {
+                    e_open
+                };
+                let (up_h, up_f) = if c + 1 < width {
+                    (h_prev[c + 1], f_prev[c + 1])
+                } else {
+                    (NEG, NEG)
+                };
+                let f_open = up_h.saturating_sub(open);
+                let f_ext = up_f.saturating_sub(sc.gap_extend);
+                let fv = if f_ext > f_open {
+                    t |= F_EXTEND;
+                    f_ext
+                } else {
+                    f_open
+                };
+                let diag = if j >= 1 && h_prev[c] > NEG / 2 {
+                    h_prev[c] + pair_score(a, reference[(j - 1) as usize], sc)
+                } else {
+                    NEG
+                };
+                let (mut hv, mut from) = (diag, FROM_DIAG);
+                if ev > hv {
+                    (hv, from) = (ev, FROM_E);
+                }
+                if fv > hv {
+                    (hv, from) = (fv, FROM_F);
+                }
+                if j >= 1 {
+                    let start = -sc.clip + pair_score(a, reference[(j - 1) as usize], sc);
+                    if start > hv {
+                        (hv, from) = (start, FROM_CLIP);
+                    }
+                }
+                trace[i * width + c] = t | from;
+                (h[c], e[c], f[c], e_left, h_left) = (hv, ev, fv, ev, hv);
+                if hv > row_best.0 {
+                    row_best = (hv, c);
+                }
+            }
+            let end_score = if i == m {
+                row_best.0
+            } else {
+                row_best.0.saturating_sub(sc.clip)
+            };
+            if end_score > best.0 {
+                best = (end_score, i, row_best.1);
+            }
+            std::mem::swap(&mut h, &mut h_prev);
+            std::mem::swap(&mut f, &mut f_prev);
+        }
+        if best.0 <= NEG / 2 {
+            return None;
+        }
+        let tb = Aligner {
+            trace,
+            ..Aligner::default()
+        };
+        Some(tb.traceback(read, reference, best, lo, width))
+    }
+
+    fn base() -> impl Strategy<Value = u8> {
+        prop_oneof![60 => 0u8..4, 1 => Just(AMBIGUOUS)]
+    }
+
+    /// A read drawn from `reference` at `start` with substitutions, insertions and deletions.
+    fn mutate(reference: &[u8], start: usize, len: usize, edits: &[(usize, u8, u8)]) -> Vec<u8> {
+        let end = (start + len).min(reference.len());
+        let mut read = reference[start.min(end)..end].to_vec();
+        for &(at, kind, b) in edits {
+            if read.len() < 10 {
+                break;
+            }
+            let at = at % read.len();
+            match kind {
+                0 | 1 => read[at] = b,
+                2 => read.insert(at, b),
+                _ => {
+                    read.remove(at);
+                }
+            }
+        }
+        read
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(250))]
+
+        #[test]
+        fn same_alignment_as_scalar_kernel(
+            reference in proptest::collection::vec(base(), 100..400),
+            start in 0usize..120,
+            len in 30usize..200,
+            edits in proptest::collection::vec((0usize..200, 0u8..4, 0u8..5), 0..12),
+            shift in -20isize..20,
+            band in 0usize..24,
+        ) {
+            let read = mutate(&reference, start, len, &edits);
+            let sc = Scoring::default();
+            let diag = start as isize + shift;
+            let mut al = Aligner::new();
+            prop_assert_eq!(al.align(&read, &reference, diag, band, &sc), oracle(&read, &reference, diag, band, &sc));
+        }
+
+        #[test]
+        fn same_alignment_as_scalar_kernel_full_width(
+            reference in proptest::collection::vec(base(), 150..700),
+            start in 0usize..500,
+            len in 30usize..160,
+            edits in proptest::collection::vec((0usize..200, 0u8..4, 0u8..5), 0..12),
+        ) {
+            // Mate rescue: a band as wide as the window around its middle.
+            let read = mutate(&reference, start, len, &edits);
+            let sc = Scoring::default();
+            let slack = reference.len().saturating_sub(read.len()) / 2;
+            let mut al = Aligner::new();
+            prop_assert_eq!(
+                al.align(&read, &reference, slack as isize, slack + 1, &sc),
+                oracle(&read, &reference, slack as isize, slack + 1, &sc)
+            );
+        }
+
+        #[test]
+        fn wide_lanes_match_narrow_lanes_and_scalar(
+            reference in proptest::collection::vec(base(), 100..300),
+            start in 0usize..80,
+            len in 30usize..150,
+            edits in proptest::collection::vec((0usize..200, 0u8..4, 0u8..5), 0..12),
+            shift in -10isize..10,
+        ) {
+            let read = mutate(&reference, start, len, &edits);
+            let sc = Scoring::default();
+            let (diag, band) = (start as isize + shift, 16);
+            let width = 2 * band + 1;
+            let lo = diag - band as isize;
+            let mut al = Aligner::new();
+            let mut trace = vec![0u8; (read.len() + 1) * width];
+            let narrow = fill(&mut al.narrow, &mut trace, &read, &reference, lo, width, &sc);
+            let narrow_trace = trace.clone();
+            trace.fill(0);
+            let wide = fill(&mut al.wide, &mut trace, &read, &reference, lo, width, &sc);
+            prop_assert_eq!(narrow, wide);
+            if let Some(best) = wide {
+                al.trace = trace;
+                let w = al.traceback(&read, &reference, best, lo, width);
+                al.trace = narrow_trace;
+                prop_assert_eq!(&al.traceback(&read, &reference, best, lo, width), &w);
+                prop_assert_eq!(Some(w), oracle(&read, &reference, diag, band, &sc));
+            }
+        }
+    }
+
+    #[test]
+    fn long_reads_take_the_wide_lanes_and_agree() {
+        // 5 kbp: beyond the 16-bit kernel's range.
+        let mut x = 12345u64;
+        let reference: Vec<u8> = (0..5200)
+            .map(|_| {
+                x = x
+                    .wrapping_mul(6364136223846793005)
+                    .wrapping_add(1442695040888963407);
+                (x >> 62) as u8
+            })
+            .collect();
+        let read = mutate(
+            &reference,
+            100,
+            5000,
+            &[(700, 0, 1), (1900, 2, 3), (3100, 3, 0)],
+        );
+        let sc = Scoring::default();
+        assert!(score_bound(read.len(), 17, &sc) >= NARROW_LIMIT);
+        let got = Aligner::new().align(&read, &reference, 100, 8, &sc);
+        assert_eq!(got, oracle(&read, &reference, 100, 8, &sc));
+        assert!(got.is_some_and(|a| a.score > 9000));
     }
 }
