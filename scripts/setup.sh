@@ -31,7 +31,7 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # qemu-system-arm: qemu-system-aarch64, for the aarch64 guest (scripts/nvme-vm/run-aarch64.sh).
 TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit openssl minimap2
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
-  python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev sqlite3 dbench git
+  python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev liblmdb-dev sqlite3 dbench git
   nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra bwa bowtie2
   iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils qemu-system-arm)
 # Python modules: "module pip-name what-for".
