@@ -9,9 +9,9 @@
 use crate::error::StoreError;
 use crate::format::frame::ValuePointer;
 use crate::format::page::{
-    bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_index, decode_leaf,
-    encode_filter, encode_index, encode_leaf, Footer, IndexEntry, LeafEntry, LeafValue, PagePlace,
-    ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
+    bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_leaf, encode_filter,
+    encode_index, encode_leaf, index_child, leaf_find, Footer, IndexEntry, LeafEntry, LeafFind,
+    LeafValue, PagePlace, ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
 };
 use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
 use std::cmp::Reverse;
@@ -433,13 +433,12 @@ impl Run {
     fn seek_leaf(&self, key: &[u8], read: &mut ReadPage<'_>) -> Result<Option<u32>, StoreError> {
         let mut page = self.footer.index_root;
         for _ in 0..self.footer.index_levels {
-            let entries =
-                decode_index(&read(page)?, self.place(page)).map_err(self.corrupt(page))?;
-            let i = entries.partition_point(|e| e.key.as_slice() < key);
-            let Some(entry) = entries.get(i) else {
+            let child =
+                index_child(&read(page)?, self.place(page), key).map_err(self.corrupt(page))?;
+            let Some(child) = child else {
                 return Ok(None);
             };
-            page = entry.child;
+            page = child;
         }
         Ok(Some(page))
     }
@@ -486,30 +485,18 @@ impl Run {
         {
             return Ok(None);
         }
-        let mut page = f.index_root;
-        for _ in 0..f.index_levels {
-            let entries =
-                decode_index(&read(page)?, self.place(page)).map_err(self.corrupt(page))?;
-            let i = entries.partition_point(|e| e.key.as_slice() < key);
-            let Some(entry) = entries.get(i) else {
-                return Ok(None);
-            };
-            page = entry.child;
-        }
+        let Some(mut page) = self.seek_leaf(key, read)? else {
+            return Ok(None);
+        };
         // The versions of `key` start in this leaf and may go on in the following ones.
         while page < f.leaf_pages {
-            let entries =
-                decode_leaf(&read(page)?, self.place(page)).map_err(self.corrupt(page))?;
-            let start = entries.partition_point(|e| e.key.as_slice() < key);
-            for e in entries.into_iter().skip(start) {
-                if e.key != key {
-                    return Ok(None);
-                }
-                if e.lsn <= max_lsn {
-                    return Ok(Some(e));
-                }
+            match leaf_find(&read(page)?, self.place(page), key, max_lsn)
+                .map_err(self.corrupt(page))?
+            {
+                LeafFind::Found(e) => return Ok(Some(e)),
+                LeafFind::Absent => return Ok(None),
+                LeafFind::Continue => page += 1,
             }
-            page += 1;
         }
         if page == f.leaf_pages {
             return Ok(None);

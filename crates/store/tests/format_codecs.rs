@@ -8,8 +8,8 @@ use kura_store::format::frame::{
 use kura_store::format::manifest::{decode_records, ManifestRecord, RunMeta};
 use kura_store::format::page::{
     bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_index, decode_leaf,
-    encode_filter, encode_index, encode_leaf, Footer, IndexEntry, LeafEntry, LeafValue, PagePlace,
-    FILTER_BYTES_PER_PAGE,
+    encode_filter, encode_index, encode_leaf, index_child, leaf_find, Footer, IndexEntry,
+    LeafEntry, LeafFind, LeafValue, PagePlace, FILTER_BYTES_PER_PAGE,
 };
 use kura_store::format::superblock::Superblock;
 use kura_store::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
@@ -305,6 +305,8 @@ proptest! {
         let _ = ValuePointer::decode(&data);
         let _ = decode_leaf(&data, place);
         let _ = decode_index(&data, place);
+        let _ = leaf_find(&data, place, &data[..data.len().min(8)], u64::from(count));
+        let _ = index_child(&data, place, &data[..data.len().min(8)]);
         let _ = decode_filter(&data, place);
         let _ = Footer::decode(&data, place);
     }
@@ -320,7 +322,38 @@ proptest! {
         bytes[..4].copy_from_slice(&crc.to_le_bytes());
         let _ = decode_leaf(&bytes, place);
         let _ = decode_index(&bytes, place);
+        for e in &entries {
+            let _ = leaf_find(&bytes, place, &e.key, e.lsn);
+            let _ = index_child(&bytes, place, &e.key);
+        }
         let _ = Footer::decode(&bytes, place);
+    }
+
+    /// The searches that decode only what they touch answer what a search over the fully
+    /// decoded page answers, for every key of the page, keys between them and every LSN.
+    #[test]
+    fn page_searches_match_the_decoded_page(entries in leaf_entries(), probes in vec((key(), 0u64..1001), 20)) {
+        let place = PagePlace { seg_seq: 3, page: 9 };
+        let leaf = encode_leaf(place, &entries).expect("fits");
+        let children: Vec<IndexEntry> = entries
+            .iter()
+            .enumerate()
+            .map(|(i, e)| IndexEntry { key: e.key.clone(), child: i as u32 })
+            .collect();
+        let index = encode_index(place, &children).expect("fits");
+        let asked = entries.iter().map(|e| (e.key.clone(), e.lsn)).chain(probes);
+        for (key, lsn) in asked {
+            let start = entries.partition_point(|e| e.key < key);
+            let rest = &entries[start..];
+            let expected = match rest.iter().position(|e| e.key != key || e.lsn <= lsn) {
+                Some(i) if rest[i].key == key => LeafFind::Found(rest[i].clone()),
+                Some(_) => LeafFind::Absent,
+                None => LeafFind::Continue,
+            };
+            prop_assert_eq!(leaf_find(&leaf, place, &key, lsn).expect("valid leaf"), expected);
+            let child = children.get(children.partition_point(|c| c.key < key)).map(|c| c.child);
+            prop_assert_eq!(index_child(&index, place, &key).expect("valid index"), child);
+        }
     }
 }
 

@@ -235,31 +235,7 @@ pub fn decode_leaf(page: &[u8], place: PagePlace) -> Result<Vec<LeafEntry>, Form
     let (count, end) = check_header(page, PageKind::Leaf, place)?;
     let mut out: Vec<LeafEntry> = Vec::with_capacity(count as usize);
     for raw in unpack(page, count, end)? {
-        let mut r = Reader::new("leaf entry", raw);
-        let key_len = r.u16()? as usize;
-        let value_len = r.u16()? as usize;
-        let kind = r.u8()?;
-        let lsn = r.u64()?;
-        if key_len > MAX_KEY {
-            return Err(FormatError::BadField {
-                what: "leaf key length",
-                value: key_len as u64,
-            });
-        }
-        let key = r.bytes(key_len)?.to_vec();
-        let value = r.bytes(value_len)?;
-        let value = match kind {
-            1 => LeafValue::Inline(value.to_vec()),
-            2 => LeafValue::Pointer(ValuePointer::decode(value)?),
-            3 if value.is_empty() => LeafValue::Tombstone,
-            _ => {
-                return Err(FormatError::BadField {
-                    what: "leaf entry kind",
-                    value: kind.into(),
-                })
-            }
-        };
-        r.finish()?;
+        let LeafEntry { key, lsn, value } = parse_leaf_entry(raw)?;
         if let Some(prev) = out.last() {
             if (prev.key.as_slice(), std::cmp::Reverse(prev.lsn))
                 >= (key.as_slice(), std::cmp::Reverse(lsn))
@@ -273,6 +249,129 @@ pub fn decode_leaf(page: &[u8], place: PagePlace) -> Result<Vec<LeafEntry>, Form
         out.push(LeafEntry { key, lsn, value });
     }
     Ok(out)
+}
+
+/// The key and LSN of a raw leaf entry, without copying.
+fn leaf_key(raw: &[u8]) -> Result<(&[u8], u64), FormatError> {
+    let mut r = Reader::new("leaf entry", raw);
+    let key_len = r.u16()? as usize;
+    r.u16()?;
+    r.u8()?;
+    let lsn = r.u64()?;
+    if key_len > MAX_KEY {
+        return Err(FormatError::BadField {
+            what: "leaf key length",
+            value: key_len as u64,
+        });
+    }
+    Ok((r.bytes(key_len)?, lsn))
+}
+
+fn parse_leaf_entry(raw: &[u8]) -> Result<LeafEntry, FormatError> {
+    let (key, lsn) = leaf_key(raw)?;
+    let value_len = u16::from_le_bytes([raw[2], raw[3]]) as usize;
+    let kind = raw[4];
+    let mut r = Reader::new("leaf entry", raw);
+    r.bytes(13 + key.len())?;
+    let value = r.bytes(value_len)?;
+    let value = match kind {
+        1 => LeafValue::Inline(value.to_vec()),
+        2 => LeafValue::Pointer(ValuePointer::decode(value)?),
+        3 if value.is_empty() => LeafValue::Tombstone,
+        _ => {
+            return Err(FormatError::BadField {
+                what: "leaf entry kind",
+                value: kind.into(),
+            })
+        }
+    };
+    r.finish()?;
+    Ok(LeafEntry {
+        key: key.to_vec(),
+        lsn,
+        value,
+    })
+}
+
+/// The first position in `0..n` where `before(i)` is false (`before` must be true, then
+/// false), with a fallible test.
+fn partition(
+    n: usize,
+    mut before: impl FnMut(usize) -> Result<bool, FormatError>,
+) -> Result<usize, FormatError> {
+    let (mut lo, mut hi) = (0, n);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if before(mid)? {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// What a leaf holds of one key at or below an LSN.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LeafFind {
+    /// The newest version of the key at or below the LSN.
+    Found(LeafEntry),
+    /// The key's versions end in this page without one at or below the LSN (or it has none).
+    Absent,
+    /// Every entry from the key's place on is a newer version of it: the next leaf may go on.
+    Continue,
+}
+
+/// Looks for `key` at or below `max_lsn` in the leaf page read from `place`, decoding only the
+/// entries the binary search touches and the one found (the header, CRC and offset table are
+/// checked as [`decode_leaf`] does; entry order is trusted as far as the search goes, and a
+/// found entry always has the key sought).
+pub fn leaf_find(
+    page: &[u8],
+    place: PagePlace,
+    key: &[u8],
+    max_lsn: u64,
+) -> Result<LeafFind, FormatError> {
+    let (count, end) = check_header(page, PageKind::Leaf, place)?;
+    let raws = unpack(page, count, end)?;
+    let start = partition(raws.len(), |i| Ok(leaf_key(raws[i])?.0 < key))?;
+    for raw in &raws[start..] {
+        let (k, lsn) = leaf_key(raw)?;
+        if k != key {
+            return Ok(LeafFind::Absent);
+        }
+        if lsn <= max_lsn {
+            return parse_leaf_entry(raw).map(LeafFind::Found);
+        }
+    }
+    Ok(LeafFind::Continue)
+}
+
+/// The child of the index page read from `place` that holds the first key at or above `key`
+/// (`None` when every key of the page is below it), decoding only the entries the binary search
+/// touches.
+pub fn index_child(page: &[u8], place: PagePlace, key: &[u8]) -> Result<Option<u32>, FormatError> {
+    let (count, end) = check_header(page, PageKind::Index, place)?;
+    let raws = unpack(page, count, end)?;
+    let entry = |raw: &[u8]| -> Result<(u32, usize), FormatError> {
+        let mut r = Reader::new("index entry", raw);
+        let key_len = r.u16()? as usize;
+        let child = r.u32()?;
+        if key_len > MAX_KEY || 6 + key_len != raw.len() {
+            return Err(FormatError::BadField {
+                what: "index key length",
+                value: key_len as u64,
+            });
+        }
+        Ok((child, key_len))
+    };
+    let i = partition(raws.len(), |i| {
+        let (_, len) = entry(raws[i])?;
+        Ok(&raws[i][6..6 + len] < key)
+    })?;
+    raws.get(i)
+        .map(|raw| entry(raw).map(|(c, _)| c))
+        .transpose()
 }
 
 /// An index page of `entries` (keys non-decreasing; the caller's job).
