@@ -222,6 +222,18 @@ impl<'a> Mapper<'a> {
     /// insert window is [`MapOptions::insert`] or, when that is `None`, estimated from this batch
     /// (see [`Self::estimate_insert`]).
     pub fn map_pairs(&self, first: &[Read], second: &[Read]) -> Result<Vec<PairMapping>, MapError> {
+        self.map_pairs_with_window(first, second)
+            .map(|(out, _)| out)
+    }
+
+    /// [`Self::map_pairs`], also returning the insert window it used. The window it estimates is
+    /// the one [`Self::estimate_insert`] gives for the same batch (both take each mate's primary
+    /// placement), so a caller can keep it for later batches without mapping this one twice.
+    pub fn map_pairs_with_window(
+        &self,
+        first: &[Read],
+        second: &[Read],
+    ) -> Result<(Vec<PairMapping>, InsertWindow), MapError> {
         if first.len() != second.len() {
             return Err(MapError::MateCountMismatch {
                 first: first.len(),
@@ -238,7 +250,7 @@ impl<'a> Mapper<'a> {
         let window = self.opts.insert.unwrap_or_else(|| {
             estimate_window(cands.iter().map(|(a, b)| (a.hits.first(), b.hits.first())))
         });
-        par_map(&idx, self.opts.threads, |s, &i| {
+        let out = par_map(&idx, self.opts.threads, |s, &i| {
             let (a, b) = &cands[i];
             let pair = pair_up(a, b, window);
             if pair.proper {
@@ -246,7 +258,8 @@ impl<'a> Mapper<'a> {
             } else {
                 self.rescue(s, pair, &first[i], &second[i], window)
             }
-        })
+        })?;
+        Ok((out, window))
     }
 
     /// For a pair that did not pair up, looks for each mate inside the insert window of the other

@@ -504,18 +504,18 @@ pub fn map_reads(
                 }
                 let t = Instant::now();
                 // The insert window comes from the first batch and then stays fixed, so the
-                // output does not depend on where batches happen to split.
-                let mapper = match paired {
-                    Some(ref m) => m,
+                // output does not depend on where batches happen to split. The first batch is
+                // mapped once, estimating the window from its own placements.
+                let mapped = match paired {
+                    Some(ref m) => m.map_pairs(&first, &second)?,
                     None => {
+                        let (mapped, window) = single.map_pairs_with_window(&first, &second)?;
                         let mut with_insert = opts.clone();
-                        if with_insert.insert.is_none() {
-                            with_insert.insert = Some(single.estimate_insert(&first, &second)?);
-                        }
-                        paired.insert(Mapper::new(index, with_insert))
+                        with_insert.insert = Some(window);
+                        paired = Some(Mapper::new(index, with_insert));
+                        mapped
                     }
                 };
-                let mapped = mapper.map_pairs(&first, &second)?;
                 report.matching += t.elapsed();
                 let t = Instant::now();
                 sink.write_pairs(reference, &first, &second, &mapped)?;

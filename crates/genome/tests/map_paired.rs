@@ -196,3 +196,33 @@ fn mate_without_seeds_is_rescued_near_its_partner() {
         assert_eq!(h.nm, 13);
     }
 }
+
+#[test]
+fn first_batch_window_is_estimated_while_mapping_it() {
+    // The pipeline maps its first batch once and keeps the window that mapping estimated: it
+    // must be the window estimate_insert gives, and the mappings those of a fixed window.
+    let g = mapsim::genome(29, &[400_000], 6);
+    let idx = mapsim::index(&g);
+    let sim = mapsim::pairs(&g, 31, 1500, 150, 500);
+    let first: Vec<Read> = sim.iter().map(|p| p.0.clone()).collect();
+    let second: Vec<Read> = sim.iter().map(|p| p.1.clone()).collect();
+    let opts = MapOptions {
+        threads: 2,
+        ..MapOptions::default()
+    };
+    let mapper = Mapper::new(&idx, opts.clone());
+    let (out, window) = mapper.map_pairs_with_window(&first, &second).expect("maps");
+    assert_eq!(
+        window,
+        mapper.estimate_insert(&first, &second).expect("estimates")
+    );
+    let fixed = Mapper::new(
+        &idx,
+        MapOptions {
+            insert: Some(window),
+            ..opts
+        },
+    );
+    assert_eq!(out, fixed.map_pairs(&first, &second).expect("maps"));
+    assert_eq!(out, mapper.map_pairs(&first, &second).expect("maps"));
+}
