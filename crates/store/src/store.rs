@@ -26,6 +26,7 @@ use crate::space::Space;
 use crate::tree::{self, Merge, Output, RunHandle, Tree, MAX_LEVELS};
 use kura_engine::BlockDevice;
 use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
@@ -43,6 +44,9 @@ pub struct StoreOptions {
     pub memtable_bytes: usize,
     /// Level 0 is merged into level 1 once it holds more runs than this.
     pub l0_runs: usize,
+    /// Level 1 passes a run down once it holds more runs than this; each deeper level holds ten
+    /// times as many as the one above. A run takes one segment.
+    pub l1_runs: usize,
 }
 
 impl Default for StoreOptions {
@@ -53,11 +57,12 @@ impl Default for StoreOptions {
             max_group_bytes: 1 << 20,
             memtable_bytes: 16 << 20,
             l0_runs: 4,
+            l1_runs: 10,
         }
     }
 }
 
-/// Level `i >= 1` is merged into level `i + 1` once it holds more than `LEVEL_FANOUT^i` runs.
+/// Each level below level 1 holds this many times the runs of the one above.
 const LEVEL_FANOUT: usize = 10;
 /// The memtable is also flushed once the log chain spans more segments than this (or a quarter
 /// of the device's slots, if fewer): every open continues the log in a fresh segment, so many
@@ -200,6 +205,9 @@ struct Io {
     pending: Vec<u8>,
     pending_first: u64,
     pending_count: u32,
+    /// Per level, the largest key of the last run passed down from it: the next one taken
+    /// there is the one after it (wrapping), so every part of a level is merged down in turn.
+    compact_after: Vec<Option<Vec<u8>>>,
 }
 
 /// What readers look in: the memtable and the runs below it, swapped together.
@@ -224,6 +232,7 @@ pub struct Store {
     max_value: usize,
     memtable_bytes: usize,
     l0_runs: usize,
+    l1_runs: usize,
     max_log_segments: usize,
     segment_bytes: u64,
     segment_pages: u32,
@@ -340,6 +349,7 @@ impl Store {
                 pending: Vec::new(),
                 pending_first: 0,
                 pending_count: 0,
+                compact_after: vec![None; MAX_LEVELS],
             }),
             view: RwLock::new(View {
                 mem,
@@ -351,6 +361,7 @@ impl Store {
             max_value: sb.segment_size() as usize - 4 * PAGE_SIZE,
             memtable_bytes: opts.memtable_bytes,
             l0_runs: opts.l0_runs.max(1),
+            l1_runs: opts.l1_runs.max(1),
             max_log_segments: MAX_LOG_SEGMENTS.min(sb.slot_count / 4).max(1) as usize,
             segment_bytes: sb.segment_size(),
             segment_pages: sb.segment_pages(),
@@ -748,7 +759,11 @@ impl Store {
         Ok(())
     }
 
-    /// Merges levels over their limits into the next, from level 0 down.
+    /// Merges levels over their limits into the next, from level 0 down: all of level 0 with
+    /// all of level 1 (at most `l1_runs` segments; merging only the overlapped level-1 runs
+    /// would leave a small run per flush on keys written in order, and each run takes a
+    /// segment); from a deeper level, one run (the next after the last one taken there, in key
+    /// order) with the runs of the next level it overlaps.
     fn compact_due(&self, io: &mut Io) -> Result<(), StoreError> {
         loop {
             let tree = Arc::clone(&self.read_view().tree);
@@ -756,34 +771,60 @@ impl Store {
                 let limit = if l == 0 {
                     self.l0_runs
                 } else {
-                    LEVEL_FANOUT.saturating_pow(l as u32)
+                    self.l1_runs
+                        .saturating_mul(LEVEL_FANOUT.saturating_pow(l as u32 - 1))
                 };
                 tree.levels[l].len() > limit
             });
             let Some(level) = due else {
                 return Ok(());
             };
-            self.merge_levels(io, &tree, level, level + 1)?;
+            let runs = &tree.levels[level];
+            let picked = if level == 0 {
+                0..runs.len()
+            } else {
+                let after = io.compact_after[level].as_deref();
+                let i = after.map_or(0, |a| {
+                    runs.partition_point(|h| h.meta.smallest.as_slice() <= a)
+                });
+                let i = if i == runs.len() { 0 } else { i };
+                tree::widen(runs, i..i + 1)
+            };
+            let lo = picked.clone().map(|i| &runs[i].meta.smallest).min();
+            let hi = picked.clone().map(|i| &runs[i].meta.largest).max();
+            let (Some(lo), Some(hi)) = (lo, hi) else {
+                return Ok(());
+            };
+            let below = if level == 0 {
+                0..tree.levels[1].len()
+            } else {
+                tree::overlapping(&tree.levels[level + 1], lo, hi)
+            };
+            io.compact_after[level] = Some(hi.clone());
+            self.merge_runs(io, &tree, &[(level, picked), (level + 1, below)])?;
         }
     }
 
-    /// Merges every run of levels `first..=last` into new runs at `last`, keeping the versions
-    /// live snapshots need and dropping tombstones when nothing lies below `last`.
-    fn merge_levels(
+    /// Merges the runs `inputs` names (a range of runs per level, the output level's last) into
+    /// new runs that take the place of the output level's range, keeping the versions live
+    /// snapshots need and dropping tombstones when nothing lies below the output level.
+    fn merge_runs(
         &self,
         io: &mut Io,
         tree: &Tree,
-        first: usize,
-        last: usize,
+        inputs: &[(usize, Range<usize>)],
     ) -> Result<(), StoreError> {
-        let mut inputs = Tree::default();
-        for l in first..=last {
-            inputs.levels[l] = tree.levels[l].clone();
+        let Some((last, _)) = inputs.last().cloned() else {
+            return Ok(());
+        };
+        let mut picked = Tree::default();
+        for (l, r) in inputs {
+            picked.levels[*l] = tree.levels[*l][r.clone()].to_vec();
         }
         let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
         let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
         let (handles, written) = {
-            let sources = tree::sources(None, &inputs, None, None, false, &self.space);
+            let sources = tree::sources(None, &picked, None, None, false, &self.space);
             let mut merge = Merge::new(sources, false);
             let mut out = Output::new(
                 &self.space,
@@ -800,11 +841,15 @@ impl Store {
             out.finish()?
         };
         let mut next = tree.clone();
-        for l in first..=last {
-            next.levels[l].clear();
+        let mut handles = Some(handles);
+        for (l, r) in inputs {
+            let replacement: Vec<Arc<RunHandle>> = match handles.take_if(|_| *l == last) {
+                Some(new) => new.into_iter().map(Arc::new).collect(),
+                None => Vec::new(),
+            };
+            next.levels[*l].splice(r.clone(), replacement);
         }
-        next.levels[last] = handles.into_iter().map(Arc::new).collect();
-        let dropped: Vec<Arc<RunHandle>> = inputs.runs().cloned().collect();
+        let dropped: Vec<Arc<RunHandle>> = picked.runs().cloned().collect();
         let start = io.log_start;
         self.install(io, next, start, written, &dropped, false)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
@@ -828,7 +873,9 @@ impl Store {
                 .rev()
                 .find(|&l| !tree.levels[l].is_empty())
                 .unwrap_or(1);
-            self.merge_levels(&mut io, &tree, 0, last)
+            let all: Vec<(usize, Range<usize>)> =
+                (0..=last).map(|l| (l, 0..tree.levels[l].len())).collect();
+            self.merge_runs(&mut io, &tree, &all)
         });
         if let Err(e) = &result {
             if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {

@@ -19,6 +19,7 @@ use crate::space::Space;
 use crate::store::lock;
 use std::cmp::Reverse;
 use std::iter::Peekable;
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 /// Levels of the tree (level 0 and seven sorted levels).
@@ -257,6 +258,33 @@ pub(crate) fn sources<'a>(
         }
     }
     out
+}
+
+/// `range` of a level's runs widened until no run outside it shares a boundary key with one
+/// inside: the versions of one key may span neighbouring runs, and they must move together.
+pub(crate) fn widen(level: &[Arc<RunHandle>], range: Range<usize>) -> Range<usize> {
+    let (mut i, mut j) = (range.start, range.end);
+    if i >= j {
+        return range;
+    }
+    while i > 0 && level[i - 1].meta.largest == level[i].meta.smallest {
+        i -= 1;
+    }
+    while j < level.len() && level[j - 1].meta.largest == level[j].meta.smallest {
+        j += 1;
+    }
+    i..j
+}
+
+/// The runs of a sorted level whose keys meet `[lo, hi]`, widened (see [`widen`]); when none
+/// do, the empty range where runs of that key range would go.
+pub(crate) fn overlapping(level: &[Arc<RunHandle>], lo: &[u8], hi: &[u8]) -> Range<usize> {
+    let i = level.partition_point(|h| h.meta.largest.as_slice() < lo);
+    let j = level.partition_point(|h| h.meta.smallest.as_slice() <= hi);
+    if i >= j {
+        return i..i;
+    }
+    widen(level, i..j)
 }
 
 /// Merges sources key by key.

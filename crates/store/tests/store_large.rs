@@ -16,6 +16,9 @@ fn opts() -> StoreOptions {
     StoreOptions {
         segment_shift: SHIFT,
         memtable_bytes: 256 << 10,
+        // Level 1 passes runs down one at a time once it holds more than two, so level 2
+        // fills and merges from level 1 take one run and the level-2 runs it overlaps.
+        l1_runs: 2,
         ..StoreOptions::default()
     }
 }
@@ -82,6 +85,7 @@ fn fifty_thousand_keys_through_a_small_memtable() {
     let stats = store.stats();
     assert!(stats.flushes >= 20, "{stats:?}");
     assert!(stats.compactions >= 2, "{stats:?}");
+    assert!(stats.runs_per_level[2] > 2, "{stats:?}");
     assert!(stats.memtable_bytes <= 256 << 10, "{stats:?}");
     check(&store, &model, &deleted, 10);
     store.close().expect("close");
@@ -89,7 +93,10 @@ fn fifty_thousand_keys_through_a_small_memtable() {
     let store = reopen_with(&storage, &opts());
     check(&store, &model, &deleted, 10);
 
-    // Overwrite 10k keys round after round until more than the device's size was written.
+    // Overwrite 10k keys round after round until more than the device's size was written,
+    // while a snapshot taken before keeps seeing the old values through every flush and merge.
+    let snap = store.snapshot();
+    let frozen = model.clone();
     let hot: Vec<u32> = (0..KEYS)
         .filter(|i| !i.is_multiple_of(7))
         .take(10_000)
@@ -117,6 +124,20 @@ fn fifty_thousand_keys_through_a_small_memtable() {
     let after = store.stats();
     assert_eq!(after.runs_per_level[0], 0);
     check(&store, &model, &deleted, 10);
+    for (k, v) in frozen.iter().step_by(10) {
+        assert_eq!(store.get_at(&snap, k).expect("get_at").as_ref(), Some(v));
+    }
+    let seen = store
+        .scan_at(&snap, None, None, usize::MAX, false)
+        .expect("scan_at");
+    assert!(
+        seen.len() == frozen.len()
+            && seen
+                .iter()
+                .zip(&frozen)
+                .all(|(a, (k, v))| a.0 == *k && a.1 == *v)
+    );
+    drop(snap);
     store.close().expect("close");
     check(&reopen_with(&storage, &opts()), &model, &deleted, 10);
 }
