@@ -40,7 +40,7 @@ PYTHON_MODULES=(
   "plyvel plyvel Google LevelDB from Python, the interoperability peer of kura-kv's tests"
   "rocksdict rocksdict RocksDB from Python, the peer of kura bench kv and its replay tests"
   "pywgsim pywgsim the read simulator that defines the genome accuracy figures"
-  "pytest pytest the runner of the kura_store Python module's tests (crates/pystore)"
+  "pytest pytest the runner of the kura Python module's tests (crates/pystore)"
 )
 
 missing_after=()

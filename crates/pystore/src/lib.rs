@@ -1,35 +1,61 @@
-//! kura-pystore: kura's native key-value store ([`store`], the kura-store crate) as the Python
-//! module `kura_store` (issue 18). This crate owns the Python-facing API only: how store handles,
-//! write batches, snapshots and scans look from Python, which Python exception each store error
-//! becomes, and when the GIL is released. The store itself (format, recovery, group commit) is
-//! kura-store's.
+//! kura-pystore: kura's key-value stores as the Python module `kura` (issue 18). This crate owns
+//! the Python-facing API only: `kura.DB` (plyvel's API over both engines: Google LevelDB through
+//! kura-kv, and the native store; `db.rs`) and `kura.Store` (the native store's own API, with
+//! stats and compaction; this file), which Python exception each engine error becomes, and when
+//! the GIL is released. The engines (formats, recovery, group commit) are their crates'.
 //!
 //! # Why pyo3, and how it is built
 //!
 //! pyo3 is the well-kept Rust binding of CPython: safe reference counting, argument parsing,
-//! exceptions and GIL handling come from it instead of hand-written C-API calls. The crate
-//! builds with plain `cargo build -p kura-pystore`; no maturin is needed. Its `abi3-py39`
-//! feature targets CPython's stable ABI, so one build loads in any CPython from 3.9 on (this
-//! machine's 3.11, Debian bookworm's python3), and `extension-module` leaves libpython unlinked
-//! (the importing interpreter provides it). Copying `target/debug/libkura_store.so` to a
-//! directory on `PYTHONPATH` as `kura_store.so` makes it importable; the test
-//! (`tests/python.rs`) does exactly that and runs `tests/test_store.py` under pytest.
+//! exceptions and GIL handling come from it instead of hand-written C-API calls. Its `abi3-py39`
+//! feature targets CPython's stable ABI, so one build loads in any CPython from 3.9 on, and
+//! `extension-module` leaves libpython unlinked (the importing interpreter provides it). Two ways
+//! to build it: `pip install ./crates/pystore` (maturin, the build backend named in its
+//! `pyproject.toml`, makes a release wheel and installs it), or `cargo build -p kura-pystore` and
+//! copy `target/debug/libkura_store.so` to a directory on `PYTHONPATH` as `kura.so`, which is what
+//! the test (`tests/python.rs`) does before it runs the pytest suites in `tests/`.
 //!
 //! # Usage
 //!
 //! ```python
-//! import kura_store
+//! import kura
+//!
+//! # LevelDB in a host directory (plyvel opens it too), or with dev="file:fs.img" a directory
+//! # inside the AccelFS on that device; the native store on a raw device with name "/".
+//! with kura.DB("/tmp/kv-leveldb", engine="leveldb", create_if_missing=True) as db:
+//!     db.put(b"apple", b"red")
+//!     db.put(b"cherry", b"dark", sync=True)   # durable when it returns
+//!     assert db.get(b"nope") is None and db.get(b"nope", b"-") == b"-"
+//!     with db.write_batch(transaction=True) as wb:   # atomic; dropped if the block raises
+//!         wb.put(b"banana", b"yellow")
+//!         wb.delete(b"apple")
+//!     with db.snapshot() as snap:
+//!         db.put(b"date", b"brown")
+//!         assert snap.get(b"date") is None
+//!     print(list(db.iterator(start=b"b", stop=b"d", reverse=True)))
+//!     print(list(db.iterator(prefix=b"da", include_value=False)))
+//!
+//! with kura.DB("/", engine="native", dev="file:/tmp/kv-native.img?size=64M",
+//!              create_if_missing=True) as db:   # formats a blank device only
+//!     db.put(b"fig", b"purple")
+//!     print(list(db.iterator()))
+//! ```
+//!
+//! `kura.Store` is the native store with its own names (scan with a limit, compact, stats):
+//!
+//! ```python
+//! import kura
 //!
 //! # create=True formats the device (whatever it held is lost); without it an existing
 //! # store is opened. Any engine device spec works: file:, uring:, mem:, fault(...), ...
-//! with kura_store.Store("file:/tmp/kv.img?size=256M", create=True) as db:
+//! with kura.Store("file:/tmp/kv.img?size=256M", create=True) as db:
 //!     db.put(b"apple", b"red")
 //!     db[b"banana"] = b"yellow"          # the same as put(..., sync=False)
 //!     db.put(b"cherry", b"dark", sync=True)  # durable when it returns
 //!     assert db.get(b"apple") == b"red" and db.get(b"nope") is None
 //!     assert b"banana" in db
 //!
-//!     batch = kura_store.WriteBatch()
+//!     batch = kura.WriteBatch()
 //!     batch.put(b"date", b"brown")
 //!     batch.delete(b"apple")
 //!     db.write(batch, sync=True)         # all or nothing, also across a crash
@@ -46,25 +72,28 @@
 //!     db.compact()                       # everything into one sorted level
 //!     print(db.stats())                  # {'batches': 6, 'groups': 6, 'flushes': 1, ...}
 //!
-//! with kura_store.Store("file:/tmp/kv.img") as db:   # reopen: the log is replayed
+//! with kura.Store("file:/tmp/kv.img") as db:   # reopen: the log is replayed
 //!     assert db[b"date"] == b"brown"
 //! ```
 //!
 //! Keys and values are `bytes` (anything else is a `TypeError`). Errors are subclasses of
-//! `kura_store.Error`: `CorruptError` (stored bytes failed their checks, or no valid
-//! superblock), `FullError`, `RefusedError` (key or batch too large), `DeviceError`,
-//! `StoppedError` (an earlier write failed; reopen), `LockedError` (another open handle or
-//! process holds the image: the engine `flock`s images), and `ClosedError` (use after
-//! `close()`). A malformed spec or bad option is a `ValueError`, a missing image file an
-//! `OSError`.
+//! `kura.Error`: `CorruptError` (also named `CorruptionError`, plyvel's name: stored bytes failed
+//! their checks, or no valid superblock), `FullError`, `RefusedError` (key or batch too large),
+//! `DeviceError` (also `kura.IOError`), `StoppedError` (an earlier write failed; reopen),
+//! `LockedError` (another open handle or process holds the image or LevelDB's LOCK),
+//! `NotFoundError` (no database there and `create_if_missing` off), `UnavailableError` (a build
+//! without LevelDB) and `ClosedError` (use after `close()`). A malformed spec or bad option is a
+//! `ValueError`, a missing image file an `OSError`, C++ out of memory a `MemoryError`.
 //!
-//! Every call that reads or writes the store releases the GIL while it runs, so Python threads
-//! overlap in the store (concurrent writers share group commits). A scan holds a snapshot
-//! (which keeps the versions it sees from being dropped) until it is exhausted or dropped, and
-//! fetches pairs a page at a time through kura-store's bounded `scan_at`, which returns a Vec
-//! per page: kura-store has no streaming iterator yet.
+//! Every call that reads or writes a store releases the GIL while it runs, so Python threads
+//! overlap in the store (concurrent writers share group commits). A scan or iterator holds a
+//! snapshot (which keeps the versions it sees from being dropped) until it is exhausted, closed
+//! or dropped, and fetches pairs a page at a time through the engines' bounded scans, which
+//! return a Vec per page: neither engine's Rust API has a streaming iterator yet.
 
 #![forbid(unsafe_code)]
+
+mod db;
 
 use pyo3::exceptions::{PyException, PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
@@ -75,51 +104,65 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
 use store::{Pair, Snapshot, StoreError, StoreOptions};
 
 pyo3::create_exception!(
-    kura_store,
+    kura,
     Error,
     PyException,
     "Base class of every error the store raises."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     CorruptError,
     Error,
     "Stored bytes failed their checks (CRC32C, magic, fields), or the device holds no valid \
      superblock. The store never returns wrong data instead."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     FullError,
     Error,
     "Every segment slot of the device is in use."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     RefusedError,
     Error,
     "The input cannot be stored: a key or a write batch is too large."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     DeviceError,
     Error,
     "The device failed a read, write or flush."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     StoppedError,
     Error,
     "An earlier write failed, so the store takes no more writes until it is reopened (reads \
      still work)."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
     LockedError,
     Error,
     "The image is held by another open Store or process (kura lets one writer open an image)."
 );
 pyo3::create_exception!(
-    kura_store,
+    kura,
+    NotFoundError,
+    Error,
+    "No database where DB() looked (a LevelDB directory without one, a blank native device), \
+     and create_if_missing was False."
+);
+pyo3::create_exception!(
+    kura,
+    UnavailableError,
+    Error,
+    "This build of the module has no LevelDB engine (libleveldb-dev was missing when it was \
+     built): engine=\"leveldb\" cannot open anything."
+);
+pyo3::create_exception!(
+    kura,
     ClosedError,
     Error,
     "The Store, Snapshot or scan was used after it was closed."
@@ -167,7 +210,7 @@ enum Opening {
     Store(StoreError),
 }
 
-fn store_error(e: StoreError) -> PyErr {
+pub(crate) fn store_error(e: StoreError) -> PyErr {
     store_error_in(e, "")
 }
 
@@ -192,7 +235,7 @@ fn store_error_in(e: StoreError, place: &str) -> PyErr {
     }
 }
 
-fn open_error(spec: &str, e: kura_engine::OpenError) -> PyErr {
+pub(crate) fn open_error(spec: &str, e: kura_engine::OpenError) -> PyErr {
     use kura_engine::OpenError;
     let text = format!("opening `{spec}`: {e}");
     match e {
@@ -324,7 +367,7 @@ fn value_or<'py>(
 /// None keeps kura-store's default. A Store is a context manager: leaving the block closes it
 /// (a final sync). One Store at a time may hold an image: a second one, in this or another
 /// process, raises LockedError.
-#[pyclass(module = "kura_store", frozen)]
+#[pyclass(module = "kura", frozen)]
 struct Store {
     shared: Arc<Shared>,
     spec: String,
@@ -601,7 +644,7 @@ impl Store {
 
     fn __repr__(&self) -> String {
         let state = if self.closed() { " (closed)" } else { "" };
-        format!("kura_store.Store({:?}){state}", self.spec)
+        format!("kura.Store({:?}){state}", self.spec)
     }
 }
 
@@ -612,7 +655,7 @@ impl Store {
 ///
 /// Store.write_batch(sync=False) makes one bound to its store for a with-block: the batch is
 /// written when the block ends normally and dropped when it raises.
-#[pyclass(module = "kura_store", name = "WriteBatch", frozen)]
+#[pyclass(module = "kura", name = "WriteBatch", frozen)]
 struct WriteBatch {
     ops: Mutex<store::WriteBatch>,
     /// The store a with-block writes to and its sync flag (Store.write_batch).
@@ -674,7 +717,7 @@ impl WriteBatch {
     }
 
     fn __repr__(&self) -> String {
-        format!("kura_store.WriteBatch(<{} ops>)", self.__len__())
+        format!("kura.WriteBatch(<{} ops>)", self.__len__())
     }
 }
 
@@ -683,7 +726,7 @@ impl WriteBatch {
 /// get and scan see the store as it was when the snapshot was taken, whatever is written
 /// since. It keeps the versions it sees in memory until close() (or the end of its with-block,
 /// or the store's close); using it after that raises ClosedError.
-#[pyclass(module = "kura_store", name = "Snapshot", frozen)]
+#[pyclass(module = "kura", name = "Snapshot", frozen)]
 struct SnapshotView {
     shared: Arc<Shared>,
     view: Arc<View>,
@@ -761,7 +804,7 @@ struct ScanState {
 }
 
 /// An iterator of (key, value) pairs, from Store.scan or Snapshot.scan.
-#[pyclass(module = "kura_store", name = "Scan", frozen)]
+#[pyclass(module = "kura", name = "Scan", frozen)]
 struct Scan {
     /// Keeps the store's shared state (and its registry of views) alive while iterating.
     _shared: Arc<Shared>,
@@ -867,22 +910,40 @@ impl Scan {
     }
 }
 
-/// kura's native key-value store (kura-store): ordered bytes keys on a raw engine device, with
-/// atomic write batches, snapshots and bounded scans. See help(kura_store.Store).
+/// Whether this build has the LevelDB engine (kura.DB(..., engine="leveldb")); without it
+/// (libleveldb-dev missing when the module was built) such a DB raises UnavailableError.
+#[pyfunction]
+fn leveldb_available() -> bool {
+    kura_kv::leveldb_available()
+}
+
+/// kura's key-value stores from Python: DB (plyvel's API over Google LevelDB or kura's native
+/// store) and Store (the native store's own API, with stats and compaction). See help(kura.DB).
 #[pymodule]
-fn kura_store(m: &Bound<'_, PyModule>) -> PyResult<()> {
+fn kura(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
+    m.add_class::<db::PyDb>()?;
+    m.add_class::<db::PyWriteBatch>()?;
+    m.add_class::<db::PySnapshot>()?;
+    m.add_class::<db::PyIterator>()?;
+    m.add_function(wrap_pyfunction!(leveldb_available, m)?)?;
     m.add_class::<Store>()?;
     m.add_class::<WriteBatch>()?;
     m.add_class::<SnapshotView>()?;
     m.add_class::<Scan>()?;
     m.add("Error", py.get_type::<Error>())?;
     m.add("CorruptError", py.get_type::<CorruptError>())?;
+    // plyvel's name for it.
+    m.add("CorruptionError", py.get_type::<CorruptError>())?;
     m.add("FullError", py.get_type::<FullError>())?;
     m.add("RefusedError", py.get_type::<RefusedError>())?;
     m.add("DeviceError", py.get_type::<DeviceError>())?;
+    // plyvel's name for it (kura.IOError, not the builtin).
+    m.add("IOError", py.get_type::<DeviceError>())?;
     m.add("StoppedError", py.get_type::<StoppedError>())?;
     m.add("LockedError", py.get_type::<LockedError>())?;
+    m.add("NotFoundError", py.get_type::<NotFoundError>())?;
+    m.add("UnavailableError", py.get_type::<UnavailableError>())?;
     m.add("ClosedError", py.get_type::<ClosedError>())?;
     Ok(())
 }

@@ -1,6 +1,9 @@
-//! Runs the Python tests of the `kura_store` module (`tests/test_store.py`) under pytest: the
-//! built extension is copied into a temporary directory as `kura_store.so`, the name Python
-//! imports, and that directory is put on `PYTHONPATH`.
+//! Runs the Python tests of the `kura` module (`tests/test_*.py`) under pytest: the built
+//! extension is copied into a temporary directory as `kura.so`, the name Python imports, and that
+//! directory is put on `PYTHONPATH`. The LevelDB tests also get an AccelFS image formatted here
+//! (`KURA_TEST_ACCELFS_IMAGE`), and plyvel for the interoperability checks; what is missing skips
+//! through kura_testkit (so CI, where scripts/setup.sh installs both, fails instead), and the
+//! pytest suite is told with `KURA_TEST_NO_LEVELDB` / `KURA_TEST_NO_PLYVEL`.
 
 #![forbid(unsafe_code)]
 
@@ -43,7 +46,7 @@ fn python_has(module: &str) -> bool {
 }
 
 #[test]
-fn kura_store_module_passes_its_pytest_suite() {
+fn kura_module_passes_its_pytest_suites() {
     if kura_testkit::which("python3").is_none() {
         kura_testkit::skip(
             "pystore::python",
@@ -61,18 +64,48 @@ fn kura_store_module_passes_its_pytest_suite() {
         return;
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
-    std::fs::copy(extension(), dir.path().join("kura_store.so")).expect("copying the extension");
-    let tests = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/test_store.py");
-    let out = Command::new("python3")
+    std::fs::copy(extension(), dir.path().join("kura.so")).expect("copying the extension");
+    let mut pytest = Command::new("python3");
+    pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
-        .arg(&tests)
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"))
         // pytest's own temporary files stay inside this test's directory.
         .arg("--basetemp")
         .arg(dir.path().join("pytest"))
         .env("PYTHONPATH", dir.path())
-        .env("PYTHONDONTWRITEBYTECODE", "1")
-        .output()
-        .expect("running python3 -m pytest");
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    if !kura_kv::leveldb_available() {
+        kura_testkit::skip(
+            "pystore::python leveldb engine",
+            "leveldb",
+            "kura-kv was built without LevelDB (install libleveldb-dev; scripts/setup.sh does)",
+        );
+        pytest.env("KURA_TEST_NO_LEVELDB", "1");
+    } else if !python_has("plyvel") {
+        kura_testkit::skip(
+            "pystore::python plyvel interop",
+            "plyvel",
+            "plyvel is not installed for python3 (scripts/setup.sh installs it)",
+        );
+        pytest.env("KURA_TEST_NO_PLYVEL", "1");
+    }
+    // An AccelFS for kura.DB(engine="leveldb", dev=...), as `kura mkfs` would make it.
+    let image = dir.path().join("accelfs.img");
+    let dev = kura_engine::open(&format!("file:{}?size=64M", image.display()))
+        .expect("creating the AccelFS image");
+    kura_accelfs::FileSystem::format(
+        dev,
+        kura_accelfs::MkfsOptions {
+            block_size: 4096,
+            inodes: None,
+        },
+        kura_accelfs::MountOptions::default(),
+    )
+    .expect("formatting the AccelFS image")
+    .unmount()
+    .expect("unmounting the AccelFS image");
+    pytest.env("KURA_TEST_ACCELFS_IMAGE", &image);
+    let out = pytest.output().expect("running python3 -m pytest");
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     println!("{stdout}");
