@@ -110,7 +110,20 @@ impl Tree {
         space: &Mutex<Space>,
         segment_bytes: u64,
     ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
-        for h in self.runs() {
+        // Level 0's runs overlap: each is asked. A deeper level is in key order, so only the
+        // runs from the first whose largest key is at or above `key` can hold it (more than
+        // one when they share `key` as a boundary).
+        let candidates = self.levels.iter().enumerate().flat_map(|(l, runs)| {
+            let first = if l == 0 {
+                0
+            } else {
+                runs.partition_point(|h| h.meta.largest.as_slice() < key)
+            };
+            runs[first..]
+                .iter()
+                .take_while(move |h| l == 0 || h.meta.smallest.as_slice() <= key)
+        });
+        for h in candidates {
             if key < h.meta.smallest.as_slice() || key > h.meta.largest.as_slice() {
                 continue;
             }
