@@ -1,7 +1,7 @@
 //! The metadata storm of `kura bench fs --threads` on AccelFS alone, for profiling: N threads
 //! each creating a small file in one shared directory, writing 512 bytes, stat-ing and
-//! unlinking it, nothing synced; then N threads of cached 4 KiB random reads of their own files
-//! (the state lock's shared path).
+//! unlinking it, nothing synced; then N threads of cached 4 KiB random reads of their own files,
+//! then of one shared file (the state lock's shared path).
 //!
 //! ```text
 //! cargo run --release -p kura-accelfs --example metadata -- [SPEC] [THREADS,...] [SECONDS]
@@ -40,7 +40,7 @@ fn main() -> Result<(), Error> {
         },
     )?;
     fs.mkdir("/meta")?;
-    for t in 0..max_n {
+    for t in 0..=max_n {
         let data: Vec<u8> = (0..READ_FILE_BYTES)
             .map(|i| (i / BLOCK + t) as u8)
             .collect();
@@ -48,7 +48,7 @@ fn main() -> Result<(), Error> {
         fs.read(&format!("/read-{t}"))?;
     }
     fs.sync()?;
-    let mut base = [0.0f64; 2];
+    let mut base = [0.0f64; 3];
     for &n in &threads {
         let meta = run(n, span, |t, stop| {
             let data = vec![t as u8; 512];
@@ -64,8 +64,8 @@ fn main() -> Result<(), Error> {
             }
             Ok(ops)
         })?;
-        let reads = run(n, span, |t, stop| {
-            let f = fs.open(&format!("/read-{t}"))?;
+        let reads = |t: usize, file: usize, stop: &AtomicBool| -> Result<u64, Error> {
+            let f = fs.open(&format!("/read-{file}"))?;
             let blocks = (READ_FILE_BYTES / BLOCK) as u64;
             let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ (t as u64 + 1);
             let mut buf = vec![0u8; BLOCK];
@@ -76,16 +76,22 @@ fn main() -> Result<(), Error> {
                 x ^= x << 17;
                 let b = x % blocks;
                 f.read_exact_at(b * BLOCK as u64, &mut buf)?;
-                if buf[0] != (b as usize + t) as u8 {
+                if buf[0] != (b as usize + file) as u8 {
                     return Err("a read returned another block".into());
                 }
                 ops += 1;
             }
             Ok(ops)
-        })?;
-        for (i, (what, rate)) in [("metadata storm", meta), ("cached reads, own file", reads)]
-            .into_iter()
-            .enumerate()
+        };
+        let own = run(n, span, |t, stop| reads(t, t, stop))?;
+        let shared = run(n, span, |t, stop| reads(t, max_n, stop))?;
+        for (i, (what, rate)) in [
+            ("metadata storm", meta),
+            ("cached reads, own file", own),
+            ("cached reads, one file", shared),
+        ]
+        .into_iter()
+        .enumerate()
         {
             if n == threads[0] {
                 base[i] = rate;

@@ -4,8 +4,8 @@
 //! and calls a method of the mounted state; paths are split by `path.rs`.
 //!
 //! Thread-safe: a `FileSystem` is a cheap handle that can be cloned into threads. The state
-//! lock is a sharded read-write lock (`crossbeam_utils::sync::ShardedLock`, so that readers on
-//! different cores do not share one reader counter): reads of cached data, `stat` of inodes in
+//! lock is a read-write lock striped per core (`striped.rs`, so that readers on different cores
+//! do not share one reader counter): reads of cached data, `stat` of inodes in
 //! memory, handle checks and path lookups through directories in memory take it shared and run
 //! side by side; every change takes it exclusively. Nothing waits for the device holding it on
 //! the paths that matter: commits, cache misses, large reads,
@@ -25,6 +25,8 @@ pub mod cache;
 mod file;
 mod path;
 mod state;
+#[allow(unsafe_code)]
+mod striped;
 
 pub use cache::CacheStats;
 pub use file::{File, OpenOptions};
@@ -41,7 +43,7 @@ use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
 use state::Mounted;
-use crossbeam_utils::sync::{ShardedLock, ShardedLockReadGuard, ShardedLockWriteGuard};
+use striped::{ReadGuard, StripedRwLock, WriteGuard};
 use std::sync::{Arc, Condvar, Mutex};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
@@ -248,10 +250,10 @@ pub struct FileSystem {
 /// a group commit's leader finished (see [`FileSystem::group_commit`]).
 struct Shared {
     /// The state lock: shared for reads of cached data and `stat` of loaded inodes, exclusive
-    /// for everything else. Sharded ("# Locks" in `state/mod.rs`): a reader locks only its
-    /// thread's shard, a cache line of its own, so readers on different cores do not bounce
-    /// one counter between them; a writer locks every shard.
-    state: ShardedLock<Mounted>,
+    /// for everything else. Striped ("# Locks" in `state/mod.rs`): a reader locks only its
+    /// thread's stripe, a cache line of its own, so readers on different cores do not bounce
+    /// one counter between them; a writer locks every stripe.
+    state: StripedRwLock<Mounted>,
     /// Counts finished group commits; waiters sleep on `commit_finished` until it moves. Taken
     /// only while holding the state lock (exclusively) or holding nothing, and never held while
     /// taking another lock.
@@ -364,7 +366,7 @@ impl FileSystem {
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         Ok(FileSystem {
             inner: Arc::new(Shared {
-                state: ShardedLock::new(mounted),
+                state: StripedRwLock::new(mounted),
                 commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
             }),
@@ -372,16 +374,14 @@ impl FileSystem {
     }
 
     /// Takes the state lock exclusively.
-    fn lock(&self) -> ShardedLockWriteGuard<'_, Mounted> {
-        // A panic while holding the lock cannot leave a half-applied change on the device (only
-        // commits write metadata), so the state is still usable.
-        self.inner.state.write().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> WriteGuard<'_, Mounted> {
+        self.inner.state.write()
     }
 
     /// Takes the state lock shared: for what only looks at the mounted state (`&Mounted`).
     /// Never held while taking the lock exclusively (that would wait for itself).
-    fn read_lock(&self) -> ShardedLockReadGuard<'_, Mounted> {
-        self.inner.state.read().unwrap_or_else(|p| p.into_inner())
+    fn read_lock(&self) -> ReadGuard<'_, Mounted> {
+        self.inner.state.read()
     }
 
     /// Group commit (format §7): returns once every metadata change made before the call is

@@ -22,26 +22,27 @@
 //!
 //! Three locks, always taken in this order, never the other way round:
 //!
-//! 1. the **state lock** (`FileSystem`'s `ShardedLock` around this `Mounted`): every API call takes
-//!    it. It is a read-write lock split into shards (8, each a `std` `RwLock` on a cache line of
-//!    its own): a reader locks the one shard of its thread, a writer locks them all in order. So
-//!    shared readers on different cores write different cache lines (with one `RwLock`, every read
-//!    and its release wrote the one reader counter, and cached reads stopped scaling past 2-4
-//!    cores), and an exclusive lock costs a few more uncontended atomic operations, which the paths
-//!    that take it (changes, misses) can afford. **Shared** (`&Mounted`) for what only looks: a
-//!    read whose blocks are all cached ([`Mounted::read_cached`]: the inode's size and generation,
-//!    the cache's per-file table, a copy), `stat` of an inode already in memory
-//!    ([`Mounted::loaded_metadata`]), a handle check ([`Mounted::check_loaded_handle`]), path
-//!    resolution, lookups and listings through directories in memory ([`Mounted::resolve_loaded`],
-//!    [`Mounted::lookup_loaded`], [`Mounted::list_loaded`]), `statfs`. Those never load anything
-//!    (loading changes the state): when the inode is not in memory or a block is missing they
-//!    return `None`, release the shared lock and the caller starts again under the exclusive lock.
-//!    **Exclusive** for everything else (every change, cache misses, loading metadata). The few
-//!    things a shared reader writes are atomics, each written only when its value must change (so
-//!    random reads of blocks already referenced write no line but their thread's stripe): a cached
-//!    block's `referenced` flag (the cache's second chance, `cache.rs`; set by the first hit after
-//!    the block moved), the hit counter (per-thread stripes, 128 bytes apart) and a sequential
-//!    reader's position (`next_sequential`, advanced only by a read that continues it);
+//! 1. the **state lock** (`FileSystem`'s `StripedRwLock` around this `Mounted`, `striped.rs`):
+//!    every API call takes it. It is a read-write lock split into stripes (one per core, each a
+//!    `std` `RwLock` on a cache line of its own): a reader locks the one stripe of its thread, a
+//!    writer locks them all in order. So shared readers on different cores write different cache
+//!    lines (with one `RwLock`, every read and its release wrote the one reader counter, and cached
+//!    reads stopped scaling past 2-4 cores), and an exclusive lock costs one more uncontended lock
+//!    per stripe, which the paths that take it (changes, misses) can afford. **Shared**
+//!    (`&Mounted`) for what only looks: a read whose blocks are all cached
+//!    ([`Mounted::read_cached`]: the inode's size and generation, the cache's per-file table, a
+//!    copy), `stat` of an inode already in memory ([`Mounted::loaded_metadata`]), a handle check
+//!    ([`Mounted::check_loaded_handle`]), path resolution, lookups and listings through directories
+//!    in memory ([`Mounted::resolve_loaded`], [`Mounted::lookup_loaded`],
+//!    [`Mounted::list_loaded`]), `statfs`. Those never load anything (loading changes the state):
+//!    when the inode is not in memory or a block is missing they return `None`, release the shared
+//!    lock and the caller starts again under the exclusive lock. **Exclusive** for everything else
+//!    (every change, cache misses, loading metadata). The few things a shared reader writes are
+//!    atomics, each written only when its value must change (so random reads of blocks already
+//!    referenced write no line but their thread's stripe): a cached block's `referenced` flag (the
+//!    cache's second chance, `cache.rs`; set by the first hit after the block moved), the hit
+//!    counter (per-thread stripes, 128 bytes apart) and a sequential reader's position
+//!    (`next_sequential`, advanced only by a read that continues it);
 //! 2. the **disk lock** ([`SharedDisk`]: the `FsDevice` and the `Journal`): every device command
 //!    and every look at the journal's images takes it, briefly or for the I/O. A read-write
 //!    lock: **exclusive** ([`SharedDisk::lock`]) for the journal, flushes and anything that
