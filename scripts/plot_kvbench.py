@@ -36,6 +36,6 @@ for ax, title in zip(axes, ["throughput (ops/s; entries/s for scans)", "p99 late
     ax.set_title(title)
     ax.grid(True, axis="y", which="both", alpha=0.3)
     ax.legend(fontsize=8)
-fig.suptitle("kura bench kv: Google LevelDB on AccelFS vs ext4 vs redirect, and RocksDB (same run)")
+fig.suptitle("kura bench kv: kura-store, LevelDB on AccelFS / host fs / redirect, RocksDB and LMDB (same run)")
 fig.tight_layout()
 fig.savefig(sys.argv[2], dpi=110)

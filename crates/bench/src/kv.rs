@@ -1,21 +1,23 @@
 //! `kura bench kv`: the paper's key-value figures. db_bench-style workloads (fillseq,
 //! fillrandom, fillsync, overwrite, readrandom, readseq) and YCSB core workloads A–F, each on
-//! Google LevelDB over AccelFS (direct), LevelDB over its POSIX Env on ext4, LevelDB over AccelFS
-//! through `redirect`, and RocksDB on ext4 (through `rocksdict`, replaying the exact same
-//! operation trace) — same keys, value sizes and block-cache budget, same run.
+//! kura's native store (kura-store on a raw `file:` image), Google LevelDB over AccelFS (direct),
+//! LevelDB over its POSIX Env on the host file system, LevelDB over AccelFS through `redirect`,
+//! RocksDB and LMDB on the host file system — same keys, value bytes and budgets, same run.
 //!
 //! Every system gets a fresh database per workload; the load phase is untimed, the run phase is
 //! timed per operation (throughput and p50/p99/p99.9 latency). The systems take turns in each of
-//! `--rounds` rounds (A B A B); each figure is the median round with its min–max, and the ratios
-//! are taken per round pair ([`crate::stats`]).
+//! `--rounds` rounds (A B C … A B C …); each figure is the median round with its min–max, and the
+//! ratios are taken per round pair ([`crate::stats`]).
 //!
-//! RocksDB is configured as LevelDB is: the same block cache, the same memtable (write buffer)
-//! size, a 10 bits/key bloom filter, no compression. The Python peer script takes the memtable
-//! size; the bloom filter is set by a small wrapper that runs it ([`ROCKSDB_EQUAL`]). Where g++
-//! and librocksdb-dev are installed, RocksDB is instead driven by a C++ replay program
-//! (`cpp/rocksdb_peer.cc`, compiled at run time and cached), in process as LevelDB is. The
-//! settings RocksDB actually used are read back from the OPTIONS file it writes, and kept in the
-//! JSON with the exact command line. The host file system is named by statfs, not assumed.
+//! RocksDB and LMDB run out of process in a C++ replay program (`peers/kv_replay.cc`, built with
+//! g++ once per engine and source, kept beside the `kura` binary) that reads the workload as a
+//! trace file the bench writes ([`kura_workload::write_workload`]), so every engine replays
+//! exactly the same operations; the peer times the run phase itself, and the bench records the
+//! process's wall time too. RocksDB is configured as LevelDB is: the same block cache, memtable
+//! (write buffer) size, a 10 bits/key bloom filter, no compression; the settings it actually used
+//! are read back from the OPTIONS file it writes. LMDB has no cache or memtable of its own; it
+//! runs with MDB_NORDAHEAD, and MDB_NOSYNC only where the workload does not sync. Every peer
+//! command line is kept in the JSON. The host file system is named by statfs, not assumed.
 
 use crate::output::{plot_help, RunArgs};
 use crate::stats::{compare, quotient, Compared, Spread};
@@ -23,6 +25,7 @@ use anyhow::{bail, Context};
 use indicatif::{ProgressBar, ProgressStyle};
 use kura_accelfs::{FileSystem, MkfsOptions, MountOptions};
 use kura_kv::{Db, DbOptions, Location};
+use kura_store::{Store, StoreOptions};
 use kura_workload::{Op, Workload};
 use serde::Serialize;
 use std::path::{Path, PathBuf};
@@ -30,20 +33,24 @@ use std::process::Command;
 use std::time::Instant;
 
 const PLOT: &str = include_str!("../../../scripts/plot_kvbench.py");
-const PEER: &str = include_str!("../../../scripts/kv_rocksdb_peer.py");
+
+/// Every system, in the order they take turns and fill the table.
+const SYSTEMS: [&str; 6] = ["native", "accelfs", "posix", "redirect", "rocksdb", "lmdb"];
 
 #[derive(Debug, Clone, clap::Args)]
 #[command(mut_arg("plot", |a| plot_help(a, "kv")))]
 pub struct KvBenchArgs {
-    /// Directory for the images, the ext4 databases and RocksDB (a disk file system).
+    /// Directory for the images, the ext4 databases, RocksDB and LMDB (a disk file system).
     #[arg(long, default_value_os_t = std::env::temp_dir())]
     pub dir: PathBuf,
     /// Comma-separated workloads: fillseq, fillrandom, fillsync, overwrite, readrandom,
     /// readseq, ycsb-a … ycsb-f, or `all`.
     #[arg(long, default_value = "all")]
     pub workloads: String,
-    /// Comma-separated systems: accelfs, posix, redirect, rocksdb.
-    #[arg(long, default_value = "accelfs,posix,redirect,rocksdb")]
+    /// Comma-separated systems: native (kura-store on a raw file: image), accelfs, posix,
+    /// redirect (LevelDB on AccelFS, the host file system, AccelFS through redirect), rocksdb,
+    /// lmdb.
+    #[arg(long, default_value = "native,accelfs,posix,redirect,rocksdb,lmdb")]
     pub systems: String,
     /// Records loaded (db_bench: keys written) per workload.
     #[arg(long, default_value_t = 50_000)]
@@ -57,7 +64,14 @@ pub struct KvBenchArgs {
     /// At most this much data per workload: records are reduced for large values.
     #[arg(long, default_value = "512M")]
     pub data: String,
-    /// Block cache of every store (LevelDB and RocksDB alike).
+    /// Data loaded per workload, replacing --records, --data and --quick's record cap: a size
+    /// (`2G`: records = size / value size), or `Nx`, N times the stores' memory budget (block
+    /// cache + memtable: --cache + 4 MiB). `--cache 252M --data-size 8x` loads 2 GiB into stores
+    /// given 256 MiB, so no engine wins by holding the data set in memory (the host's page cache
+    /// still can: say how much memory the host has when quoting such a run).
+    #[arg(long)]
+    pub data_size: Option<String>,
+    /// Block cache of every store that has one (LevelDB and RocksDB alike).
     #[arg(long, default_value = "8M")]
     pub cache: String,
     /// AccelFS buffer cache (ext4 has the whole page cache, which cannot be bounded here).
@@ -70,9 +84,9 @@ pub struct KvBenchArgs {
     /// min-max are reported. Default 5, or 1 with --quick.
     #[arg(long)]
     pub rounds: Option<usize>,
-    /// How RocksDB is driven: `cpp` (a C++ replay program compiled with g++ against
-    /// librocksdb-dev, in process like LevelDB), `python` (rocksdict), or `auto` (cpp where it
-    /// builds, else python).
+    /// How RocksDB is driven. `cpp` and `auto` both mean the C++ replay program
+    /// (peers/kv_replay.cc against librocksdb-dev); `python` (the rocksdict script) was removed
+    /// and is refused with a message.
     #[arg(long, default_value = "auto", value_parser = ["auto", "cpp", "python"])]
     pub rocksdb_peer: String,
     #[command(flatten)]
@@ -95,18 +109,26 @@ pub struct Point {
     pub p999_us: f64,
     /// Throughput over the rounds (the other figures are the median round's).
     pub ops_per_s_range: Spread,
+    /// Peers only: wall time of the whole peer process (trace parsing, open, load, run, close).
+    pub process_seconds: Option<f64>,
 }
 
 /// How one store was configured, and how it was run.
 #[derive(Debug, Clone, Serialize)]
 pub struct StoreSettings {
     pub system: String,
+    /// 0: the store has no block cache of its own (kura-store, LMDB: the host's page cache).
     pub block_cache_bytes: usize,
     pub write_buffer_bytes: usize,
+    /// 0: no bloom filter (LMDB, a B+ tree).
     pub bloom_bits_per_key: i32,
     pub compression: bool,
-    /// The peer's command line (RocksDB), or how it runs (LevelDB in this process).
+    /// The configuration in words, as the store (or its peer program) states it.
+    pub config: String,
+    /// The last peer command line, or how the store runs (in this process).
     pub command: String,
+    /// Peers: every command line run, one per (workload, value size, round).
+    pub commands: Vec<String>,
     /// RocksDB only: the settings its OPTIONS file recorded, as RocksDB wrote them.
     pub options_file: Vec<String>,
 }
@@ -114,13 +136,15 @@ pub struct StoreSettings {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub rounds: usize,
-    /// The file system of `--dir` (statfs): where LevelDB's POSIX Env and RocksDB write.
+    /// The file system of `--dir` (statfs): where LevelDB's POSIX Env, RocksDB and LMDB write.
     pub file_system: String,
     pub points: Vec<Point>,
     /// Ratios per (workload, value size), over the rounds' pairs.
     pub ratios: Vec<KvRatio>,
     pub settings: Vec<StoreSettings>,
     pub cache_bytes: usize,
+    /// Bytes loaded per workload at the first value size (records × value).
+    pub data_bytes: u64,
     pub peak_rss_bytes: u64,
     pub notes: Vec<String>,
 }
@@ -134,6 +158,7 @@ pub struct KvRatio {
     pub compared: Compared,
 }
 
+const NATIVE: &str = "kura-store/file";
 const ACCELFS: &str = "LevelDB/AccelFS";
 const REDIRECT: &str = "LevelDB/AccelFS/redirect";
 
@@ -147,24 +172,35 @@ fn rocksdb_name(fs: &str) -> String {
     format!("RocksDB/{fs}")
 }
 
-/// Bits per key of both stores' bloom filters.
-const BLOOM_BITS: i32 = 10;
+/// LMDB on the host file system `fs`.
+fn lmdb_name(fs: &str) -> String {
+    format!("LMDB/{fs}")
+}
 
-/// Runs the RocksDB peer script (its path first in argv) with every `BlockBasedOptions` given a
-/// bloom filter of the bits per key in `KURA_BLOOM_BITS`, as LevelDB's is.
-pub const ROCKSDB_EQUAL: &str = r#"import os, runpy, sys
-import rocksdict
-_plain = rocksdict.BlockBasedOptions
-_bits = float(os.environ["KURA_BLOOM_BITS"])
-def _with_bloom():
-    t = _plain()
-    t.set_bloom_filter(_bits, False)
-    return t
-rocksdict.BlockBasedOptions = _with_bloom
-peer = sys.argv[1]
-sys.argv = sys.argv[1:]
-runpy.run_path(peer, run_name="__main__")
-"#;
+/// The table's label of `system` (one of [`SYSTEMS`]) with the host file system `fs`.
+fn label(system: &str, fs: &str) -> String {
+    match system {
+        "native" => NATIVE.into(),
+        "accelfs" => ACCELFS.into(),
+        "redirect" => REDIRECT.into(),
+        "posix" => posix_name(fs),
+        "rocksdb" => rocksdb_name(fs),
+        _ => lmdb_name(fs),
+    }
+}
+
+/// The ratios reported: (short name, numerator, denominator), as labels for the file system `fs`.
+fn ratio_pairs(fs: &str) -> [(&'static str, String, String); 4] {
+    [
+        ("native/rocks", NATIVE.into(), rocksdb_name(fs)),
+        ("native/host", NATIVE.into(), posix_name(fs)),
+        ("fs/host", ACCELFS.into(), posix_name(fs)),
+        ("fs/rocks", ACCELFS.into(), rocksdb_name(fs)),
+    ]
+}
+
+/// Bits per key of the stores' bloom filters (kura-store's is fixed at the same 10).
+const BLOOM_BITS: i32 = 10;
 
 /// The RocksDB settings worth recording from its OPTIONS file.
 pub fn options_of_interest(text: &str) -> Vec<String> {
@@ -191,6 +227,20 @@ fn size_arg(s: &str) -> anyhow::Result<u64> {
     kura_engine::spec::parse_size(s).map_err(anyhow::Error::msg)
 }
 
+/// `--data-size`: a size, or `Nx` times `budget`.
+fn data_size(text: &str, budget: u64) -> anyhow::Result<u64> {
+    match text.trim().strip_suffix(['x', 'X']) {
+        Some(n) => {
+            let k: f64 = n
+                .parse()
+                .ok()
+                .filter(|k: &f64| k.is_finite() && *k > 0.0)
+                .with_context(|| format!("--data-size {text:?}: expected a size or Nx (8x)"))?;
+            Ok((budget as f64 * k) as u64)
+        }
+        None => size_arg(text).with_context(|| format!("--data-size {text:?}")),
+    }
+}
 /// Builds the named workload with `records` keys of `value` bytes.
 fn workload(
     name: &str,
@@ -214,9 +264,10 @@ fn workload(
     Ok(w)
 }
 
-/// Runs one phase against a `Db`; returns per-op latencies (µs) and scanned entries.
+/// Runs one phase against an in-process store; returns per-op latencies (µs) and scanned
+/// entries.
 fn run_phase(
-    db: &Db,
+    db: &impl Kv,
     w: &Workload,
     ops: kura_workload::Ops,
     timed: bool,
@@ -229,24 +280,16 @@ fn run_phase(
         match &op {
             Op::Insert { .. } | Op::Update { .. } => {
                 let v = w.value(&op).context("value outside the pool")?;
-                if sync {
-                    db.put_sync(op.key().as_bytes(), v)?;
-                } else {
-                    db.put(op.key().as_bytes(), v)?;
-                }
+                db.put(op.key().as_bytes(), v, sync)?;
             }
-            Op::Read { .. } => {
-                db.get(op.key().as_bytes())?;
-            }
-            Op::Scan { count, .. } => {
-                entries += db.scan(op.key().as_bytes(), None, *count as usize)?.len() as u64;
-            }
+            Op::Read { .. } => db.get(op.key().as_bytes())?,
+            Op::Scan { count, .. } => entries += db.scan(op.key().as_bytes(), *count as usize)?,
             Op::ReadModifyWrite { .. } => {
                 db.get(op.key().as_bytes())?;
                 let v = w.value(&op).context("value outside the pool")?;
-                db.put(op.key().as_bytes(), v)?;
+                db.put(op.key().as_bytes(), v, sync)?;
             }
-            Op::Delete { .. } => db.delete(op.key().as_bytes())?,
+            Op::Delete { .. } => db.delete(op.key().as_bytes(), sync)?,
         }
         if timed {
             lat.push(t.elapsed().as_secs_f64() * 1e6);
@@ -286,11 +329,12 @@ fn point(
         p99_us: pick(0.99),
         p999_us: pick(0.999),
         ops_per_s_range: Spread::of(&[counted as f64 / secs.max(1e-9)]),
+        process_seconds: None,
     }
 }
 
-/// The settings of every store, LevelDB's and RocksDB's alike: the block cache asked for,
-/// LevelDB's default memtable, a [`BLOOM_BITS`] bloom filter, and no compression (so both move
+/// The settings of every store, LevelDB's and RocksDB's alike (kura-store takes the memtable):
+/// the block cache asked for, LevelDB's default memtable, a [`BLOOM_BITS`] bloom filter, and no compression (so both move
 /// the same bytes).
 fn db_options(cache: usize) -> DbOptions {
     DbOptions {
@@ -317,140 +361,235 @@ fn run_leveldb(
     Ok(point(system, w, value, lat, entries, secs))
 }
 
-/// How the RocksDB peer runs.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RocksPeer {
-    /// The C++ replay program (`cpp/rocksdb_peer.cc`), built at this path.
-    Cpp(PathBuf),
-    /// The Python script through rocksdict, with the bloom-filter wrapper.
-    Python,
+/// What the timed loop needs of a store, so every in-process store runs the same loop.
+trait Kv {
+    fn put(&self, key: &[u8], value: &[u8], sync: bool) -> anyhow::Result<()>;
+    fn get(&self, key: &[u8]) -> anyhow::Result<()>;
+    /// Up to `count` entries from `from` on; returns how many there were.
+    fn scan(&self, from: &[u8], count: usize) -> anyhow::Result<u64>;
+    fn delete(&self, key: &[u8], sync: bool) -> anyhow::Result<()>;
+}
+
+impl Kv for Db {
+    fn put(&self, key: &[u8], value: &[u8], sync: bool) -> anyhow::Result<()> {
+        if sync {
+            Db::put_sync(self, key, value)?;
+        } else {
+            Db::put(self, key, value)?;
+        }
+        Ok(())
+    }
+    fn get(&self, key: &[u8]) -> anyhow::Result<()> {
+        Db::get(self, key)?;
+        Ok(())
+    }
+    fn scan(&self, from: &[u8], count: usize) -> anyhow::Result<u64> {
+        Ok(Db::scan(self, from, None, count)?.len() as u64)
+    }
+    fn delete(&self, key: &[u8], sync: bool) -> anyhow::Result<()> {
+        let mut batch = kura_kv::WriteBatch::new();
+        batch.delete(key);
+        Db::write(self, batch, sync)?;
+        Ok(())
+    }
+}
+
+impl Kv for Store {
+    fn put(&self, key: &[u8], value: &[u8], sync: bool) -> anyhow::Result<()> {
+        Store::put(self, key, value, sync)?;
+        Ok(())
+    }
+    fn get(&self, key: &[u8]) -> anyhow::Result<()> {
+        Store::get(self, key)?;
+        Ok(())
+    }
+    fn scan(&self, from: &[u8], count: usize) -> anyhow::Result<u64> {
+        Ok(Store::scan(self, Some(from), None, count, false)?.len() as u64)
+    }
+    fn delete(&self, key: &[u8], sync: bool) -> anyhow::Result<()> {
+        Store::delete(self, key, sync)?;
+        Ok(())
+    }
+}
+
+/// kura-store's settings: LevelDB's memtable size as its write buffer; the rest are its
+/// defaults (its bloom filters are [`BLOOM_BITS`] too; it has no block cache).
+fn store_options(opts: &DbOptions) -> StoreOptions {
+    StoreOptions {
+        memtable_bytes: opts.write_buffer_bytes,
+        ..StoreOptions::default()
+    }
+}
+
+/// kura-store, formatted afresh on the raw image file `image` (the whole file, no file system).
+fn run_native(
+    image: &Path,
+    w: &Workload,
+    value: usize,
+    opts: &StoreOptions,
+) -> anyhow::Result<Point> {
+    let dev = kura_engine::open(&format!("file:{}", image.display()))?;
+    let store = Store::create(dev, opts).context("kura-store: create")?;
+    run_phase(&store, w, w.load(), false)?;
+    let t = Instant::now();
+    let (lat, entries) = run_phase(&store, w, w.run(), true)?;
+    let secs = t.elapsed().as_secs_f64();
+    store.close()?;
+    Ok(point(NATIVE, w, value, lat, entries, secs))
+}
+
+/// An engine the C++ replay program drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerEngine {
+    RocksDb,
+    Lmdb,
+}
+
+impl PeerEngine {
+    fn name(self) -> &'static str {
+        match self {
+            PeerEngine::RocksDb => "rocksdb",
+            PeerEngine::Lmdb => "lmdb",
+        }
+    }
+
+    /// g++'s arguments that select and link the engine.
+    fn flags(self) -> [&'static str; 2] {
+        match self {
+            PeerEngine::RocksDb => ["-DKV_ROCKSDB", "-lrocksdb"],
+            PeerEngine::Lmdb => ["-DKV_LMDB", "-llmdb"],
+        }
+    }
+
+    fn package(self) -> &'static str {
+        match self {
+            PeerEngine::RocksDb => "librocksdb-dev",
+            PeerEngine::Lmdb => "liblmdb-dev",
+        }
+    }
 }
 
 /// The C++ replay program's source.
-pub const PEER_CC: &str = include_str!("../cpp/rocksdb_peer.cc");
+pub const PEER_CC: &str = include_str!("../peers/kv_replay.cc");
 
-/// Builds the C++ peer with g++ against librocksdb (once per source: the binary is kept in the
-/// temp dir under a name with the source's CRC32C), or says why it cannot be built.
-pub fn build_cpp_peer() -> Result<PathBuf, String> {
-    let cache = std::env::temp_dir().join(format!(
-        "kura-rocksdb-peer-{:08x}",
+/// Where built peers are kept: beside the running binary (`target/release/kura-peers`), or
+/// the temp dir where that cannot be written.
+fn peer_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join("kura-peers")))
+        .filter(|d| std::fs::create_dir_all(d).is_ok())
+        .unwrap_or_else(std::env::temp_dir)
+}
+
+/// Builds the replay program for `engine` with g++ (once per source: the binary's name carries
+/// the source's CRC32C, so an edited source is rebuilt), or says why it cannot be built.
+pub fn build_peer(engine: PeerEngine) -> Result<PathBuf, String> {
+    let dir = peer_dir();
+    let cache = dir.join(format!(
+        "kv-replay-{}-{:08x}",
+        engine.name(),
         crc32c::crc32c(PEER_CC.as_bytes())
     ));
     if cache.is_file() {
         return Ok(cache);
     }
-    let work = tempfile::tempdir().map_err(|e| format!("temp dir: {e}"))?;
-    let src = work.path().join("rocksdb_peer.cc");
+    let work = tempfile::tempdir_in(&dir).map_err(|e| format!("temp dir: {e}"))?;
+    let src = work.path().join("kv_replay.cc");
     std::fs::write(&src, PEER_CC).map_err(|e| format!("writing {}: {e}", src.display()))?;
-    let bin = work.path().join("rocksdb_peer");
+    let bin = work.path().join("kv_replay");
+    let [define, lib] = engine.flags();
     let out = Command::new("g++")
-        .args(["-O2", "-std=c++17", "-o"])
+        .args(["-O2", "-std=c++17", define, "-o"])
         .arg(&bin)
         .arg(&src)
-        .arg("-lrocksdb")
+        .arg(lib)
         .output()
-        .map_err(|e| format!("g++ is not available ({e}); apt-get install g++ librocksdb-dev"))?;
+        .map_err(|e| {
+            format!(
+                "g++ is not available ({e}); apt-get install g++ {}",
+                engine.package()
+            )
+        })?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(format!(
-            "g++ could not build the RocksDB peer (apt-get install librocksdb-dev): {}",
+            "g++ could not build the {} peer (apt-get install {}): {}",
+            engine.name(),
+            engine.package(),
             err.lines()
                 .find(|l| l.contains("error"))
                 .unwrap_or("failed")
         ));
     }
     // Another run may have built it meanwhile: a rename over it is as good.
-    std::fs::rename(&bin, &cache)
-        .or_else(|_| std::fs::copy(&bin, &cache).map(|_| ()))
-        .map_err(|e| format!("keeping {}: {e}", cache.display()))?;
+    std::fs::rename(&bin, &cache).map_err(|e| format!("keeping {}: {e}", cache.display()))?;
     Ok(cache)
 }
 
-/// Chooses the RocksDB peer for `--rocksdb-peer` (`auto`, `cpp`, `python`), or says why there
-/// is none.
-fn choose_peer(choice: &str) -> Result<RocksPeer, String> {
-    let python = || match rocksdb_missing() {
-        None => Ok(RocksPeer::Python),
-        Some(why) => Err(why),
-    };
-    match choice {
-        "cpp" => build_cpp_peer().map(RocksPeer::Cpp),
-        "python" => python(),
-        _ => build_cpp_peer()
-            .map(RocksPeer::Cpp)
-            .or_else(|cpp| python().map_err(|py| format!("{cpp}; {py}"))),
-    }
-}
-
-/// The arguments both RocksDB peers take: the trace, the database directory, and LevelDB's block
-/// cache and memtable size.
-fn peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
-    vec![
+/// The replay program's arguments for `engine`: RocksDB gets LevelDB's block cache, memtable
+/// and bloom filter; LMDB its map size.
+pub fn peer_args(
+    engine: PeerEngine,
+    trace: &Path,
+    db: &Path,
+    opts: &DbOptions,
+    map_bytes: u64,
+) -> Vec<String> {
+    let mut args = vec![
         "--trace".into(),
         trace.display().to_string(),
         "--db".into(),
         db.display().to_string(),
-        "--cache-bytes".into(),
-        opts.block_cache_bytes.to_string(),
-        "--write-buffer-bytes".into(),
-        opts.write_buffer_bytes.to_string(),
-    ]
-}
-
-/// The C++ peer's arguments: LevelDB's block cache, memtable size and bloom filter.
-pub fn cpp_peer_args(trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
-    let mut args = peer_args(trace, db, opts);
-    args.extend(["--bloom-bits".into(), opts.bloom_bits.to_string()]);
+    ];
+    match engine {
+        PeerEngine::RocksDb => args.extend([
+            "--cache-bytes".into(),
+            opts.block_cache_bytes.to_string(),
+            "--write-buffer-bytes".into(),
+            opts.write_buffer_bytes.to_string(),
+            "--bloom-bits".into(),
+            opts.bloom_bits.to_string(),
+        ]),
+        PeerEngine::Lmdb => args.extend(["--map-bytes".into(), map_bytes.to_string()]),
+    }
     args
 }
 
-/// The RocksDB peer: the same workload as a trace file, replayed with LevelDB's settings by the
-/// C++ program or the Python script; returns the point, the command line and RocksDB's
-/// recorded options.
-fn run_rocksdb(
+/// One run of a peer process.
+struct PeerRun {
+    point: Point,
+    command: String,
+    /// The configuration the peer printed.
+    config: String,
+    /// RocksDB's OPTIONS file lines of interest.
+    options_file: Vec<String>,
+}
+
+/// Runs the replay program `bin` for `engine` on `trace` (the workload `w`), in a fresh
+/// database under `dir`.
+#[allow(clippy::too_many_arguments)]
+fn run_peer(
     dir: &Path,
-    peer: &RocksPeer,
+    engine: PeerEngine,
+    bin: &Path,
     system: &str,
+    trace: &Path,
     w: &Workload,
     value: usize,
     opts: &DbOptions,
-) -> anyhow::Result<(Point, String, Vec<String>)> {
-    let trace = dir.join(format!("{}.trace", w.name()));
-    let f = std::fs::File::create(&trace)?;
-    kura_workload::write_workload(f, w)?;
-    let db = dir.join(format!("rocks-{}-{value}", w.name()));
-    let (command, out) = match peer {
-        RocksPeer::Cpp(bin) => {
-            let args = cpp_peer_args(&trace, &db, opts);
-            let command = format!("{} {}", bin.display(), args.join(" "));
-            let out = Command::new(bin)
-                .args(&args)
-                .output()
-                .with_context(|| format!("running {}", bin.display()))?;
-            (command, out)
-        }
-        RocksPeer::Python => {
-            let script = dir.join("kv_rocksdb_peer.py");
-            std::fs::write(&script, PEER)?;
-            let equal = dir.join("kv_rocksdb_equal.py");
-            std::fs::write(&equal, ROCKSDB_EQUAL)?;
-            let args = rocksdb_args(&script, &trace, &db, opts);
-            let command = format!(
-                "KURA_BLOOM_BITS={} python3 {} {}",
-                opts.bloom_bits,
-                equal.display(),
-                args.join(" ")
-            );
-            let out = Command::new("python3")
-                .arg(&equal)
-                .args(&args)
-                .env("KURA_BLOOM_BITS", opts.bloom_bits.to_string())
-                .output()
-                .context("running python3")?;
-            (command, out)
-        }
-    };
-    let recorded = std::fs::read_dir(&db)
+    map_bytes: u64,
+) -> anyhow::Result<PeerRun> {
+    let db = dir.join(format!("{}-{}-{value}", engine.name(), w.name()));
+    let args = peer_args(engine, trace, &db, opts, map_bytes);
+    let command = format!("{} {}", bin.display(), args.join(" "));
+    let started = Instant::now();
+    let out = Command::new(bin)
+        .args(&args)
+        .output()
+        .with_context(|| format!("running {}", bin.display()))?;
+    let process_seconds = started.elapsed().as_secs_f64();
+    let options_file = std::fs::read_dir(&db)
         .ok()
         .and_then(|entries| {
             entries
@@ -462,70 +601,48 @@ fn run_rocksdb(
         .map(|t| options_of_interest(&t))
         .unwrap_or_default();
     let _ = std::fs::remove_dir_all(&db);
-    let _ = std::fs::remove_file(&trace);
     if !out.status.success() {
         bail!(
-            "RocksDB peer: {}",
+            "{system} peer ({command}): {}",
             String::from_utf8_lossy(&out.stderr)
                 .lines()
                 .last()
                 .unwrap_or("failed")
         );
     }
-    let v: serde_json::Value = serde_json::from_slice(&out.stdout).context("peer output")?;
+    let v: serde_json::Value =
+        serde_json::from_slice(&out.stdout).with_context(|| format!("{system} peer output"))?;
     let num = |k: &str| v.get(k).and_then(serde_json::Value::as_f64).unwrap_or(0.0);
-    // The C++ peer reports scanned entries at the top, the Python one per operation kind.
     let entries = v
         .get("entries")
-        .or_else(|| {
-            v.get("by_op")
-                .and_then(|b| b.get("scan"))
-                .and_then(|s| s.get("entries"))
-        })
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(0);
-    let ops = num("ops") as u64;
-    let secs = num("seconds");
-    let ops_per_s = if entries > 0 {
-        entries as f64 / secs.max(1e-9)
-    } else {
-        num("ops_per_s")
-    };
     let point = Point {
         system: system.into(),
         workload: w.name().to_string(),
         value_bytes: value,
         records: w.loaded_records(),
-        ops,
+        ops: num("ops") as u64,
         entries,
-        seconds: secs,
-        ops_per_s,
+        seconds: num("seconds"),
+        ops_per_s: num("ops_per_s"),
         p50_us: num("p50_us"),
         p99_us: num("p99_us"),
         p999_us: num("p999_us"),
-        ops_per_s_range: Spread::of(&[ops_per_s]),
+        ops_per_s_range: Spread::of(&[num("ops_per_s")]),
+        process_seconds: Some(process_seconds),
     };
-    Ok((point, command, recorded))
-}
-
-/// The peer script's arguments: LevelDB's block cache and memtable size.
-pub fn rocksdb_args(script: &Path, trace: &Path, db: &Path, opts: &DbOptions) -> Vec<String> {
-    let mut args = vec![script.display().to_string()];
-    args.extend(peer_args(trace, db, opts));
-    args
-}
-
-fn rocksdb_missing() -> Option<String> {
-    match Command::new("python3")
-        .args(["-c", "import rocksdict"])
-        .output()
-    {
-        Err(e) => Some(format!("python3: {e}")),
-        Ok(o) if !o.status.success() => {
-            Some("rocksdict is not installed (pip install rocksdict)".into())
-        }
-        Ok(_) => None,
-    }
+    let config = v
+        .get("config")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    Ok(PeerRun {
+        point,
+        command,
+        config,
+        options_file,
+    })
 }
 
 /// An image file written in full, formatted and mounted through `kind` (`uring`/`redirect`).
@@ -542,39 +659,54 @@ fn accelfs(path: &Path, bytes: u64, kind: &str, cache: u64) -> anyhow::Result<Fi
     Ok(fs)
 }
 
+/// The workloads of `--workloads` (`all`: the db_bench ones this bench runs, then YCSB A–F).
+fn workload_names(asked: &str) -> Vec<String> {
+    if asked != "all" {
+        return asked.split(',').map(|s| s.trim().to_lowercase()).collect();
+    }
+    let db_bench = [
+        "fillseq",
+        "fillrandom",
+        "fillsync",
+        "overwrite",
+        "readrandom",
+        "readseq",
+    ];
+    kura_workload::DB_BENCH_WORKLOADS
+        .iter()
+        .filter(|n| db_bench.contains(n))
+        .map(|s| s.to_string())
+        .chain(
+            kura_workload::YCSB_WORKLOADS
+                .iter()
+                .map(|c| format!("ycsb-{}", c.to_ascii_lowercase())),
+        )
+        .collect()
+}
+
+/// What the peers of one system did over the whole run.
+#[derive(Default, Clone)]
+struct PeerLog {
+    commands: Vec<String>,
+    config: String,
+    options_file: Vec<String>,
+}
+
 pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
-    let mut names: Vec<String> = if args.workloads == "all" {
-        kura_workload::DB_BENCH_WORKLOADS
-            .iter()
-            .filter(|n| {
-                [
-                    "fillseq",
-                    "fillrandom",
-                    "fillsync",
-                    "overwrite",
-                    "readrandom",
-                    "readseq",
-                ]
-                .contains(n)
-            })
-            .map(|s| s.to_string())
-            .chain(
-                kura_workload::YCSB_WORKLOADS
-                    .iter()
-                    .map(|c| format!("ycsb-{}", c.to_ascii_lowercase())),
-            )
-            .collect()
-    } else {
-        args.workloads
-            .split(',')
-            .map(|s| s.trim().to_lowercase())
-            .collect()
-    };
+    let mut names = workload_names(&args.workloads);
     let mut systems: Vec<String> = args
         .systems
         .split(',')
         .map(|s| s.trim().to_lowercase())
         .collect();
+    for s in &systems {
+        if !SYSTEMS.contains(&s.as_str()) {
+            bail!("unknown system {s:?}: {}", SYSTEMS.join(", "));
+        }
+    }
+    if args.rocksdb_peer == "python" {
+        bail!("--rocksdb-peer python: the Python RocksDB peer was removed; RocksDB now runs in the C++ replay program (--rocksdb-peer cpp, the default)");
+    }
     let (mut records, mut ops, mut sync_records) = (args.records, args.ops, args.sync_records);
     if args.run.quick {
         records = records.min(2000);
@@ -587,59 +719,71 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                 .collect();
         }
     }
-    for s in &systems {
-        if !["accelfs", "posix", "redirect", "rocksdb"].contains(&s.as_str()) {
-            bail!("unknown system {s:?}: accelfs, posix, redirect, rocksdb");
-        }
-    }
-    let mut notes = Vec::new();
-    let mut peer = None;
-    if systems.iter().any(|s| s == "rocksdb") {
-        match choose_peer(&args.rocksdb_peer) {
-            Ok(p) => peer = Some(p),
-            Err(why) => {
-                notes.push(format!("RocksDB skipped: {why}"));
-                systems.retain(|s| s != "rocksdb");
-            }
-        }
-    }
+    let cache = size_arg(&args.cache)? as usize;
+    let opts = db_options(cache);
+    let sopts = store_options(&opts);
+    let budget = cache as u64 + opts.write_buffer_bytes as u64;
+    let fixed_data = args
+        .data_size
+        .as_deref()
+        .map(|t| data_size(t, budget))
+        .transpose()?;
+    let data = size_arg(&args.data)?;
     let sizes: Vec<usize> = args
         .value_sizes
         .split(',')
         .map(|s| size_arg(s.trim()).map(|v| v as usize))
         .collect::<anyhow::Result<_>>()?;
-    let data = size_arg(&args.data)?;
-    let cache = size_arg(&args.cache)? as usize;
+    if sizes.contains(&0) {
+        bail!("--value-sizes: a value size must be at least 1 byte");
+    }
+    let records_for = |value: usize| match fixed_data {
+        Some(d) => (d / value as u64).max(100),
+        None => records.min((data / value as u64).max(100)),
+    };
+    let most_data = sizes
+        .iter()
+        .map(|&v| records_for(v) * v as u64)
+        .max()
+        .unwrap_or(0);
+    let mut notes = Vec::new();
+    let mut peers: Vec<(String, PeerEngine, PathBuf)> = Vec::new();
+    for (system, engine) in [("rocksdb", PeerEngine::RocksDb), ("lmdb", PeerEngine::Lmdb)] {
+        if !systems.iter().any(|s| s == system) {
+            continue;
+        }
+        match build_peer(engine) {
+            Ok(bin) => peers.push((system.to_string(), engine, bin)),
+            Err(why) => {
+                notes.push(format!("{system} skipped: {why}"));
+                systems.retain(|s| s != system);
+            }
+        }
+    }
     let dir = tempfile::Builder::new()
         .prefix("kura-bench-kv")
         .tempdir_in(&args.dir)
         .with_context(|| format!("work directory in {}", args.dir.display()))?;
-    let image_bytes = (data * 3).max(256 << 20);
+    let image_bytes = (most_data * 3).max(256 << 20);
+    // LMDB's map is address space, not memory: room for the data, its B+ tree and free pages.
+    let map_bytes = (most_data * 4).max(1 << 30);
     let fs_cache = size_arg(&args.fs_cache)?;
-    let fs = if systems.iter().any(|s| s == "accelfs") {
-        Some(accelfs(
-            &dir.path().join("accelfs.img"),
-            image_bytes,
-            "uring",
-            fs_cache,
-        )?)
-    } else {
-        None
+    let mounted = |system: &str, kind: &str| -> anyhow::Result<Option<FileSystem>> {
+        if !systems.iter().any(|s| s == system) {
+            return Ok(None);
+        }
+        let img = dir.path().join(format!("{system}.img"));
+        accelfs(&img, image_bytes, kind, fs_cache).map(Some)
     };
-    let rfs = if systems.iter().any(|s| s == "redirect") {
-        Some(accelfs(
-            &dir.path().join("redirect.img"),
-            image_bytes,
-            "redirect",
-            fs_cache,
-        )?)
-    } else {
-        None
-    };
+    let fs = mounted("accelfs", "uring")?;
+    let rfs = mounted("redirect", "redirect")?;
+    let native_image = dir.path().join("native.img");
+    if systems.iter().any(|s| s == "native") {
+        crate::fs::write_host_file(&native_image, image_bytes)?;
+    }
     let rounds = crate::stats::rounds(args.rounds, args.run.quick, 1);
     let file_system = crate::stats::fs_name(&args.dir);
-    let (posix, rocks) = (posix_name(&file_system), rocksdb_name(&file_system));
-    let opts = db_options(cache);
+    let posix = posix_name(&file_system);
     let total = (names.len() * sizes.len() * systems.len() * rounds) as u64;
     let bar = ProgressBar::new(total);
     if let Ok(style) =
@@ -649,36 +793,33 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
     }
     let mut points = Vec::new();
     let mut ratios = Vec::new();
-    let mut rocks_run: Option<(String, Vec<String>)> = None;
+    let mut logs: Vec<PeerLog> = vec![PeerLog::default(); systems.len()];
     for &value in &sizes {
-        let recs = records.min((data / value as u64).max(100));
+        let recs = records_for(value);
         for name in &names {
             let w = workload(name, recs, ops, value, sync_records)?;
+            let trace = dir.path().join(format!("{name}-{value}.trace"));
+            if !peers.is_empty() {
+                kura_workload::write_workload(std::fs::File::create(&trace)?, &w)?;
+            }
             let mut by_system: Vec<Vec<Point>> = vec![Vec::new(); systems.len()];
             for round in 0..rounds {
                 for (i, system) in systems.iter().enumerate() {
                     bar.set_message(format!("{name} {value} B on {system}, round {}", round + 1));
                     let path = format!("/db-{name}-{value}-{i}");
                     let p = match system.as_str() {
+                        "native" => run_native(&native_image, &w, value, &sopts)?,
                         "accelfs" | "redirect" => {
                             let (label, fs) = if system == "accelfs" {
                                 (ACCELFS, fs.clone().context("AccelFS not prepared")?)
                             } else {
-                                (
-                                    REDIRECT,
-                                    rfs.clone().context("redirect AccelFS not prepared")?,
-                                )
+                                (REDIRECT, rfs.clone().context("redirect not prepared")?)
                             };
-                            let p = run_leveldb(
-                                label,
-                                Location::AccelFs {
-                                    fs: fs.clone(),
-                                    path: path.clone(),
-                                },
-                                &w,
-                                value,
-                                &opts,
-                            )?;
+                            let store = Location::AccelFs {
+                                fs: fs.clone(),
+                                path: path.clone(),
+                            };
+                            let p = run_leveldb(label, store, &w, value, &opts)?;
                             remove_tree(&fs, &path)?;
                             p
                         }
@@ -690,32 +831,42 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                             p
                         }
                         _ => {
-                            let (p, command, recorded) = run_rocksdb(
+                            let (_, engine, bin) = peers
+                                .iter()
+                                .find(|(s, _, _)| s == system)
+                                .context("peer not built")?;
+                            let r = run_peer(
                                 dir.path(),
-                                peer.as_ref().context("no RocksDB peer")?,
-                                &rocks,
+                                *engine,
+                                bin,
+                                &label(system, &file_system),
+                                &trace,
                                 &w,
                                 value,
                                 &opts,
+                                map_bytes,
                             )?;
-                            rocks_run = Some((command, recorded));
-                            p
+                            logs[i].commands.push(r.command);
+                            logs[i].config = r.config;
+                            logs[i].options_file = r.options_file;
+                            r.point
                         }
                     };
                     by_system[i].push(p);
                     bar.inc(1);
                 }
             }
+            let _ = std::fs::remove_file(&trace);
             let rate = |v: &[Point]| v.iter().map(|p| p.ops_per_s).collect::<Vec<f64>>();
             let find = |label: &str| {
                 by_system
                     .iter()
                     .find(|v| v.first().is_some_and(|p| p.system == label))
             };
-            for (what, peer) in [("fs/host", &posix), ("fs/rocks", &rocks)] {
-                if let (Some(k), Some(p)) = (find(ACCELFS), find(peer)) {
+            for (what, num, den) in ratio_pairs(&file_system) {
+                if let (Some(k), Some(p)) = (find(&num), find(&den)) {
                     ratios.push(KvRatio {
-                        what: format!("{ACCELFS} / {peer} ({what})"),
+                        what: format!("{num} / {den} ({what})"),
                         workload: w.name().to_string(),
                         value_bytes: value,
                         compared: compare(&rate(k), &rate(p), quotient, None),
@@ -732,41 +883,76 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
     if let Some(fs) = rfs {
         fs.unmount()?;
     }
-    let leveldb = |system: &str| StoreSettings {
+    let leveldb = |system: &str| {
+        StoreSettings {
         system: system.to_string(),
         block_cache_bytes: opts.block_cache_bytes,
         write_buffer_bytes: opts.write_buffer_bytes,
         bloom_bits_per_key: opts.bloom_bits,
         compression: opts.compression,
-        command: "Google LevelDB in this process (kura_kv::Db)".into(),
-        options_file: Vec::new(),
-    };
-    let mut settings: Vec<StoreSettings> = Vec::new();
-    for system in &systems {
-        settings.push(match system.as_str() {
-            "accelfs" => leveldb(ACCELFS),
-            "redirect" => leveldb(REDIRECT),
-            "posix" => leveldb(&posix),
-            _ => {
-                let (command, options_file) = rocks_run.clone().unwrap_or_default();
-                StoreSettings {
-                    command,
-                    options_file,
-                    ..leveldb(&rocks)
-                }
-            }
-        });
-    }
-    notes.push(format!(
-        "every store: block cache {cache} B, memtable {} B, bloom filter {} bits/key, no compression; AccelFS buffer cache {fs_cache} B; {file_system} has the page cache, which is not bounded",
-        opts.write_buffer_bytes, opts.bloom_bits
-    ));
-    match &peer {
-        Some(RocksPeer::Python) => notes.push("RocksDB runs in Python (rocksdict): its latencies include a few µs of interpreter time per call".into()),
-        Some(RocksPeer::Cpp(_)) => notes.push(
-            "RocksDB runs in a C++ replay program against librocksdb (its version is in the OPTIONS lines), timed as LevelDB is in this process".into(),
+        config: format!(
+            "Google LevelDB: block cache {} B (LRU), write buffer {} B, bloom {} bits/key, no compression, sync {}",
+            opts.block_cache_bytes,
+            opts.write_buffer_bytes,
+            opts.bloom_bits,
+            "as the workload asks (fillsync: every write)"
         ),
-        None => {}
+        command: "Google LevelDB in this process (kura_kv::Db)".into(),
+        commands: Vec::new(),
+        options_file: Vec::new(),
+    }
+    };
+    let settings: Vec<StoreSettings> = systems
+        .iter()
+        .zip(logs)
+        .map(|(system, log)| {
+            let name = label(system, &file_system);
+            match system.as_str() {
+                "native" => StoreSettings {
+                    block_cache_bytes: 0,
+                    write_buffer_bytes: sopts.memtable_bytes,
+                    config: format!(
+                        "kura-store: memtable {} B, bloom {BLOOM_BITS} bits/key (built in), no block cache (file: is buffered: the host's page cache), no compression, segments of {} B, commit groups up to {} B, flush and compaction in the writing call, sync as the workload asks",
+                        sopts.memtable_bytes,
+                        1u64 << sopts.segment_shift,
+                        sopts.max_group_bytes
+                    ),
+                    command: format!(
+                        "kura-store in this process (kura_store::Store on file:{}, {image_bytes} B)",
+                        native_image.display()
+                    ),
+                    ..leveldb(&name)
+                },
+                "rocksdb" | "lmdb" => {
+                    let lmdb = system == "lmdb";
+                    StoreSettings {
+                        block_cache_bytes: if lmdb { 0 } else { opts.block_cache_bytes },
+                        write_buffer_bytes: if lmdb { 0 } else { opts.write_buffer_bytes },
+                        bloom_bits_per_key: if lmdb { 0 } else { opts.bloom_bits },
+                        config: log.config,
+                        command: log.commands.last().cloned().unwrap_or_default(),
+                        commands: log.commands,
+                        options_file: log.options_file,
+                        ..leveldb(&name)
+                    }
+                }
+                _ => leveldb(&name),
+            }
+        })
+        .collect();
+    notes.push(format!(
+        "memory budget of the stores: block cache {cache} B + memtable {} B; AccelFS buffer cache {fs_cache} B; {file_system} (LevelDB/POSIX, RocksDB, LMDB) and the native store's buffered file: image have the host's page cache, which is not bounded",
+        opts.write_buffer_bytes
+    ));
+    notes.push(format!(
+        "data per workload: up to {most_data} B ({})",
+        match &args.data_size {
+            Some(t) => format!("--data-size {t}"),
+            None => "--records, capped by --data".into(),
+        }
+    ));
+    if !peers.is_empty() {
+        notes.push("RocksDB and LMDB run in a C++ replay program of the same trace (its own process: the figures are its timed run phase; process_seconds is the process's wall time)".into());
     }
     notes.push(
         "fillsync and readseq/YCSB-E: fillsync syncs every write; scans count entries per second"
@@ -779,6 +965,7 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
         ratios,
         settings,
         cache_bytes: cache,
+        data_bytes: most_data,
         peak_rss_bytes: crate::fs::peak_rss(),
         notes,
     };
@@ -806,7 +993,6 @@ fn remove_tree(fs: &FileSystem, path: &str) -> anyhow::Result<()> {
 }
 
 fn print_report(r: &Report) {
-    let (posix, rocks) = (posix_name(&r.file_system), rocksdb_name(&r.file_system));
     let find = |s: &str, w: &str, v: usize| {
         r.points
             .iter()
@@ -815,8 +1001,10 @@ fn print_report(r: &Report) {
     let ratio = |what: &str, w: &str, v: usize| {
         r.ratios
             .iter()
-            .find(|x| x.workload == w && x.value_bytes == v && x.what.ends_with(what))
-            .map_or("-".into(), |x| x.compared.ratio.show(2))
+            .find(|x| {
+                x.workload == w && x.value_bytes == v && x.what.ends_with(&format!("({what})"))
+            })
+            .map(|x| x.compared.ratio.show(2))
     };
     let mut keys: Vec<(usize, String)> = Vec::new();
     for p in &r.points {
@@ -824,27 +1012,39 @@ fn print_report(r: &Report) {
             keys.push((p.value_bytes, p.workload.clone()));
         }
     }
+    let systems: Vec<&str> = r.settings.iter().map(|s| s.system.as_str()).collect();
+    let shown: Vec<&str> = ratio_pairs(&r.file_system)
+        .iter()
+        .map(|(what, _, _)| *what)
+        .filter(|what| {
+            r.ratios
+                .iter()
+                .any(|x| x.what.ends_with(&format!("({what})")))
+        })
+        .collect();
     println!(
         "throughput, ops/s (entries/s for scans), median [min–max] of {} round(s); ratios per round pair; p99 µs in the JSON",
         r.rounds
     );
-    println!(
-        "{:<12} {:>7} {:>22} {:>22} {:>24} {:>22} {:>18} {:>18}",
-        "workload", "value", ACCELFS, posix, REDIRECT, rocks, "fs/host", "fs/rocks"
-    );
+    let mut head = format!("{:<12} {:>7}", "workload", "value");
+    for s in &systems {
+        head.push_str(&format!(" {s:>24}"));
+    }
+    for what in &shown {
+        head.push_str(&format!(" {what:>18}"));
+    }
+    println!("{head}");
     for (v, w) in keys {
-        let cell = |s: &str| find(s, &w, v).map_or("-".into(), |p| p.ops_per_s_range.show(0));
-        println!(
-            "{:<12} {:>7} {:>22} {:>22} {:>24} {:>22} {:>18} {:>18}",
-            w,
-            v,
-            cell(ACCELFS),
-            cell(&posix),
-            cell(REDIRECT),
-            cell(&rocks),
-            ratio("(fs/host)", &w, v),
-            ratio("(fs/rocks)", &w, v)
-        );
+        let mut line = format!("{w:<12} {v:>7}");
+        for s in &systems {
+            let cell = find(s, &w, v).map_or("-".into(), |p| p.ops_per_s_range.show(0));
+            line.push_str(&format!(" {cell:>24}"));
+        }
+        for what in &shown {
+            let cell = ratio(what, &w, v).unwrap_or_else(|| "-".into());
+            line.push_str(&format!(" {cell:>18}"));
+        }
+        println!("{line}");
     }
     println!("store settings (side by side):");
     for st in &r.settings {
@@ -856,13 +1056,14 @@ fn print_report(r: &Report) {
             st.bloom_bits_per_key,
             if st.compression { "on" } else { "off" }
         );
+        println!("    {}", st.config);
         if !st.options_file.is_empty() {
             println!("    RocksDB's OPTIONS file: {}", st.options_file.join("; "));
         }
         println!("    {}", st.command);
     }
     println!(
-        "peak RSS of this process (LevelDB runs in it): {} MiB",
+        "peak RSS of this process (LevelDB and kura-store run in it): {} MiB",
         r.peak_rss_bytes >> 20
     );
     for n in &r.notes {
@@ -879,35 +1080,32 @@ mod tests {
         let opts = db_options(8 << 20);
         assert!(!opts.compression, "no compression on either side");
         assert_eq!(opts.bloom_bits, BLOOM_BITS);
-        let args = rocksdb_args(
-            Path::new("/w/peer.py"),
-            Path::new("/w/t.trace"),
-            Path::new("/w/db"),
-            &opts,
-        );
+        let (t, d) = (Path::new("/w/t.trace"), Path::new("/w/db"));
+        let rocks = peer_args(PeerEngine::RocksDb, t, d, &opts, 1 << 30).join(" ");
         assert_eq!(
-            args.join(" "),
-            format!(
-                "/w/peer.py --trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {}",
-                8 << 20,
-                opts.write_buffer_bytes
-            )
-        );
-        assert!(ROCKSDB_EQUAL.contains("set_bloom_filter(_bits, False)"));
-        let cpp = cpp_peer_args(Path::new("/w/t.trace"), Path::new("/w/db"), &opts).join(" ");
-        assert_eq!(
-            cpp,
+            rocks,
             format!(
                 "--trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {} --bloom-bits {BLOOM_BITS}",
                 8 << 20,
                 opts.write_buffer_bytes
             )
         );
-        assert!(PEER_CC.contains("NewBloomFilterPolicy(bloom, false)"));
+        let lmdb = peer_args(PeerEngine::Lmdb, t, d, &opts, 1 << 30).join(" ");
+        assert_eq!(lmdb, "--trace /w/t.trace --db /w/db --map-bytes 1073741824");
+        assert_eq!(store_options(&opts).memtable_bytes, opts.write_buffer_bytes);
+        assert!(PEER_CC.contains("NewBloomFilterPolicy(a.bloom, false)"));
         assert!(PEER_CC.contains("rocksdb::kNoCompression"));
-        // The peer script builds its table options by this name, which the wrapper replaces.
-        assert!(PEER.contains("table = BlockBasedOptions()"));
-        assert!(PEER.contains("--write-buffer-bytes"));
+        assert!(PEER_CC.contains("MDB_NORDAHEAD | (sync ? 0 : MDB_NOSYNC)"));
+    }
+
+    #[test]
+    fn data_size_is_a_size_or_a_multiple_of_the_budget() {
+        assert_eq!(data_size("2G", 1).unwrap(), 2 << 30);
+        assert_eq!(data_size("8x", 256 << 20).unwrap(), 2 << 30);
+        assert_eq!(data_size("1.5X", 100).unwrap(), 150);
+        for bad in ["x", "-1x", "0x", "nanx", "many"] {
+            assert!(data_size(bad, 1 << 20).is_err(), "{bad}");
+        }
     }
 
     #[test]
@@ -934,5 +1132,21 @@ mod tests {
         assert!((p.ops_per_s_range.max - 30.0).abs() < 1e-9);
         assert!(median_round(Vec::new()).is_none());
         assert_eq!(posix_name("xfs"), "LevelDB/xfs");
+        assert_eq!(label("lmdb", "xfs"), "LMDB/xfs");
+        assert_eq!(label("native", "xfs"), NATIVE);
+    }
+
+    #[test]
+    fn the_native_store_runs_a_workload_on_a_raw_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("n.img");
+        crate::fs::write_host_file(&img, 64 << 20).unwrap();
+        let w = workload("ycsb-e", 300, 50, 100, 10).unwrap();
+        let opts = store_options(&db_options(1 << 20));
+        let p = run_native(&img, &w, 100, &opts).unwrap();
+        assert_eq!(p.system, NATIVE);
+        assert_eq!(p.ops, 50);
+        assert!(p.entries > 0, "scans found entries");
+        assert!(p.ops_per_s > 0.0);
     }
 }
