@@ -38,7 +38,6 @@ TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit opens
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"
   "plyvel plyvel Google LevelDB from Python, the interoperability peer of kura-kv's tests"
-  "rocksdict rocksdict RocksDB from Python, the peer of kura bench kv and its replay tests"
   "pywgsim pywgsim the read simulator that defines the genome accuracy figures"
   "pytest pytest the runner of the kura Python module's tests (crates/pystore)"
 )

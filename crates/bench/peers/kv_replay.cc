@@ -11,7 +11,8 @@
 // The trace is read whole and parsed before anything is timed; the value pool is rebuilt from
 // its seed (little-endian SplitMix64) and checked against the header's check word. The load
 // phase is untimed; the run phase is timed as a whole (wall clock) and per operation, exactly as
-// the in-process side is in crates/bench/src/kv.rs. Scans count the entries they return.
+// the in-process side is in crates/bench/src/kv.rs. Scans count the entries they return, reads
+// the keys they found.
 //
 // Exit status: 0 on success, 2 for bad usage or a malformed trace, 1 for an engine error.
 
@@ -183,6 +184,8 @@ uint64_t check_word(const std::string& pool) {
 struct Phase {
   std::vector<double> lat_us;
   uint64_t entries = 0;
+  // Reads (and read-modify-writes) that found their key.
+  uint64_t found = 0;
   double seconds = 0;
 };
 
@@ -230,11 +233,16 @@ class Engine {
   }
   const std::string& config() const { return config_; }
   void put(const std::string& k, const rocksdb::Slice& v) { check(db_->Put(wo_, k, v), "put"); }
-  void get(const std::string& k) { check(db_->Get(ro_, k, &got_), "get"); }
+  bool get(const std::string& k) {
+    rocksdb::Status s = db_->Get(ro_, k, &got_);
+    check(s, "get");
+    return s.ok();
+  }
   void del(const std::string& k) { check(db_->Delete(wo_, k), "delete"); }
-  void rmw(const std::string& k, const rocksdb::Slice& v) {
-    get(k);
+  bool rmw(const std::string& k, const rocksdb::Slice& v) {
+    bool found = get(k);
     put(k, v);
+    return found;
   }
   uint64_t scan(const std::string& k, uint64_t count) {
     std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(ro_));
@@ -292,11 +300,13 @@ class Engine {
     put_in(txn, k, v);
     check(mdb_txn_commit(txn), "mdb_txn_commit");
   }
-  void get(const std::string& k) {
+  bool get(const std::string& k) {
     check(mdb_txn_renew(reader_), "mdb_txn_renew");
     MDB_val key = val(k), out;
-    check(mdb_get(reader_, dbi_, &key, &out), "mdb_get");
+    int rc = mdb_get(reader_, dbi_, &key, &out);
+    check(rc, "mdb_get");
     mdb_txn_reset(reader_);
+    return rc == 0;
   }
   void del(const std::string& k) {
     MDB_txn* txn = begin();
@@ -304,12 +314,14 @@ class Engine {
     check(mdb_del(txn, dbi_, &key, nullptr), "mdb_del");
     check(mdb_txn_commit(txn), "mdb_txn_commit");
   }
-  void rmw(const std::string& k, const Value& v) {
+  bool rmw(const std::string& k, const Value& v) {
     MDB_txn* txn = begin();
     MDB_val key = val(k), out;
-    check(mdb_get(txn, dbi_, &key, &out), "mdb_get");
+    int rc = mdb_get(txn, dbi_, &key, &out);
+    check(rc, "mdb_get");
     put_in(txn, k, v);
     check(mdb_txn_commit(txn), "mdb_txn_commit");
+    return rc == 0;
   }
   uint64_t scan(const std::string& k, uint64_t count) {
     check(mdb_txn_renew(reader_), "mdb_txn_renew");
@@ -362,10 +374,10 @@ Phase replay(Engine& db, const std::vector<Op>& ops, const std::string& pool, bo
         db.put(op.key, value);
         break;
       case kRead:
-        db.get(op.key);
+        p.found += db.get(op.key);
         break;
       case kRmw:
-        db.rmw(op.key, value);
+        p.found += db.rmw(op.key, value);
         break;
       case kDelete:
         db.del(op.key);
@@ -449,10 +461,11 @@ int main(int argc, char** argv) {
   double counted = run.entries > 0 ? double(run.entries) : ops;
   std::printf(
       "{\"config\":%s,\"workload\":%s,\"sync\":%s,"
-      "\"ops\":%zu,\"entries\":%llu,\"seconds\":%.9f,\"ops_per_s\":%.3f,"
+      "\"ops\":%zu,\"entries\":%llu,\"found\":%llu,\"seconds\":%.9f,\"ops_per_s\":%.3f,"
       "\"p50_us\":%.3f,\"p99_us\":%.3f,\"p999_us\":%.3f}\n",
       json_string(config).c_str(), json_string(t.name).c_str(), t.sync ? "true" : "false",
-      run.lat_us.size(), static_cast<unsigned long long>(run.entries), run.seconds,
+      run.lat_us.size(), static_cast<unsigned long long>(run.entries),
+      static_cast<unsigned long long>(run.found), run.seconds,
       counted / std::max(run.seconds, 1e-9), pick(run.lat_us, 0.5), pick(run.lat_us, 0.99),
       pick(run.lat_us, 0.999));
   return 0;

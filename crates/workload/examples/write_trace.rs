@@ -1,9 +1,10 @@
-//! Writes one workload as a trace file, for the peer script or for inspection:
+//! Writes one workload as a trace file, for the C++ peer (`crates/bench/peers/kv_replay.cc`, which
+//! `kura bench kv` builds under `target/*/kura-peers/`) or for inspection:
 //!
 //! ```sh
 //! cargo run -p kura-workload --example write_trace -- ycsb-a 100000 100000 1000 1 /tmp/a.trace
 //! cargo run -p kura-workload --example write_trace -- fillrandom 100000 0 256 1 /tmp/f.trace
-//! python3 scripts/kv_rocksdb_peer.py --trace /tmp/a.trace --db /tmp/rocks-a
+//! target/release/kura-peers/kv-replay-rocksdb-* --trace /tmp/a.trace --db /tmp/rocks-a
 //! ```
 //!
 //! Arguments: workload (`ycsb-a` … `ycsb-f` or a db_bench name), record count (db_bench: `num`),

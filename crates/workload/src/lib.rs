@@ -1,7 +1,7 @@
 //! kura-workload: the operation streams `kura bench kv` drives key-value stores with —
 //! db_bench-style fills, reads and deletes, and the YCSB core workloads A–F — plus a trace
-//! format that hands the exact same sequence to a peer process (`scripts/kv_rocksdb_peer.py`
-//! replays it on RocksDB).
+//! format that hands the exact same sequence to a peer process (`crates/bench/peers/kv_replay.cc`
+//! replays it on RocksDB and LMDB).
 //!
 //! - [`keys`]: key naming (YCSB `user…`, db_bench 16 digits) and the value pool.
 //! - [`dist`]: request distributions (uniform, zipfian, scrambled zipfian, latest).

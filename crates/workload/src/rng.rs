@@ -1,8 +1,8 @@
 //! The crate's own pseudo-random number generator: SplitMix64 to expand a seed, xoshiro256** for
 //! the stream. Owning it (rather than borrowing `rand`'s `SmallRng`, whose algorithm may change
 //! between releases and platforms) keeps a `(workload, seed)` pair naming the same operation
-//! sequence everywhere; `scripts/kv_rocksdb_peer.py` re-implements [`splitmix64`] to rebuild the
-//! value pool byte for byte.
+//! sequence everywhere; `kura bench kv`'s C++ peer (`crates/bench/peers/kv_replay.cc`) re-implements
+//! [`splitmix64`] to rebuild the value pool byte for byte.
 
 /// The SplitMix64 step: advances `state` by the golden-ratio increment and returns the mixed
 /// value. Used to seed [`Rng`] and, on its own, to fill the value pool

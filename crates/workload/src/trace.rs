@@ -1,5 +1,5 @@
 //! The workload trace: a compact binary file that hands one exact operation sequence to another
-//! process (the RocksDB peer, `scripts/kv_rocksdb_peer.py`), with [`TraceWriter`],
+//! process (the RocksDB and LMDB peer, `crates/bench/peers/kv_replay.cc`), with [`TraceWriter`],
 //! [`TraceReader`] and [`write_workload`]. Reading never panics: every malformed input is a
 //! [`TraceError`].
 //!
