@@ -479,6 +479,11 @@ fn fill<T: Lane>(
             } else {
                 cs
             };
+            // E(c) = max(H(c-1) - open, E(c-1) - ext) with H = max(partial, E) unrolls (open >=
+            // ext) to max over c' < c of partial(c') - open - ext * (c - 1 - c'): a running
+            // maximum of q(c') = partial(c') + ext * (c' - cs), one dependent operation per cell
+            // instead of three, and everything else in the row vectorises. q is kept in h.
+            r.h[cs] = r.partial[cs];
             if c1 < ce {
                 let from = (j0 + c1 as isize - 1) as usize;
                 let scores = &r.profile[a * n + from..a * n + from + (ce - c1)];
@@ -486,28 +491,21 @@ fn fill<T: Lane>(
                     .iter_mut()
                     .zip(&mut r.diag[c1..ce])
                     .zip(&mut r.partial[c1..ce])
-                    .zip(&mut row_trace[c1..ce]);
+                    .zip(&mut row_trace[c1..ce])
+                    .zip(r.h[c1..ce].iter_mut().zip(&r.ramp[c1 - cs..ce - cs]));
                 let prev = r.h_prev[c1..ce]
                     .iter()
                     .zip(&r.h_prev[c1 + 1..=ce])
                     .zip(&r.f_prev[c1 + 1..=ce])
                     .zip(scores);
-                for ((((f, d), p), t), (((&hd, &up_h), &up_f), &s)) in cells.zip(prev) {
+                for (((((f, d), p), t), (q, &k)), (((&hd, &up_h), &up_f), &s)) in cells.zip(prev) {
                     let (f_open, f_ext) = (up_h.sub(open), up_f.sub(ext));
                     *f = f_open.max(f_ext);
                     *t = F_EXTEND * u8::from(f_ext > f_open);
                     *d = if hd > T::VALID { hd.add(s) } else { neg };
                     *p = (*d).max(*f).max(s.sub(clip));
+                    *q = p.add(k);
                 }
-            }
-            // E(c) = max(H(c-1) - open, E(c-1) - ext) with H = max(partial, E) unrolls (open >=
-            // ext) to max over c' < c of partial(c') - open - ext * (c - 1 - c'): a running
-            // maximum of partial(c') + ext * c', one dependent operation per cell instead of
-            // three, and everything else in the row vectorises.
-            let len = ce - cs;
-            let ramp = &r.ramp[..len];
-            for ((q, &p), &k) in r.h[cs..ce].iter_mut().zip(&r.partial[cs..ce]).zip(ramp) {
-                *q = p.add(k);
             }
             let mut run = neg;
             for (e, &q) in r.e[cs..ce].iter_mut().zip(&r.h[cs..ce]) {
@@ -516,22 +514,20 @@ fn fill<T: Lane>(
             }
             // The row's first cell has nothing to its left: its E is no path.
             r.e[cs] = neg.sub(ext);
-            for (e, &k) in r.e[cs + 1..ce].iter_mut().zip(ramp) {
-                *e = e.sub(open).sub(k);
-            }
-            for ((h, &p), &e) in r.h[cs..ce]
+            r.h[cs] = r.partial[cs].max(r.e[cs]);
+            let mut top = r.h[cs];
+            let rest = r.e[cs + 1..ce].iter_mut().zip(&r.ramp);
+            for ((h, &p), (e, &k)) in r.h[cs + 1..ce]
                 .iter_mut()
-                .zip(&r.partial[cs..ce])
-                .zip(&r.e[cs..ce])
+                .zip(&r.partial[cs + 1..ce])
+                .zip(rest)
             {
-                *h = p.max(e);
+                *e = e.sub(open).sub(k);
+                *h = p.max(*e);
+                top = top.max(*h);
             }
             // At the first cell E extends a "no path" left neighbour, as the recurrence says.
             row_trace[cs] |= E_EXTEND * u8::from(neg.sub(ext) > neg.sub(open));
-            let left = r.h[cs..ce - 1].iter().zip(&r.e[cs..ce - 1]);
-            for (t, (&hl, &el)) in row_trace[cs + 1..ce].iter_mut().zip(left) {
-                *t |= E_EXTEND * u8::from(el.sub(ext) > hl.sub(open));
-            }
             let cells = r.h[cs..ce]
                 .iter()
                 .zip(&r.diag[cs..ce])
@@ -544,7 +540,10 @@ fn fill<T: Lane>(
                 let not_e = not_d & u8::from(e != h);
                 *t |= FROM_DIAG + not_d + not_e + (not_e & u8::from(f != h));
             }
-            let top = r.h[cs..ce].iter().fold(neg, |a, &b| a.max(b));
+            let left = r.h[cs..ce - 1].iter().zip(&r.e[cs..ce - 1]);
+            for (t, (&hl, &el)) in row_trace[cs + 1..ce].iter_mut().zip(left) {
+                *t |= E_EXTEND * u8::from(el.sub(ext) > hl.sub(open));
+            }
             if top > neg {
                 if let Some(k) = r.h[cs..ce].iter().position(|&h| h == top) {
                     row_best = (top, cs + k);
