@@ -2,7 +2,8 @@
 //! `kura bench all --quick` (which runs each of them in turn, with the same `run` as `kura bench
 //! NAME`). Each must finish and write its JSON, record
 //! its peers configured as issue 20 asks (fio with and without registered files and buffers,
-//! qemu-nbd with multi-conn and io_uring, RocksDB with LevelDB's memtable and bloom filter,
+//! qemu-nbd with multi-conn and io_uring, RocksDB with LevelDB's memtable and bloom filter, LMDB
+//! and kura's native store beside them,
 //! minimap2 against kura's process wall time), name the file system of `--dir`, and use only
 //! the three verdict words; the report must have every section, each with data or a reason, and
 //! each with the paper's numbers beside kura's labelled ones or a note why the paper has none.
@@ -142,30 +143,101 @@ fn check_fs(v: &Value) {
     );
 }
 
-fn check_kv(v: &Value) {
-    named_fs(v);
-    let settings = v["settings"].as_array().expect("as the bench writes it");
-    let leveldb = &settings[0];
-    assert_eq!(leveldb["bloom_bits_per_key"], 10);
-    assert_eq!(leveldb["compression"], false);
-    assert!(!v["ratios"]
+/// The points of `system` in a kv report: one per workload, each with sane figures.
+fn kv_points<'a>(v: &'a Value, system: &str) -> Vec<&'a Value> {
+    let points: Vec<&Value> = v["points"]
         .as_array()
         .expect("as the bench writes it")
-        .is_empty());
-    let Some(r) = settings.iter().find(|s| {
-        s["system"]
+        .iter()
+        .filter(|p| p["system"] == system)
+        .collect();
+    assert!(!points.is_empty(), "no points for {system}: {v}");
+    for p in &points {
+        let f = |k: &str| p[k].as_f64().expect("as the bench writes it");
+        assert!(
+            p["ops"].as_u64().expect("as the bench writes it") > 0,
+            "{p}"
+        );
+        assert!(f("ops_per_s") > 0.0 && f("ops_per_s").is_finite(), "{p}");
+        assert!(
+            f("p50_us") <= f("p99_us") && f("p99_us") <= f("p999_us"),
+            "{p}"
+        );
+    }
+    points
+}
+
+fn check_kv(v: &Value) {
+    named_fs(v);
+    let fs = v["file_system"].as_str().expect("as the bench writes it");
+    let settings = v["settings"].as_array().expect("as the bench writes it");
+    let by_name = |name: &str| settings.iter().find(|s| s["system"] == name);
+    let leveldb = by_name("LevelDB/AccelFS").expect("LevelDB on AccelFS");
+    assert_eq!(leveldb["bloom_bits_per_key"], 10);
+    assert_eq!(leveldb["compression"], false);
+    let ratios = v["ratios"].as_array().expect("as the bench writes it");
+    assert!(!ratios.is_empty());
+    // The native store: same memtable as LevelDB, a point per workload, and its ratios.
+    let native = by_name("kura-store/file").expect("the native store");
+    assert_eq!(native["write_buffer_bytes"], leveldb["write_buffer_bytes"]);
+    let workloads = kv_points(v, "LevelDB/AccelFS").len();
+    assert_eq!(kv_points(v, "kura-store/file").len(), workloads);
+    assert_eq!(kv_points(v, &format!("LevelDB/{fs}")).len(), workloads);
+    let host_ratios = ratios
+        .iter()
+        .filter(|r| {
+            r["what"]
+                .as_str()
+                .expect("as the bench writes it")
+                .ends_with("(native/host)")
+        })
+        .count();
+    assert_eq!(host_ratios, workloads, "{v}");
+    let peer = |name: &str, engine: &str, package: &str| -> Option<&Value> {
+        let Some(s) = by_name(name) else {
+            let why = v["notes"].to_string();
+            assert!(why.contains(&format!("{engine} skipped")), "{why}");
+            kura_testkit::skip(
+                "bench_all_quick_runs_every_benchmark",
+                &format!("{engine}-peer"),
+                &format!("g++ or {package} is not installed"),
+            );
+            return None;
+        };
+        assert_eq!(kv_points(v, name).len(), workloads);
+        for p in kv_points(v, name) {
+            assert!(p["process_seconds"].as_f64().expect("a peer process") > 0.0);
+        }
+        let commands = s["commands"].as_array().expect("as the bench writes it");
+        assert!(!commands.is_empty(), "{s}");
+        for c in commands {
+            assert!(
+                c.as_str().expect("a command line").contains("--trace"),
+                "{c}"
+            );
+        }
+        assert!(!s["config"].as_str().expect("its configuration").is_empty());
+        Some(s)
+    };
+    if let Some(l) = peer(&format!("LMDB/{fs}"), "lmdb", "liblmdb-dev") {
+        assert!(l["config"]
             .as_str()
             .expect("as the bench writes it")
-            .starts_with("RocksDB/")
-    }) else {
-        let why = v["notes"].to_string();
-        assert!(why.contains("RocksDB skipped"), "{why}");
-        return kura_testkit::skip(
-            "bench_all_quick_runs_every_benchmark",
-            "rocksdb-peer",
-            "neither librocksdb-dev with g++ nor the Python module rocksdict is installed",
-        );
+            .contains("MDB_NORDAHEAD"));
+    }
+    let Some(r) = peer(&format!("RocksDB/{fs}"), "rocksdb", "librocksdb-dev") else {
+        return;
     };
+    let rocks_ratios = ratios
+        .iter()
+        .filter(|r| {
+            r["what"]
+                .as_str()
+                .expect("as the bench writes it")
+                .ends_with("(native/rocks)")
+        })
+        .count();
+    assert_eq!(rocks_ratios, workloads, "{v}");
     assert_eq!(r["write_buffer_bytes"], leveldb["write_buffer_bytes"]);
     assert_eq!(r["block_cache_bytes"], leveldb["block_cache_bytes"]);
     let recorded: Vec<&str> = r["options_file"]
