@@ -756,7 +756,14 @@ impl PyDb {
         let yields = Yields::new(include_key, include_value)?;
         let shared = &self.shared;
         let view = py.detach(|| shared.view())?;
-        Ok(PyIterator::new(view, true, reverse, bounds, yields))
+        Ok(PyIterator::new(
+            &self.shared,
+            view,
+            true,
+            reverse,
+            bounds,
+            yields,
+        ))
     }
 
     /// snapshot(): a DBSnapshot, the database as it is now, for get() and iterator(); kept
@@ -764,7 +771,10 @@ impl PyDb {
     fn snapshot(&self, py: Python<'_>) -> PyResult<PySnapshot> {
         let shared = &self.shared;
         let view = py.detach(|| shared.view())?;
-        Ok(PySnapshot { view })
+        Ok(PySnapshot {
+            shared: Arc::clone(&self.shared),
+            view,
+        })
     }
 
     /// close(): releases every snapshot and iterator, makes every write durable and closes
@@ -778,6 +788,11 @@ impl PyDb {
     #[getter]
     fn closed(&self) -> bool {
         read(&self.shared.engine).is_none()
+    }
+
+    /// iter(db): db.iterator(), every (key, value) pair in key order.
+    fn __iter__(&self, py: Python<'_>) -> PyResult<PyIterator> {
+        self.iterator(py, false, None, None, true, false, None, true, true)
     }
 
     /// The name it was opened with.
@@ -885,6 +900,8 @@ impl PyWriteBatch {
 /// A consistent read-only view of a DB, from DB.snapshot().
 #[pyclass(module = "kura", name = "DBSnapshot", frozen)]
 pub(crate) struct PySnapshot {
+    /// Keeps the DB open while the snapshot is referenced, as plyvel does.
+    shared: Arc<Shared>,
     view: Arc<View>,
 }
 
@@ -924,6 +941,7 @@ impl PySnapshot {
         let bounds = Bounds::new(start, stop, include_start, include_stop, prefix)?;
         let yields = Yields::new(include_key, include_value)?;
         Ok(PyIterator::new(
+            &self.shared,
             Arc::clone(&self.view),
             false,
             reverse,
@@ -1035,6 +1053,8 @@ struct IterState {
 /// An iterator from DB.iterator() or DBSnapshot.iterator().
 #[pyclass(module = "kura", name = "DBIterator", frozen)]
 pub(crate) struct PyIterator {
+    /// Keeps the DB open while the iterator is referenced, as plyvel does.
+    _shared: Arc<Shared>,
     view: Arc<View>,
     /// It took its own snapshot (DB.iterator) and releases it when done.
     owns_view: bool,
@@ -1045,6 +1065,7 @@ pub(crate) struct PyIterator {
 
 impl PyIterator {
     fn new(
+        shared: &Arc<Shared>,
         view: Arc<View>,
         owns_view: bool,
         reverse: bool,
@@ -1052,6 +1073,7 @@ impl PyIterator {
         yields: Yields,
     ) -> Self {
         PyIterator {
+            _shared: Arc::clone(shared),
             view,
             owns_view,
             reverse,

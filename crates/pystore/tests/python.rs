@@ -65,15 +65,52 @@ fn kura_module_passes_its_pytest_suites() {
     }
     let dir = tempfile::tempdir().expect("a temporary directory");
     std::fs::copy(extension(), dir.path().join("kura.so")).expect("copying the extension");
-    let mut pytest = Command::new("python3");
+    run_suites(Path::new("python3"), Some(dir.path()), dir.path());
+}
+
+/// `pip install ./crates/pystore` (maturin, a release build: minutes, and PyPI access for
+/// maturin), then the same suites against the installed module. Only with `KURA_PIP_INSTALL=1`;
+/// CI runs the suites on the cargo-built module above.
+#[test]
+fn pip_installed_module_passes_its_pytest_suites() {
+    if std::env::var_os("KURA_PIP_INSTALL").as_deref() != Some(std::ffi::OsStr::new("1")) {
+        println!("set KURA_PIP_INSTALL=1 to build and test the pip-installed module");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("a temporary directory");
+    let venv = dir.path().join("venv");
+    // System site packages: pytest and plyvel come from there, kura from the venv.
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--system-site-packages"])
+        .arg(&venv)
+        .status()
+        .expect("running python3 -m venv");
+    assert!(made.success(), "python3 -m venv failed");
+    let started = std::time::Instant::now();
+    let installed = Command::new(venv.join("bin/pip"))
+        .args(["install", "--disable-pip-version-check"])
+        .arg(env!("CARGO_MANIFEST_DIR"))
+        .status()
+        .expect("running pip install");
+    assert!(installed.success(), "pip install ./crates/pystore failed");
+    println!("pip install took {:.0?}", started.elapsed());
+    run_suites(&venv.join("bin/python"), None, dir.path());
+}
+
+/// Runs `tests/test_*.py` under pytest with `python`, the module found through `pythonpath`
+/// (or installed), in the temporary directory `dir`.
+fn run_suites(python: &Path, pythonpath: Option<&Path>, dir: &Path) {
+    let mut pytest = Command::new(python);
     pytest
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("tests"))
         // pytest's own temporary files stay inside this test's directory.
         .arg("--basetemp")
-        .arg(dir.path().join("pytest"))
-        .env("PYTHONPATH", dir.path())
+        .arg(dir.join("pytest"))
         .env("PYTHONDONTWRITEBYTECODE", "1");
+    if let Some(path) = pythonpath {
+        pytest.env("PYTHONPATH", path);
+    }
     if !kura_kv::leveldb_available() {
         kura_testkit::skip(
             "pystore::python leveldb engine",
@@ -90,7 +127,7 @@ fn kura_module_passes_its_pytest_suites() {
         pytest.env("KURA_TEST_NO_PLYVEL", "1");
     }
     // An AccelFS for kura.DB(engine="leveldb", dev=...), as `kura mkfs` would make it.
-    let image = dir.path().join("accelfs.img");
+    let image = dir.join("accelfs.img");
     let dev = kura_engine::open(&format!("file:{}?size=64M", image.display()))
         .expect("creating the AccelFS image");
     kura_accelfs::FileSystem::format(

@@ -426,6 +426,24 @@ def test_dropped_without_close_lets_go(where):
     gc.collect()
     with where.open(create_if_missing=False) as db:
         assert db.get(b"k") == b"v"
+        db.put(b"k2", b"v2")
+    # An iterator or snapshot keeps its DB open (as in plyvel) until it goes itself.
+    it = where.open(create_if_missing=False).iterator()
+    assert next(it) == (b"k", b"v")
+    with pytest.raises(kura.LockedError):
+        where.open()
+    assert list(it) == [(b"k2", b"v2")]
+    del it
+    gc.collect()
+    snap = where.open(create_if_missing=False).snapshot()
+    gc.collect()
+    assert snap.get(b"k2") == b"v2"
+    with pytest.raises(kura.LockedError):
+        where.open()
+    del snap
+    gc.collect()
+    with where.open(create_if_missing=False) as db:
+        assert list(db) == [(b"k", b"v"), (b"k2", b"v2")]
 
 
 def test_leveldb_engine_reports_availability():
