@@ -113,12 +113,6 @@ impl Memtable {
         self.map.is_empty()
     }
 
-    /// Empties the memtable (its versions are in a run now); what a new snapshot sees stays.
-    pub(crate) fn clear(&mut self) {
-        self.map.clear();
-        self.bytes = 0;
-    }
-
     /// Keys with a live newest version.
     pub(crate) fn live_keys(&self) -> u64 {
         self.map

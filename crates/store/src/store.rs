@@ -29,6 +29,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::thread::JoinHandle;
 
 /// Settings fixed when a store is created, and the write path's grouping limit.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -125,7 +126,7 @@ impl Snapshot<'_> {
 
 impl Drop for Snapshot<'_> {
     fn drop(&mut self) {
-        self.store.release(self.lsn);
+        self.store.shared.release(self.lsn);
     }
 }
 
@@ -205,19 +206,41 @@ struct Io {
     pending: Vec<u8>,
     pending_first: u64,
     pending_count: u32,
-    /// Per level, the largest key of the last run passed down from it: the next one taken
-    /// there is the one after it (wrapping), so every part of a level is merged down in turn.
-    compact_after: Vec<Option<Vec<u8>>>,
 }
 
-/// What readers look in: the memtable and the runs below it, swapped together.
+/// What readers look in: the memtable, the full one waiting for its flush (with the log start
+/// after it), and the runs below them, swapped together.
 struct View {
     mem: Memtable,
+    imm: Option<(Arc<Memtable>, LogStart)>,
     tree: Arc<Tree>,
 }
 
-/// An open store.
+/// The background worker's mailbox: asked for work, asked to stop, and the error of its last
+/// step, which the next foreground call reports.
+#[derive(Default)]
+struct Bg {
+    kicked: bool,
+    stop: bool,
+    error: Option<StoreError>,
+}
+
+/// An open store: the shared state and the background thread that flushes and compacts it.
 pub struct Store {
+    shared: Arc<Shared>,
+    worker: Option<JoinHandle<()>>,
+}
+
+struct Shared {
+    /// The background worker's: flushes and merges (and [`Store::compact`]) hold it, one at a
+    /// time, so the tree changes only under it; per level, the largest key of the last run
+    /// passed down from it.
+    work: Mutex<Vec<Option<Vec<u8>>>>,
+    bg: Mutex<Bg>,
+    /// Wakes the worker.
+    bg_wake: Condvar,
+    /// Tells stalled writers the worker finished a step.
+    bg_done: Condvar,
     queue: Mutex<Queue>,
     queue_changed: Condvar,
     io: Mutex<Io>,
@@ -272,7 +295,7 @@ impl Store {
         }
         let segs = RawSegments::new(dev, opts.segment_shift)?;
         let space = Space::format(segs, opts.segment_shift, opts.inline_threshold)?;
-        Self::start(space, None, opts)
+        Self::spawn(Shared::start(space, None, opts)?)
     }
 
     /// Opens the store on `dev`: picks the current superblock copy, takes a seg_seq lease, reads
@@ -292,14 +315,149 @@ impl Store {
     /// `segment_shift` and `inline_threshold`, come from the superblock instead).
     pub fn open_with(dev: Box<dyn BlockDevice>, opts: &StoreOptions) -> Result<Store, StoreError> {
         let (space, damage) = Space::open(dev)?;
-        Self::start(space, damage, opts)
+        Self::spawn(Shared::start(space, damage, opts)?)
     }
 
+    /// Starts the background worker of `shared`.
+    fn spawn(shared: Shared) -> Result<Store, StoreError> {
+        lock(&shared.bg).kicked = true;
+        let shared = Arc::new(shared);
+        let mine = Arc::clone(&shared);
+        let worker = std::thread::Builder::new()
+            .name("kura-store-bg".into())
+            .spawn(move || mine.background())
+            .map_err(|e| StoreError::Invalid(format!("cannot start the background worker: {e}")))?;
+        Ok(Store {
+            shared,
+            worker: Some(worker),
+        })
+    }
+
+    /// A superblock copy that was found damaged at open, if any (the other was used).
+    pub fn damage(&self) -> Option<&str> {
+        self.shared.damage.as_deref()
+    }
+
+    /// Why log replay at open ended where it did: the first page after the log's last frame
+    /// (never written: bad magic or another seg_seq; torn by a crash: a checksum).
+    pub fn replay_stop(&self) -> &FormatError {
+        &self.shared.replay_stop
+    }
+
+    pub fn put(&self, key: &[u8], value: &[u8], sync: bool) -> Result<(), StoreError> {
+        self.shared.put(key, value, sync)
+    }
+
+    pub fn delete(&self, key: &[u8], sync: bool) -> Result<(), StoreError> {
+        self.shared.delete(key, sync)
+    }
+
+    /// The newest value of `key`.
+    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.shared.get_as_of(key, u64::MAX)
+    }
+
+    /// The value of `key` as `snapshot` saw it.
+    pub fn get_at(
+        &self,
+        snapshot: &Snapshot<'_>,
+        key: &[u8],
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        self.shared.get_as_of(key, snapshot.lsn)
+    }
+
+    /// A consistent view of the store as it is now, kept until the handle is dropped.
+    pub fn snapshot(&self) -> Snapshot<'_> {
+        Snapshot {
+            store: self,
+            lsn: self.shared.take_snapshot(),
+        }
+    }
+
+    /// Up to `limit` live pairs with `from <= key < to` (an absent bound is open), in key order
+    /// or, with `reverse`, from the largest key down. A consistent view: a batch committed
+    /// meanwhile is in it entirely or not at all.
+    pub fn scan(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<Vec<Pair>, StoreError> {
+        self.shared.scan_as_of(from, to, u64::MAX, limit, reverse)
+    }
+
+    /// [`Store::scan`] as `snapshot` saw the store.
+    pub fn scan_at(
+        &self,
+        snapshot: &Snapshot<'_>,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+    ) -> Result<Vec<Pair>, StoreError> {
+        self.shared
+            .scan_as_of(from, to, snapshot.lsn, limit, reverse)
+    }
+
+    /// Writes `batch` atomically; with `sync`, returns only once it is durable. Waits for the
+    /// background worker only when the memtable is full while the previous one still waits
+    /// for its flush (then for at most that flush and the merge step under way).
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
+        self.shared.write(batch, sync)
+    }
+
+    /// Flushes the memtable and merges every run into one sorted level (the deepest one in
+    /// use, at least level 1), dropping versions no live snapshot needs and every tombstone;
+    /// frees the segments of the runs it replaced. Waits for the background step under way.
+    pub fn compact(&self) -> Result<(), StoreError> {
+        self.shared.compact()
+    }
+
+    /// Makes every write so far durable; reports a background failure not yet reported.
+    pub fn sync(&self) -> Result<(), StoreError> {
+        self.shared.sync()
+    }
+
+    /// Stops the background worker (after the flush and merges due), makes every write durable and closes the store; reports a background
+    /// failure not yet reported.
+    pub fn close(mut self) -> Result<(), StoreError> {
+        self.stop_worker();
+        self.shared.sync()
+    }
+
+    pub fn stats(&self) -> StoreStats {
+        self.shared.stats()
+    }
+
+    /// Segments the log chain holds now (from the log start to its end).
+    pub fn log_segments(&self) -> usize {
+        lock(&self.shared.io).log.segments()
+    }
+
+    fn stop_worker(&mut self) {
+        let Some(worker) = self.worker.take() else {
+            return;
+        };
+        lock(&self.shared.bg).stop = true;
+        self.shared.bg_wake.notify_all();
+        // A worker that panicked has nothing more to report than its missing step.
+        let _ = worker.join();
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        self.stop_worker();
+    }
+}
+
+impl Shared {
     fn start(
         mut space: Space,
         damage: Option<String>,
         opts: &StoreOptions,
-    ) -> Result<Store, StoreError> {
+    ) -> Result<Shared, StoreError> {
         let recorded = manifest::read(&mut space)?;
         let sb = space.superblock().clone();
         let start = recorded
@@ -336,7 +494,11 @@ impl Store {
         );
         let manifest_head = recorded.is_some().then_some(sb.manifest_head);
         let max_payload = log::max_payload(sb.segment_pages());
-        Ok(Store {
+        Ok(Shared {
+            work: Mutex::new(vec![None; MAX_LEVELS]),
+            bg: Mutex::new(Bg::default()),
+            bg_wake: Condvar::new(),
+            bg_done: Condvar::new(),
             queue: Mutex::new(Queue::default()),
             queue_changed: Condvar::new(),
             io: Mutex::new(Io {
@@ -349,10 +511,10 @@ impl Store {
                 pending: Vec::new(),
                 pending_first: 0,
                 pending_count: 0,
-                compact_after: vec![None; MAX_LEVELS],
             }),
             view: RwLock::new(View {
                 mem,
+                imm: None,
                 tree: Arc::new(tree),
             }),
             snapshots: Mutex::new(BTreeMap::new()),
@@ -380,46 +542,24 @@ impl Store {
         })
     }
 
-    /// A superblock copy that was found damaged at open, if any (the other was used).
-    pub fn damage(&self) -> Option<&str> {
-        self.damage.as_deref()
-    }
-
-    /// Why log replay at open ended where it did: the first page after the log's last frame
-    /// (never written: bad magic or another seg_seq; torn by a crash: a checksum).
-    pub fn replay_stop(&self) -> &FormatError {
-        &self.replay_stop
-    }
-
-    pub fn put(&self, key: &[u8], value: &[u8], sync: bool) -> Result<(), StoreError> {
+    fn put(&self, key: &[u8], value: &[u8], sync: bool) -> Result<(), StoreError> {
         let mut b = WriteBatch::new();
         b.put(key, value);
         self.write(b, sync)
     }
 
-    pub fn delete(&self, key: &[u8], sync: bool) -> Result<(), StoreError> {
+    fn delete(&self, key: &[u8], sync: bool) -> Result<(), StoreError> {
         let mut b = WriteBatch::new();
         b.delete(key);
         self.write(b, sync)
     }
 
-    /// The newest value of `key`.
-    pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.get_as_of(key, u64::MAX)
-    }
-
-    /// The value of `key` as `snapshot` saw it.
-    pub fn get_at(
-        &self,
-        snapshot: &Snapshot<'_>,
-        key: &[u8],
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        self.get_as_of(key, snapshot.lsn)
-    }
-
     fn get_as_of(&self, key: &[u8], at: u64) -> Result<Option<Vec<u8>>, StoreError> {
         let view = self.read_view();
         if let Some(found) = view.mem.lookup(key, at) {
+            return Ok(found);
+        }
+        if let Some(found) = view.imm.as_ref().and_then(|(imm, _)| imm.lookup(key, at)) {
             return Ok(found);
         }
         Ok(view
@@ -428,12 +568,12 @@ impl Store {
             .flatten())
     }
 
-    /// A consistent view of the store as it is now, kept until the handle is dropped.
-    pub fn snapshot(&self) -> Snapshot<'_> {
+    /// Registers a snapshot of what is visible now and returns its LSN.
+    fn take_snapshot(&self) -> u64 {
         let view = self.read_view();
         let lsn = view.mem.visible();
         *lock(&self.snapshots).entry(lsn).or_insert(0) += 1;
-        Snapshot { store: self, lsn }
+        lsn
     }
 
     fn release(&self, lsn: u64) {
@@ -450,31 +590,6 @@ impl Store {
         self.view.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Up to `limit` live pairs with `from <= key < to` (an absent bound is open), in key order
-    /// or, with `reverse`, from the largest key down. A consistent view: a batch committed
-    /// meanwhile is in it entirely or not at all.
-    pub fn scan(
-        &self,
-        from: Option<&[u8]>,
-        to: Option<&[u8]>,
-        limit: usize,
-        reverse: bool,
-    ) -> Result<Vec<Pair>, StoreError> {
-        self.scan_as_of(from, to, u64::MAX, limit, reverse)
-    }
-
-    /// [`Store::scan`] as `snapshot` saw the store.
-    pub fn scan_at(
-        &self,
-        snapshot: &Snapshot<'_>,
-        from: Option<&[u8]>,
-        to: Option<&[u8]>,
-        limit: usize,
-        reverse: bool,
-    ) -> Result<Vec<Pair>, StoreError> {
-        self.scan_as_of(from, to, snapshot.lsn, limit, reverse)
-    }
-
     fn scan_as_of(
         &self,
         from: Option<&[u8]>,
@@ -488,7 +603,9 @@ impl Store {
             return Ok(out);
         }
         let view = self.read_view();
-        let sources = tree::sources(Some(&view.mem), &view.tree, from, to, reverse, &self.space);
+        let mut mems = vec![&view.mem];
+        mems.extend(view.imm.as_ref().map(|(imm, _)| &**imm));
+        let sources = tree::sources(&mems, &view.tree, from, to, reverse, &self.space);
         let mut merge = Merge::new(sources, reverse);
         while out.len() < limit {
             let Some((key, versions)) = merge.next_key()? else {
@@ -504,8 +621,7 @@ impl Store {
         Ok(out)
     }
 
-    /// Writes `batch` atomically; with `sync`, returns only once it is durable.
-    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
+    fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {
         if batch.is_empty() {
             return Ok(());
         }
@@ -558,7 +674,7 @@ impl Store {
             q.leader = true;
             let group = self.take_group(&mut q.pending);
             drop(q);
-            let result = self.commit(&group);
+            let result = self.wait_for_room().and_then(|()| self.commit(&group));
             q = lock(&self.queue);
             for p in &group {
                 q.done.insert(p.ticket, result.clone());
@@ -648,21 +764,122 @@ impl Store {
             for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
                 view.mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
             }
-            view.mem.bytes() > self.memtable_bytes || io.log.segments() > self.max_log_segments
+            view.imm.is_none()
+                && (view.mem.bytes() > self.memtable_bytes
+                    || io.log.segments() > self.max_log_segments)
         };
         if full {
-            // The group is durable (if asked) and visible whatever the flush does: a flush that
-            // finds no room is retried at the next write; a device failure stops later writes.
-            if let Err(e) = self
-                .flush_locked(&mut io)
-                .and_then(|()| self.compact_due(&mut io))
-            {
+            // The group is durable (if asked) and visible whatever the swap does: one that
+            // finds no room for the log frame is retried at the next write.
+            if let Err(e) = self.swap(&mut io) {
                 if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
                     io.stopped = Some(e);
                 }
             }
         }
         Ok(())
+    }
+
+    /// A leader's wait before it commits: while the memtable is over its limit and the full
+    /// one before it still waits for its flush, the group waits for the background worker
+    /// (which flushes before it starts another merge step). A failure of the worker's last
+    /// step is reported here, once, and the worker asked to try again.
+    fn wait_for_room(&self) -> Result<(), StoreError> {
+        let mut bg = lock(&self.bg);
+        loop {
+            if let Some(e) = bg.error.take() {
+                bg.kicked = true;
+                self.bg_wake.notify_all();
+                return Err(e);
+            }
+            let stalled = {
+                let view = self.read_view();
+                view.imm.is_some() && view.mem.bytes() > self.memtable_bytes
+            };
+            if !stalled || bg.stop {
+                return Ok(());
+            }
+            bg = self.bg_done.wait(bg).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+
+    /// Makes the memtable the immutable one the background worker flushes, and starts an
+    /// empty one. Gathered unsynced groups are written to the log first, so the log from the
+    /// current log start holds every write the immutable memtable has until its flush is
+    /// recorded.
+    fn swap(&self, io: &mut Io) -> Result<(), StoreError> {
+        self.write_pending(io, false)?;
+        let start = LogStart {
+            pos: io.log.pos(),
+            lsn: io.next_lsn,
+        };
+        {
+            let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
+            if view.mem.is_empty() || view.imm.is_some() {
+                return Ok(());
+            }
+            let visible = view.mem.visible();
+            let full = std::mem::take(&mut view.mem);
+            view.mem.see(visible);
+            view.imm = Some((Arc::new(full), start));
+        }
+        lock(&self.bg).kicked = true;
+        self.bg_wake.notify_all();
+        Ok(())
+    }
+
+    /// The background worker: waits to be asked, then flushes the immutable memtable and
+    /// merges levels over their limits, one merge at a time with a flush check before each, so
+    /// a stalled writer waits for at most one merge step and one flush. It starts with a look
+    /// for merges a previous session left due. Asked to stop, it first finishes the flush and
+    /// the merges due (so the log segments of a waiting memtable are freed and level 0 stays
+    /// within its limit: many short sessions would otherwise fill the device).
+    fn background(&self) {
+        loop {
+            {
+                let mut bg = lock(&self.bg);
+                while !bg.stop && !bg.kicked {
+                    bg = self.bg_wake.wait(bg).unwrap_or_else(|p| p.into_inner());
+                }
+                bg.kicked = false;
+            }
+            let result = self.background_step();
+            let mut bg = lock(&self.bg);
+            if let Err(e) = result {
+                bg.error = Some(e);
+            }
+            let stop = bg.stop;
+            drop(bg);
+            self.bg_done.notify_all();
+            if stop {
+                return;
+            }
+        }
+    }
+
+    fn background_step(&self) -> Result<(), StoreError> {
+        let mut work = lock(&self.work);
+        loop {
+            self.guard(self.flush_imm())?;
+            self.bg_done.notify_all();
+            if !self.guard(self.compact_one(&mut work))? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// Stops later writes after a failure that leaves the device's state unknown; a full
+    /// device or a refused input leaves it as it was.
+    fn guard<T>(&self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result {
+            if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
+                let mut io = lock(&self.io);
+                if io.stopped.is_none() {
+                    io.stopped = Some(e.clone());
+                }
+            }
+        }
+        result
     }
 
     /// Writes the gathered unsynced groups as one log frame, then flushes the device if `sync`.
@@ -680,33 +897,31 @@ impl Store {
         Ok(())
     }
 
-    /// Writes the memtable as level-0 runs, records them with the log start after them, and
-    /// frees the log segments before it. Gathered unsynced groups are in the runs then, and
-    /// never written to the log.
-    fn flush_locked(&self, io: &mut Io) -> Result<(), StoreError> {
+    /// Writes the immutable memtable as level-0 runs (without the `io` lock: writers go on),
+    /// records them with the log start after it, then frees the log segments before that
+    /// start: the log is trimmed only once the manifest checkpoint naming the runs is durable.
+    /// Called with the `work` lock held, so the tree changes under nobody else.
+    fn flush_imm(&self) -> Result<(), StoreError> {
+        let Some((imm, start)) = self.read_view().imm.clone() else {
+            return Ok(());
+        };
         let (handles, written) = {
-            let view = self.read_view();
-            if view.mem.is_empty() {
-                return Ok(());
-            }
             let mut out = Output::new(&self.space, 0, self.segment_pages, self.inline_threshold);
-            for (key, versions) in view.mem.range(None, None, false) {
+            for (key, versions) in imm.range(None, None, false) {
                 for (lsn, value) in versions.iter().rev() {
                     out.add(key, *lsn, value.clone())?;
                 }
             }
             out.finish()?
         };
-        let start = LogStart {
-            pos: io.log.pos(),
-            lsn: io.next_lsn,
-        };
+        let mut io = lock(&self.io);
+        if let Some(e) = &io.stopped {
+            return Err(StoreError::Stopped(e.to_string()));
+        }
         let mut tree = Tree::clone(&*self.read_view().tree);
         let new: Vec<Arc<RunHandle>> = handles.into_iter().map(Arc::new).collect();
         tree.levels[0].splice(0..0, new);
-        self.install(io, tree, start, written, &[], true)?;
-        io.pending.clear();
-        io.pending_count = 0;
+        self.install(&mut io, tree, start, written, &[], true)?;
         let mut space = lock(&self.space);
         for seg in io.log.trim_before(start.pos) {
             space.free(seg.slot);
@@ -716,8 +931,8 @@ impl Store {
         Ok(())
     }
 
-    /// Records `tree` and `start` in the manifest, then makes them what readers see (with an
-    /// empty memtable after a flush) and frees the segments of `dropped` runs.
+    /// Records `tree` and `start` in the manifest, then makes them what readers see (without
+    /// the immutable memtable after a flush) and frees the segments of `dropped` runs.
     fn install(
         &self,
         io: &mut Io,
@@ -747,7 +962,7 @@ impl Store {
         {
             let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
             if flushed {
-                view.mem.clear();
+                view.imm = None;
             }
             view.tree = Arc::new(tree);
         }
@@ -763,9 +978,12 @@ impl Store {
     /// all of level 1 (at most `l1_runs` segments; merging only the overlapped level-1 runs
     /// would leave a small run per flush on keys written in order, and each run takes a
     /// segment); from a deeper level, one run (the next after the last one taken there, in key
-    /// order) with the runs of the next level it overlaps.
-    fn compact_due(&self, io: &mut Io) -> Result<(), StoreError> {
-        loop {
+    /// order) with the runs of the next level it overlaps. One merge a call; false when no
+    /// level is over its limit. `compact_after` holds, per level, the largest key of the last
+    /// run passed down from it: the next one taken there is the one after it (wrapping), so
+    /// every part of a level is merged down in turn.
+    fn compact_one(&self, compact_after: &mut [Option<Vec<u8>>]) -> Result<bool, StoreError> {
+        {
             let tree = Arc::clone(&self.read_view().tree);
             let due = (0..MAX_LEVELS - 1).find(|&l| {
                 let limit = if l == 0 {
@@ -777,13 +995,13 @@ impl Store {
                 tree.levels[l].len() > limit
             });
             let Some(level) = due else {
-                return Ok(());
+                return Ok(false);
             };
             let runs = &tree.levels[level];
             let picked = if level == 0 {
                 0..runs.len()
             } else {
-                let after = io.compact_after[level].as_deref();
+                let after = compact_after[level].as_deref();
                 let i = after.map_or(0, |a| {
                     runs.partition_point(|h| h.meta.smallest.as_slice() <= a)
                 });
@@ -793,27 +1011,23 @@ impl Store {
             let lo = picked.clone().map(|i| &runs[i].meta.smallest).min();
             let hi = picked.clone().map(|i| &runs[i].meta.largest).max();
             let (Some(lo), Some(hi)) = (lo, hi) else {
-                return Ok(());
+                return Ok(false);
             };
             let below = if level == 0 {
                 0..tree.levels[1].len()
             } else {
                 tree::overlapping(&tree.levels[level + 1], lo, hi)
             };
-            io.compact_after[level] = Some(hi.clone());
-            self.merge_runs(io, &tree, &[(level, picked), (level + 1, below)])?;
+            compact_after[level] = Some(hi.clone());
+            self.merge_runs(&tree, &[(level, picked), (level + 1, below)])?;
+            Ok(true)
         }
     }
 
     /// Merges the runs `inputs` names (a range of runs per level, the output level's last) into
     /// new runs that take the place of the output level's range, keeping the versions live
     /// snapshots need and dropping tombstones when nothing lies below the output level.
-    fn merge_runs(
-        &self,
-        io: &mut Io,
-        tree: &Tree,
-        inputs: &[(usize, Range<usize>)],
-    ) -> Result<(), StoreError> {
+    fn merge_runs(&self, tree: &Tree, inputs: &[(usize, Range<usize>)]) -> Result<(), StoreError> {
         let Some((last, _)) = inputs.last().cloned() else {
             return Ok(());
         };
@@ -824,7 +1038,7 @@ impl Store {
         let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
         let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
         let (handles, written) = {
-            let sources = tree::sources(None, &picked, None, None, false, &self.space);
+            let sources = tree::sources(&[], &picked, None, None, false, &self.space);
             let mut merge = Merge::new(sources, false);
             let mut out = Output::new(
                 &self.space,
@@ -850,43 +1064,63 @@ impl Store {
             next.levels[*l].splice(r.clone(), replacement);
         }
         let dropped: Vec<Arc<RunHandle>> = picked.runs().cloned().collect();
-        let start = io.log_start;
-        self.install(io, next, start, written, &dropped, false)?;
-        self.compactions.fetch_add(1, Ordering::Relaxed);
-        Ok(())
-    }
-
-    /// Flushes the memtable and merges every run into one sorted level (the deepest one in
-    /// use, at least level 1), dropping versions no live snapshot needs and every tombstone;
-    /// frees the segments of the runs it replaced.
-    pub fn compact(&self) -> Result<(), StoreError> {
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
         }
-        let result = self.flush_locked(&mut io).and_then(|()| {
-            let tree = Arc::clone(&self.read_view().tree);
-            if tree.runs().next().is_none() {
-                return Ok(());
-            }
-            let last = (1..MAX_LEVELS)
-                .rev()
-                .find(|&l| !tree.levels[l].is_empty())
-                .unwrap_or(1);
-            let all: Vec<(usize, Range<usize>)> =
-                (0..=last).map(|l| (l, 0..tree.levels[l].len())).collect();
-            self.merge_runs(&mut io, &tree, &all)
-        });
-        if let Err(e) = &result {
-            if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
-                io.stopped = Some(e.clone());
-            }
-        }
-        result
+        let start = io.log_start;
+        self.install(&mut io, next, start, written, &dropped, false)?;
+        self.compactions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
     }
 
-    /// Makes every write so far durable.
-    pub fn sync(&self) -> Result<(), StoreError> {
+    fn compact(&self) -> Result<(), StoreError> {
+        self.report()?;
+        let _work = lock(&self.work);
+        self.guard(self.flush_imm())?;
+        {
+            let mut io = lock(&self.io);
+            if let Some(e) = &io.stopped {
+                return Err(StoreError::Stopped(e.to_string()));
+            }
+            if let Err(e) = self.swap(&mut io) {
+                if !matches!(e, StoreError::Full { .. } | StoreError::Refused(_)) {
+                    io.stopped = Some(e.clone());
+                }
+                return Err(e);
+            }
+        }
+        self.guard(self.flush_imm())?;
+        self.bg_done.notify_all();
+        let tree = Arc::clone(&self.read_view().tree);
+        if tree.runs().next().is_none() {
+            return Ok(());
+        }
+        let last = (1..MAX_LEVELS)
+            .rev()
+            .find(|&l| !tree.levels[l].is_empty())
+            .unwrap_or(1);
+        let all: Vec<(usize, Range<usize>)> =
+            (0..=last).map(|l| (l, 0..tree.levels[l].len())).collect();
+        self.guard(self.merge_runs(&tree, &all))
+    }
+
+    /// The background worker's failure not yet reported, if any (the worker is asked to try
+    /// its step again).
+    fn report(&self) -> Result<(), StoreError> {
+        let mut bg = lock(&self.bg);
+        match bg.error.take() {
+            Some(e) => {
+                bg.kicked = true;
+                self.bg_wake.notify_all();
+                Err(e)
+            }
+            None => Ok(()),
+        }
+    }
+
+    fn sync(&self) -> Result<(), StoreError> {
+        self.report()?;
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
@@ -899,14 +1133,10 @@ impl Store {
         Ok(())
     }
 
-    /// Makes every write durable and closes the store.
-    pub fn close(self) -> Result<(), StoreError> {
-        self.sync()
-    }
-
-    pub fn stats(&self) -> StoreStats {
+    fn stats(&self) -> StoreStats {
         let io = lock(&self.io);
         let view = self.read_view();
+        let imm = view.imm.as_ref().map(|(imm, _)| &**imm);
         let mut runs_per_level = [0u32; MAX_LEVELS];
         for (n, level) in runs_per_level.iter_mut().zip(&view.tree.levels) {
             *n = level.len() as u32;
@@ -916,9 +1146,9 @@ impl Store {
             groups: self.groups.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             replayed_frames: self.replayed_frames,
-            memtable_keys: view.mem.live_keys(),
-            memtable_versions: view.mem.versions(),
-            memtable_bytes: view.mem.bytes() as u64,
+            memtable_keys: view.mem.live_keys() + imm.map_or(0, Memtable::live_keys),
+            memtable_versions: view.mem.versions() + imm.map_or(0, Memtable::versions),
+            memtable_bytes: (view.mem.bytes() + imm.map_or(0, Memtable::bytes)) as u64,
             flushes: self.flushes.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
@@ -930,14 +1160,9 @@ impl Store {
             slot_count: self.slot_count,
         }
     }
-
-    /// Segments the log chain holds now (from the log start to its end).
-    pub fn log_segments(&self) -> usize {
-        lock(&self.io).log.segments()
-    }
 }
 
-impl Drop for Store {
+impl Drop for Shared {
     /// Writes what unsynced groups gathered (without a device flush: dropping is not a sync),
     /// so a store dropped without [`Store::close`] loses no more than its device cache holds.
     fn drop(&mut self) {

@@ -243,9 +243,9 @@ pub(crate) fn runs_source<'a>(
     it.peekable()
 }
 
-/// The sources of a walk over the memtable (if given) and every run of `tree`.
+/// The sources of a walk over the memtables `mems` (newest first) and every run of `tree`.
 pub(crate) fn sources<'a>(
-    mem: Option<&'a Memtable>,
+    mems: &[&'a Memtable],
     tree: &'a Tree,
     from: Option<&'a [u8]>,
     to: Option<&'a [u8]>,
@@ -253,7 +253,7 @@ pub(crate) fn sources<'a>(
     space: &'a Mutex<Space>,
 ) -> Vec<Source<'a>> {
     let mut out = Vec::new();
-    if let Some(mem) = mem {
+    for mem in mems {
         out.push(mem_source(mem, from, to, reverse));
     }
     for h in &tree.levels[0] {
