@@ -43,8 +43,8 @@ use crate::mkfs::MkfsOptions;
 use crate::wal::{Journal, Recovery};
 use kura_engine::BlockDevice;
 use state::Mounted;
-use striped::{ReadGuard, StripedRwLock, WriteGuard};
 use std::sync::{Arc, Condvar, Mutex};
+use striped::{ReadGuard, StripedRwLock, WriteGuard};
 
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
 const READ_ONLY_MOUNT: &str = "mounted read-only";
