@@ -630,9 +630,10 @@ fn value_or<'py>(
 
 /// A key-value database with plyvel's API, on either of kura's engines.
 ///
-/// DB(name, engine="native", dev=None, create_if_missing=False, **options)
+/// DB(name, engine="leveldb", dev=None, create_if_missing=False, **options)
 ///
-/// engine="leveldb": Google LevelDB. name is a host directory (a LevelDB database that plyvel
+/// engine="leveldb" (the default, as in `kura kv`, so DB(path) opens what plyvel.DB(path)
+/// does): Google LevelDB. name is a host directory (a LevelDB database that plyvel
 /// and every other LevelDB program open), or, with dev=SPEC, a directory inside the AccelFS on
 /// device SPEC (formatted with `kura mkfs`). engine="native": kura's native store, which takes
 /// the whole raw device dev=SPEC; name must be "/" (as in `kura kv --engine native --dev SPEC
@@ -645,6 +646,11 @@ fn value_or<'py>(
 ///
 /// Keys and values are bytes. A DB is a context manager (the block's end closes it); close()
 /// makes every write durable, releases every snapshot and iterator and lets go of the lock.
+/// Iterators and snapshots keep their DB open while referenced.
+///
+/// Not (yet) of plyvel's API: iterator seek/prev/seek_to_start/seek_to_stop (iterators only
+/// step forward in their direction), prefixed_db, get_property, compact_range,
+/// approximate_size(s), WriteBatch.append, and the module functions destroy_db and repair_db.
 #[pyclass(module = "kura", name = "DB", frozen)]
 pub(crate) struct PyDb {
     shared: Arc<Shared>,
@@ -656,7 +662,7 @@ pub(crate) struct PyDb {
 #[pymethods]
 impl PyDb {
     #[new]
-    #[pyo3(signature = (name, engine="native", dev=None, create_if_missing=false, **options))]
+    #[pyo3(signature = (name, engine="leveldb", dev=None, create_if_missing=false, **options))]
     fn new(
         py: Python<'_>,
         name: String,

@@ -340,8 +340,10 @@ def test_open_errors(tmp_path):
     missing = tmp_path / "missing"
     if not NO_LEVELDB:
         with pytest.raises(kura.NotFoundError):
-            kura.DB(str(missing), engine="leveldb")
+            kura.DB(str(missing))  # LevelDB is the default engine, as plyvel.DB(path)
         assert not missing.exists(), "a failed open must not create the directory"
+        with kura.DB(str(tmp_path / "made"), create_if_missing=True) as db:
+            assert db.engine == "leveldb" and db.dev is None
     with pytest.raises(ValueError):
         kura.DB("/", engine="native")  # no dev
     blank = f"file:{tmp_path / 'blank.img'}?size=16M"
