@@ -1,11 +1,11 @@
-"""Sync puts from 1 and from 8 Python threads on one kura_store.Store.
+"""Sync puts from 1 and from 8 Python threads on one kura.Store.
 
 Each Store call releases the GIL while the store works, so threads wait for their flush
 together and the store's group commit gives one flush to several writers: with 8 threads,
 groups (log frames) < batches (puts). Were the GIL held through a put, no two threads could be
 inside the store at once and every group would hold one put.
 
-    cargo build -p kura-pystore && mkdir -p /tmp/ks && cp target/debug/libkura_store.so /tmp/ks/kura_store.so
+    cargo build -p kura-pystore && mkdir -p /tmp/ks && cp target/debug/libkura_store.so /tmp/ks/kura.so
     PYTHONPATH=/tmp/ks python3 crates/pystore/examples/sync_threads.py [DIR]
 """
 
@@ -15,11 +15,11 @@ import tempfile
 import threading
 import time
 
-import kura_store
+import kura
 
 
 def run(threads, puts, spec):
-    with kura_store.Store(spec, create=True, segment_size=1 << 20) as db:
+    with kura.Store(spec, create=True, segment_size=1 << 20) as db:
 
         def work(t):
             for i in range(puts // threads):
