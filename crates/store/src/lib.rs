@@ -14,6 +14,7 @@
 
 #![forbid(unsafe_code)]
 
+mod cache;
 mod error;
 pub mod format;
 mod log;
@@ -27,4 +28,4 @@ mod tree;
 
 pub use error::StoreError;
 pub use memtable::Pair;
-pub use store::{Snapshot, Store, StoreOptions, StoreStats, WriteBatch};
+pub use store::{Snapshot, Store, StoreOptions, StoreStats, WriteBatch, DEFAULT_CACHE_BYTES};

@@ -388,6 +388,15 @@ impl Run {
         Ok(run)
     }
 
+    /// Bytes this open run keeps in memory: its bloom filter and footer (with the smallest and
+    /// largest keys).
+    pub fn memory(&self) -> usize {
+        self.bloom.len()
+            + self.footer.smallest.len()
+            + self.footer.largest.len()
+            + std::mem::size_of::<Run>()
+    }
+
     pub fn footer(&self) -> &Footer {
         &self.footer
     }

@@ -48,7 +48,17 @@ pub struct StoreOptions {
     /// Level 1 passes a run down once it holds more runs than this; each deeper level holds ten
     /// times as many as the one above. A run takes one segment.
     pub l1_runs: usize,
+    /// The memory budget in bytes: memtables, the page cache of run pages and the runs' bloom
+    /// filters and footers together. With a budget the memtable limit is at most a quarter of
+    /// it (the full memtable waiting for its flush and the next one take half at most) and the
+    /// page cache gets what the memtables and the runs' in-memory parts leave. 0: no budget;
+    /// the memtables are limited by `memtable_bytes` alone and the page cache holds
+    /// [`DEFAULT_CACHE_BYTES`].
+    pub memory_budget: usize,
 }
+
+/// The page cache's size when [`StoreOptions::memory_budget`] is 0.
+pub const DEFAULT_CACHE_BYTES: usize = 8 << 20;
 
 impl Default for StoreOptions {
     fn default() -> Self {
@@ -59,6 +69,7 @@ impl Default for StoreOptions {
             memtable_bytes: 16 << 20,
             l0_runs: 4,
             l1_runs: 10,
+            memory_budget: 0,
         }
     }
 }
@@ -147,6 +158,8 @@ pub struct StoreStats {
     pub memtable_versions: u64,
     /// Approximate bytes the memtable holds (what [`StoreOptions::memtable_bytes`] limits).
     pub memtable_bytes: u64,
+    /// Approximate bytes of the full memtable waiting for its flush (0 when none waits).
+    pub immutable_bytes: u64,
     /// Memtable flushes into level-0 runs.
     pub flushes: u64,
     /// Compactions (merges of one level into the next, or of everything by
@@ -163,6 +176,17 @@ pub struct StoreStats {
     /// Segment slots in use now, and on the device.
     pub slots_used: u64,
     pub slot_count: u64,
+    /// The memory budget ([`StoreOptions::memory_budget`], 0 for none) and its parts now:
+    /// the memtables' bytes are `memtable_bytes` + `immutable_bytes`; the page cache's pages and the most it may
+    /// hold; the runs' bloom filters and footers (about 1.25 bytes per key, 10 bits, plus the
+    /// smallest and largest key of each run).
+    pub memory_budget: u64,
+    pub cache_bytes: u64,
+    pub cache_capacity_bytes: u64,
+    pub index_bytes: u64,
+    /// Run page reads answered by the page cache, and those that went to the device.
+    pub cache_hits: u64,
+    pub cache_misses: u64,
 }
 
 impl StoreStats {
@@ -254,6 +278,7 @@ struct Shared {
     /// Largest value: one must fit a run's segment with the run's four smallest pages.
     max_value: usize,
     memtable_bytes: usize,
+    memory_budget: usize,
     l0_runs: usize,
     l1_runs: usize,
     max_log_segments: usize,
@@ -270,6 +295,16 @@ struct Shared {
     flushes: AtomicU64,
     compactions: AtomicU64,
     replayed_frames: u64,
+}
+
+/// The page cache's share of the memory budget, in pages: what two memtables and the runs'
+/// in-memory parts (`index_bytes`) leave.
+fn cache_pages(budget: usize, memtable_bytes: usize, index_bytes: usize) -> usize {
+    let bytes = match budget {
+        0 => DEFAULT_CACHE_BYTES,
+        budget => budget.saturating_sub(2 * memtable_bytes + index_bytes),
+    };
+    bytes / PAGE_SIZE
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -419,8 +454,8 @@ impl Store {
         self.shared.sync()
     }
 
-    /// Stops the background worker (after the flush and merges due), makes every write durable and closes the store; reports a background
-    /// failure not yet reported.
+    /// Stops the background worker (after the flush and merges due), makes every write durable
+    /// and closes the store; reports a background failure not yet reported.
     pub fn close(mut self) -> Result<(), StoreError> {
         self.stop_worker();
         self.shared.sync()
@@ -479,6 +514,15 @@ impl Shared {
             &space,
         )?;
         let mut space = space.into_inner().unwrap_or_else(|p| p.into_inner());
+        let memtable_bytes = match opts.memory_budget {
+            0 => opts.memtable_bytes,
+            budget => opts.memtable_bytes.min(budget / 4),
+        };
+        space.cache.set_capacity(cache_pages(
+            opts.memory_budget,
+            memtable_bytes,
+            tree.memory(),
+        ));
         let mut mem = Memtable::default();
         let no_snapshots = BTreeMap::new();
         let replayed = log::replay(&mut space, start, |lsn, op| {
@@ -521,7 +565,8 @@ impl Shared {
             max_group_bytes: opts.max_group_bytes,
             max_payload,
             max_value: sb.segment_size() as usize - 4 * PAGE_SIZE,
-            memtable_bytes: opts.memtable_bytes,
+            memtable_bytes,
+            memory_budget: opts.memory_budget,
             l0_runs: opts.l0_runs.max(1),
             l1_runs: opts.l1_runs.max(1),
             max_log_segments: MAX_LOG_SEGMENTS.min(sb.slot_count / 4).max(1) as usize,
@@ -931,6 +976,10 @@ impl Shared {
         Ok(())
     }
 
+    fn cache_pages(&self, index_bytes: usize) -> usize {
+        cache_pages(self.memory_budget, self.memtable_bytes, index_bytes)
+    }
+
     /// Records `tree` and `start` in the manifest, then makes them what readers see (without
     /// the immutable memtable after a flush) and frees the segments of `dropped` runs.
     fn install(
@@ -967,7 +1016,9 @@ impl Shared {
             view.tree = Arc::new(tree);
         }
         io.log_start = start;
+        let index = self.read_view().tree.memory();
         let mut space = lock(&self.space);
+        space.cache.set_capacity(self.cache_pages(index));
         for h in dropped {
             space.free(h.meta.run.slot);
         }
@@ -1136,7 +1187,7 @@ impl Shared {
     fn stats(&self) -> StoreStats {
         let io = lock(&self.io);
         let view = self.read_view();
-        let imm = view.imm.as_ref().map(|(imm, _)| &**imm);
+        let space = lock(&self.space);
         let mut runs_per_level = [0u32; MAX_LEVELS];
         for (n, level) in runs_per_level.iter_mut().zip(&view.tree.levels) {
             *n = level.len() as u32;
@@ -1146,9 +1197,10 @@ impl Shared {
             groups: self.groups.load(Ordering::Relaxed),
             syncs: self.syncs.load(Ordering::Relaxed),
             replayed_frames: self.replayed_frames,
-            memtable_keys: view.mem.live_keys() + imm.map_or(0, Memtable::live_keys),
-            memtable_versions: view.mem.versions() + imm.map_or(0, Memtable::versions),
-            memtable_bytes: (view.mem.bytes() + imm.map_or(0, Memtable::bytes)) as u64,
+            memtable_keys: view.mem.live_keys(),
+            memtable_versions: view.mem.versions(),
+            memtable_bytes: view.mem.bytes() as u64,
+            immutable_bytes: view.imm.as_ref().map_or(0, |(imm, _)| imm.bytes()) as u64,
             flushes: self.flushes.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
@@ -1156,8 +1208,14 @@ impl Shared {
             log_bytes_written: io.log.written(),
             run_bytes_written: io.run_bytes,
             manifest_bytes_written: io.manifest.written(),
-            slots_used: lock(&self.space).used(),
+            slots_used: space.used(),
             slot_count: self.slot_count,
+            memory_budget: self.memory_budget as u64,
+            cache_bytes: space.cache.bytes() as u64,
+            cache_capacity_bytes: space.cache.capacity_bytes() as u64,
+            index_bytes: view.tree.memory() as u64,
+            cache_hits: space.cache.hits,
+            cache_misses: space.cache.misses,
         }
     }
 }

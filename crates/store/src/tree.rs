@@ -47,12 +47,12 @@ impl Default for Tree {
     }
 }
 
-/// Reads single pages of one slot.
+/// Reads single pages of the run in segment `seg`, through the page cache.
 fn page_reader(
     space: &Mutex<Space>,
-    slot: u64,
+    seg: SegRef,
 ) -> impl FnMut(u32) -> Result<Vec<u8>, StoreError> + '_ {
-    move |page| lock(space).segs.read(slot, page, 1)
+    move |page| lock(space).read_run_page(seg, page)
 }
 
 fn corrupt_manifest(what: &'static str, value: u64) -> StoreError {
@@ -63,6 +63,11 @@ fn corrupt_manifest(what: &'static str, value: u64) -> StoreError {
 }
 
 impl Tree {
+    /// Bytes the open runs keep in memory (bloom filters and footers).
+    pub(crate) fn memory(&self) -> usize {
+        self.runs().map(|h| h.run.memory()).sum()
+    }
+
     /// Opens the runs the manifest lists (footers and bloom filters are read and checked).
     pub(crate) fn open(metas: Vec<RunMeta>, space: &Mutex<Space>) -> Result<Tree, StoreError> {
         let mut tree = Tree::default();
@@ -74,7 +79,7 @@ impl Tree {
             let run = Run::open(
                 meta.run.seg_seq,
                 meta.pages,
-                &mut page_reader(space, meta.run.slot),
+                &mut page_reader(space, meta.run),
             )?;
             let f = run.footer();
             if f.entries != meta.entries || f.smallest != meta.smallest || f.largest != meta.largest
@@ -127,9 +132,7 @@ impl Tree {
             if key < h.meta.smallest.as_slice() || key > h.meta.largest.as_slice() {
                 continue;
             }
-            let found = h
-                .run
-                .get(key, at, &mut page_reader(space, h.meta.run.slot))?;
+            let found = h.run.get(key, at, &mut page_reader(space, h.meta.run))?;
             if let Some(entry) = found {
                 let value = match entry.value {
                     LeafValue::Inline(v) => Some(v),
@@ -224,7 +227,7 @@ pub(crate) fn runs_source<'a>(
             && to.is_none_or(|t| h.meta.smallest.as_slice() < t)
     });
     let each = move |h: &'a Arc<RunHandle>| {
-        let read: Box<crate::run::ReadPage<'a>> = Box::new(page_reader(space, h.meta.run.slot));
+        let read: Box<crate::run::ReadPage<'a>> = Box::new(page_reader(space, h.meta.run));
         let h: &'a RunHandle = h;
         h.run
             .iter(
@@ -479,7 +482,7 @@ impl<'a> Output<'a> {
         let run = Run::open(
             seg.seg_seq,
             footer.total_pages,
-            &mut page_reader(self.space, seg.slot),
+            &mut page_reader(self.space, seg),
         )?;
         let meta = RunMeta {
             level: self.level,

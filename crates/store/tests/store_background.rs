@@ -28,20 +28,20 @@ struct Gate {
 
 impl Gate {
     fn set_hold(&self, hold: bool) {
-        self.state.lock().unwrap().hold = hold;
+        self.state.lock().expect("gate").hold = hold;
         self.changed.notify_all();
     }
 
     /// Waits until the worker is parked at a write.
     fn wait_parked(&self) {
-        let mut s = self.state.lock().unwrap();
+        let mut s = self.state.lock().expect("gate");
         while s.parked == 0 {
-            s = self.changed.wait(s).unwrap();
+            s = self.changed.wait(s).expect("gate");
         }
     }
 
     fn parked(&self) -> usize {
-        self.state.lock().unwrap().parked
+        self.state.lock().expect("gate").parked
     }
 }
 
@@ -60,12 +60,12 @@ impl<D: BlockDevice> BlockDevice for Gated<D> {
     }
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         if req.op == Opcode::Write && std::thread::current().name() == Some("kura-store-bg") {
-            let mut s = self.gate.state.lock().unwrap();
+            let mut s = self.gate.state.lock().expect("gate");
             if s.hold {
                 s.parked += 1;
                 self.gate.changed.notify_all();
                 while s.hold {
-                    s = self.gate.changed.wait(s).unwrap();
+                    s = self.gate.changed.wait(s).expect("gate");
                 }
                 s.parked -= 1;
             }
