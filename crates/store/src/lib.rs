@@ -8,9 +8,11 @@
 //! the memtable and the runs, memtable flush into level-0 runs once it passes
 //! [`StoreOptions::memtable_bytes`], level merges and [`Store::compact`], the manifest that
 //! records runs and the log start, freeing of log segments and replaced runs, recovery from
-//! superblock + manifest + log tail, [`StoreStats`]). For now values above the inline threshold
-//! are copied into the runs (not separated into the log as the design plans), and flush and
-//! compaction run in the writing call that crossed the limit, not on a background thread.
+//! superblock + manifest + log tail, [`StoreStats`]), flush and compaction on a background
+//! thread the store owns, and one memory budget ([`StoreOptions::memory_budget`]: memtables,
+//! the page cache of run pages and the runs' bloom filters and footers). For now values above
+//! the inline threshold are copied into the runs (not separated into the log as the design
+//! plans).
 
 #![forbid(unsafe_code)]
 

@@ -1,19 +1,23 @@
-//! The store handle: group commit of write batches into the log, the memtable and the runs
-//! readers look in, memtable flush and compaction, and open (superblock, lease, manifest, log
-//! replay).
+//! The store handle: group commit of write batches into the log, the memtables and the runs
+//! readers look in, memtable flush and compaction on the background worker, the memory budget's
+//! split, and open (superblock, lease, manifest, log replay).
 //!
 //! Writers queue their batch; the first writer to find no leader becomes the leader, takes the
 //! queued batches (up to [`StoreOptions::max_group_bytes`]), writes them as one log frame,
 //! flushes once if any of them asked for sync, applies them to the memtable and answers every
 //! writer in the group. Unsynced groups gather in memory (up to 32 KiB) and reach the log as one
-//! frame with the next sync, or are dropped once a flush put them in a run. When the memtable
-//! has grown past [`StoreOptions::memtable_bytes`] the leader then flushes it into level-0
-//! runs, records them and the new log start in the manifest (which frees the log segments
-//! before it) and compacts levels that are over their limit; this happens in the writer's call
-//! (no background thread yet), so that one write waits for it.
+//! frame with the next sync or when the memtable is swapped. When the memtable has grown past
+//! its limit the leader makes it immutable (readers still look in it) and starts an empty one;
+//! the background worker writes it as level-0 runs, records them and the new log start in the
+//! manifest (only then are the log segments before it freed) and merges levels over their
+//! limits, one merge at a time. A leader waits for the worker only when the memtable is full
+//! while the previous one still waits for its flush.
 //!
-//! Locks are taken in the order `io` (the leader's), `view` (memtable and runs; readers take it
-//! shared), `space` (the device and the slot map, held per I/O), `snapshots`.
+//! Locks are taken in the order `work` (the worker's, or [`Store::compact`]'s: the tree changes
+//! only under it), `io` (the leader's), `view` (memtables and runs; readers take it shared),
+//! `space` (the device, the slot map and the page cache, held per I/O), `snapshots`; `bg`
+//! (the worker's mailbox) before `view` (a stalled leader looks at the memtables under it) and
+//! never while `view`, `space` or `snapshots` is held.
 
 use crate::error::StoreError;
 use crate::format::frame::Op;
@@ -767,7 +771,7 @@ impl Shared {
         let sync = group.iter().any(|p| p.sync);
         // Unsynced groups gather in one frame: a frame takes whole pages, so a small write of
         // its own would cost a page of log. They go out with the next sync, when LOG_BUFFER
-        // bytes have gathered, or not at all once a flush put them in a run; a crash may lose
+        // bytes have gathered, or when the memtable is swapped; a crash may lose
         // them, as it may lose any write not synced.
         let mut written = Ok(());
         if io.pending.len() + payload.len() > self.max_payload {
