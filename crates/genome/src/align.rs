@@ -1,6 +1,8 @@
 //! Seed extension: banded affine-gap alignment of a whole read against a reference window
 //! (free reference ends, read ends soft-clipped only when that beats aligning them), and the
-//! ungapped fast path for reads that sit on one diagonal.
+//! ungapped fast path for reads that sit on one diagonal. The banded fill runs row by row in
+//! passes that the compiler vectorises, in 16-bit lanes when the scores fit; its tests keep the
+//! cell-by-cell kernel it replaced as the oracle.
 //!
 //! Sequences are base codes (see [`crate::pack`]); an ambiguous base on either side costs
 //! [`Scoring::ambiguous`] and counts in NM, as samtools counts it.
