@@ -68,8 +68,9 @@ fn main() -> Result<(), StoreError> {
         scan.as_secs_f64()
     );
     println!(
-        "flushes {} compactions {} runs per level {:?} write amplification {:.2}",
+        "flushes {} write stalls {} compactions {} runs per level {:?} write amplification {:.2}",
         s.flushes,
+        s.write_stalls,
         s.compactions,
         s.runs_per_level,
         s.write_amplification()

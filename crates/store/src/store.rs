@@ -31,7 +31,7 @@ use crate::tree::{self, Merge, Output, RunHandle, Tree, MAX_LEVELS};
 use kura_engine::BlockDevice;
 use std::collections::{BTreeMap, HashMap};
 use std::ops::Range;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 use std::thread::JoinHandle;
 
@@ -166,6 +166,9 @@ pub struct StoreStats {
     pub immutable_bytes: u64,
     /// Memtable flushes into level-0 runs.
     pub flushes: u64,
+    /// Commit groups that waited for the background worker: the memtable was full while the
+    /// previous one still waited for its flush.
+    pub write_stalls: u64,
     /// Compactions (merges of one level into the next, or of everything by
     /// [`Store::compact`]).
     pub compactions: u64,
@@ -265,6 +268,9 @@ struct Shared {
     /// passed down from it.
     work: Mutex<Vec<Option<Vec<u8>>>>,
     bg: Mutex<Bg>,
+    /// Set while `bg` holds an error not yet reported, so writers need not lock `bg` to look.
+    bg_failed: AtomicBool,
+    stalls: AtomicU64,
     /// Wakes the worker.
     bg_wake: Condvar,
     /// Tells stalled writers the worker finished a step.
@@ -545,6 +551,8 @@ impl Shared {
         Ok(Shared {
             work: Mutex::new(vec![None; MAX_LEVELS]),
             bg: Mutex::new(Bg::default()),
+            bg_failed: AtomicBool::new(false),
+            stalls: AtomicU64::new(0),
             bg_wake: Condvar::new(),
             bg_done: Condvar::new(),
             queue: Mutex::new(Queue::default()),
@@ -834,19 +842,29 @@ impl Shared {
     /// (which flushes before it starts another merge step). A failure of the worker's last
     /// step is reported here, once, and the worker asked to try again.
     fn wait_for_room(&self) -> Result<(), StoreError> {
+        let stalled = || {
+            let view = self.read_view();
+            view.imm.is_some() && view.mem.bytes() > self.memtable_bytes
+        };
+        // The common case takes no lock but the view's, shared.
+        if !self.bg_failed.load(Ordering::Acquire) && !stalled() {
+            return Ok(());
+        }
         let mut bg = lock(&self.bg);
+        let mut counted = false;
         loop {
             if let Some(e) = bg.error.take() {
+                self.bg_failed.store(false, Ordering::Release);
                 bg.kicked = true;
                 self.bg_wake.notify_all();
                 return Err(e);
             }
-            let stalled = {
-                let view = self.read_view();
-                view.imm.is_some() && view.mem.bytes() > self.memtable_bytes
-            };
-            if !stalled || bg.stop {
+            if !stalled() || bg.stop {
                 return Ok(());
+            }
+            if !counted {
+                counted = true;
+                self.stalls.fetch_add(1, Ordering::Relaxed);
             }
             bg = self.bg_done.wait(bg).unwrap_or_else(|p| p.into_inner());
         }
@@ -896,6 +914,7 @@ impl Shared {
             let mut bg = lock(&self.bg);
             if let Err(e) = result {
                 bg.error = Some(e);
+                self.bg_failed.store(true, Ordering::Release);
             }
             let stop = bg.stop;
             drop(bg);
@@ -1166,6 +1185,7 @@ impl Shared {
         let mut bg = lock(&self.bg);
         match bg.error.take() {
             Some(e) => {
+                self.bg_failed.store(false, Ordering::Release);
                 bg.kicked = true;
                 self.bg_wake.notify_all();
                 Err(e)
@@ -1206,6 +1226,7 @@ impl Shared {
             memtable_bytes: view.mem.bytes() as u64,
             immutable_bytes: view.imm.as_ref().map_or(0, |(imm, _)| imm.bytes()) as u64,
             flushes: self.flushes.load(Ordering::Relaxed),
+            write_stalls: self.stalls.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
             user_bytes: self.user_bytes.load(Ordering::Relaxed),
