@@ -910,7 +910,9 @@ impl Shared {
                 }
                 bg.kicked = false;
             }
-            let result = self.background_step();
+            let result =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.background_step()))
+                    .unwrap_or_else(|panic| Err(self.worker_panicked(panic.as_ref())));
             let mut bg = lock(&self.bg);
             if let Err(e) = result {
                 bg.error = Some(e);
@@ -923,6 +925,23 @@ impl Shared {
                 return;
             }
         }
+    }
+
+    /// A panic in a flush or merge is a bug, and what it left half done is unknown: like a
+    /// failed log write, it stops later writes (reads go on), and stalled writers are told
+    /// instead of waiting for a worker step that will not come.
+    fn worker_panicked(&self, panic: &(dyn std::any::Any + Send)) -> StoreError {
+        let why = panic
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| panic.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "no message".into());
+        let e = StoreError::Stopped(format!("the background worker panicked: {why}"));
+        let mut io = lock(&self.io);
+        if io.stopped.is_none() {
+            io.stopped = Some(e.clone());
+        }
+        e
     }
 
     fn background_step(&self) -> Result<(), StoreError> {

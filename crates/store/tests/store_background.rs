@@ -18,6 +18,8 @@ use std::sync::{Arc, Condvar, Mutex};
 struct GateState {
     hold: bool,
     parked: usize,
+    /// The worker's writes panic instead (a bug in a flush or merge, simulated).
+    panic: bool,
 }
 
 #[derive(Default)]
@@ -61,6 +63,10 @@ impl<D: BlockDevice> BlockDevice for Gated<D> {
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
         if req.op == Opcode::Write && std::thread::current().name() == Some("kura-store-bg") {
             let mut s = self.gate.state.lock().expect("gate");
+            if s.panic {
+                drop(s);
+                panic!("simulated bug in the store's background write");
+            }
             if s.hold {
                 s.parked += 1;
                 self.gate.changed.notify_all();
@@ -155,4 +161,42 @@ fn writes_complete_while_a_merge_is_in_progress() {
         let round = if i < 200 { 1 } else { 0 };
         assert_eq!(store.get(&key(i)).expect("get"), Some(value(i, round)));
     }
+}
+
+#[test]
+fn a_panic_in_the_worker_stops_writes_with_an_error_instead_of_stalling_them() {
+    let gate = Arc::new(Gate::default());
+    gate.state.lock().expect("gate").panic = true;
+    let dev = Gated {
+        dev: ram_disk(48, 4096),
+        gate: Arc::clone(&gate),
+    };
+    let opts = StoreOptions {
+        memtable_bytes: 16 << 10,
+        ..options()
+    };
+    let store = Store::create(Box::new(dev), &opts).expect("create");
+    // The first full memtable waits for a flush that panics; the next full one stalls its
+    // writer, which must be told rather than wait for ever.
+    let mut refused = None;
+    for i in 0..20_000 {
+        if let Err(e) = store.put(&key(i), &value(i, 0), false) {
+            refused = Some((i, e));
+            break;
+        }
+    }
+    let (at, error) = refused.expect("writes go on failing silently or stall");
+    assert!(
+        error.to_string().contains("background worker panicked"),
+        "{error}"
+    );
+    // Reads go on: what was written before the failure is still there.
+    assert_eq!(store.get(&key(0)).expect("get"), Some(value(0, 0)));
+    assert!(at > 0);
+    // Later writes are refused too, and closing does not hang.
+    assert!(store.put(&key(0), b"again", false).is_err());
+    assert!(
+        store.close().is_err(),
+        "the unflushed memtable cannot be flushed"
+    );
 }
