@@ -117,7 +117,8 @@ pub struct Point {
 #[derive(Debug, Clone, Serialize)]
 pub struct StoreSettings {
     pub system: String,
-    /// 0: the store has no block cache of its own (kura-store, LMDB: the host's page cache).
+    /// 0: the store has no block cache of its own (LMDB: the host's page cache); kura-store's
+    /// page cache gets about this much of its memory budget.
     pub block_cache_bytes: usize,
     pub write_buffer_bytes: usize,
     /// 0: no bloom filter (LMDB, a B+ tree).
@@ -412,11 +413,14 @@ impl Kv for Store {
     }
 }
 
-/// kura-store's settings: LevelDB's memtable size as its write buffer; the rest are its
-/// defaults (its bloom filters are [`BLOOM_BITS`] too; it has no block cache).
+/// kura-store's settings: LevelDB's memtable size as its write buffer, and one memory budget
+/// of what LevelDB may hold (the block cache and two memtables: the active one and the one
+/// being flushed), so its page cache of run pages gets about the block cache's size; the rest
+/// are its defaults (its bloom filters are [`BLOOM_BITS`] too).
 fn store_options(opts: &DbOptions) -> StoreOptions {
     StoreOptions {
         memtable_bytes: opts.write_buffer_bytes,
+        memory_budget: opts.block_cache_bytes + 2 * opts.write_buffer_bytes,
         ..StoreOptions::default()
     }
 }
@@ -909,10 +913,11 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
             let name = label(system, &file_system);
             match system.as_str() {
                 "native" => StoreSettings {
-                    block_cache_bytes: 0,
+                    block_cache_bytes: opts.block_cache_bytes,
                     write_buffer_bytes: sopts.memtable_bytes,
                     config: format!(
-                        "kura-store: memtable {} B, bloom {BLOOM_BITS} bits/key (built in), no block cache (file: is buffered: the host's page cache), no compression, segments of {} B, commit groups up to {} B, flush and compaction in the writing call, sync as the workload asks",
+                        "kura-store: memory budget {} B (memtable {} B and the one being flushed, a page cache of run pages, bloom filters), bloom {BLOOM_BITS} bits/key (built in), no compression, segments of {} B, commit groups up to {} B, flush and compaction on a background thread, sync as the workload asks",
+                        sopts.memory_budget,
                         sopts.memtable_bytes,
                         1u64 << sopts.segment_shift,
                         sopts.max_group_bytes
@@ -1093,6 +1098,10 @@ mod tests {
         let lmdb = peer_args(PeerEngine::Lmdb, t, d, &opts, 1 << 30).join(" ");
         assert_eq!(lmdb, "--trace /w/t.trace --db /w/db --map-bytes 1073741824");
         assert_eq!(store_options(&opts).memtable_bytes, opts.write_buffer_bytes);
+        assert_eq!(
+            store_options(&opts).memory_budget,
+            opts.block_cache_bytes + 2 * opts.write_buffer_bytes
+        );
         assert!(PEER_CC.contains("NewBloomFilterPolicy(a.bloom, false)"));
         assert!(PEER_CC.contains("rocksdb::kNoCompression"));
         assert!(PEER_CC.contains("MDB_NORDAHEAD | (sync ? 0 : MDB_NOSYNC)"));
