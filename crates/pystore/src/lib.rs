@@ -95,6 +95,7 @@
 
 mod db;
 
+use db::Failure;
 use pyo3::exceptions::{PyException, PyKeyError, PyOSError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -182,27 +183,6 @@ self_cell!(
         dependent: Snap,
     }
 );
-
-/// Why an operation did not run or failed, built while the GIL is released.
-enum Failure {
-    Closed(&'static str),
-    Store(StoreError),
-}
-
-impl From<StoreError> for Failure {
-    fn from(e: StoreError) -> Self {
-        Failure::Store(e)
-    }
-}
-
-impl From<Failure> for PyErr {
-    fn from(f: Failure) -> PyErr {
-        match f {
-            Failure::Closed(what) => ClosedError::new_err(format!("the {what} is closed")),
-            Failure::Store(e) => store_error(e),
-        }
-    }
-}
 
 /// Why `Store(...)` failed, built while the GIL is released.
 enum Opening {
