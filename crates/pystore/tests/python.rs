@@ -69,14 +69,12 @@ fn kura_module_passes_its_pytest_suites() {
 }
 
 /// `pip install ./crates/pystore` (maturin, a release build: minutes, and PyPI access for
-/// maturin), then the same suites against the installed module. Only with `KURA_PIP_INSTALL=1`;
-/// CI runs the suites on the cargo-built module above.
+/// maturin), then the same suites against the installed module. Ignored by default, so it
+/// shows as ignored rather than passing without running: `cargo test -p kura-pystore --test
+/// python -- --ignored`. CI runs the suites on the cargo-built module above.
 #[test]
+#[ignore = "a release build through maturin from PyPI (minutes): run with --ignored"]
 fn pip_installed_module_passes_its_pytest_suites() {
-    if std::env::var_os("KURA_PIP_INSTALL").as_deref() != Some(std::ffi::OsStr::new("1")) {
-        println!("set KURA_PIP_INSTALL=1 to build and test the pip-installed module");
-        return;
-    }
     let dir = tempfile::tempdir().expect("a temporary directory");
     let venv = dir.path().join("venv");
     // System site packages: pytest and plyvel come from there, kura from the venv.
