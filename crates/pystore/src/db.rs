@@ -12,6 +12,7 @@
 //! walks its range forward once, remembering where each page starts (one key per page, so
 //! memory stays bounded), then reads the pages again from the last one down, each backwards.
 
+use crate::views::{lock, read, Release, Views};
 use crate::{
     ClosedError, CorruptError, DeviceError, Error, FullError, LockedError, NotFoundError,
     UnavailableError,
@@ -91,14 +92,6 @@ fn kv_error(e: KvError) -> PyErr {
         KvError::Unavailable(_) => UnavailableError::new_err(text),
         _ => Error::new_err(text),
     }
-}
-
-fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read<T>(l: &RwLock<T>) -> std::sync::RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A request to a LevelDB database's keeper thread.
@@ -369,7 +362,9 @@ impl View {
             })?,
         }
     }
+}
 
+impl Release for View {
     fn release(&self) {
         drop(self.snap.write().unwrap_or_else(|p| p.into_inner()).take());
     }
@@ -379,7 +374,7 @@ impl View {
 struct Shared {
     /// `None` once closed; calls hold the read lock while they run, so close waits for them.
     engine: RwLock<Option<Engine>>,
-    views: Mutex<Vec<std::sync::Weak<View>>>,
+    views: Views<View>,
 }
 
 impl Shared {
@@ -394,9 +389,7 @@ impl Shared {
         let view = Arc::new(View {
             snap: RwLock::new(Some(engine.snapshot()?)),
         });
-        let mut views = guard(&self.views);
-        views.retain(|v| v.strong_count() > 0);
-        views.push(Arc::downgrade(&view));
+        self.views.register(&view);
         Ok(view)
     }
 
@@ -406,11 +399,7 @@ impl Shared {
         let Some(open) = engine.take() else {
             return Ok(());
         };
-        for view in guard(&self.views).drain(..) {
-            if let Some(view) = view.upgrade() {
-                view.release();
-            }
-        }
+        self.views.release_all();
         open.close()
     }
 }
@@ -688,7 +677,7 @@ impl PyDb {
         Ok(PyDb {
             shared: Arc::new(Shared {
                 engine: RwLock::new(Some(opened)),
-                views: Mutex::new(Vec::new()),
+                views: Views::new(),
             }),
             name,
             engine,
@@ -856,22 +845,22 @@ pub(crate) struct PyWriteBatch {
 impl PyWriteBatch {
     /// put(key, value): stores value under key when the batch is written.
     fn put(&self, key: Vec<u8>, value: Vec<u8>) {
-        guard(&self.ops).push((key, Some(value)));
+        lock(&self.ops).push((key, Some(value)));
     }
 
     /// delete(key): removes key when the batch is written.
     fn delete(&self, key: Vec<u8>) {
-        guard(&self.ops).push((key, None));
+        lock(&self.ops).push((key, None));
     }
 
     /// clear(): drops every change not yet written.
     fn clear(&self) {
-        guard(&self.ops).clear();
+        lock(&self.ops).clear();
     }
 
     /// write(): applies every change atomically and empties the batch (also on failure).
     fn write(&self, py: Python<'_>) -> PyResult<()> {
-        let ops = std::mem::take(&mut *guard(&self.ops));
+        let ops = std::mem::take(&mut *lock(&self.ops));
         if ops.is_empty() {
             return Ok(());
         }
@@ -880,7 +869,7 @@ impl PyWriteBatch {
     }
 
     fn __len__(&self) -> usize {
-        guard(&self.ops).len()
+        lock(&self.ops).len()
     }
 
     fn __enter__(slf: Bound<'_, Self>) -> Bound<'_, Self> {
@@ -1175,7 +1164,7 @@ impl PyIterator {
 
     fn __next__<'py>(&self, py: Python<'py>) -> PyResult<Option<Bound<'py, PyAny>>> {
         let next = py.detach(|| -> Result<Option<Pair>, Failure> {
-            let mut st = guard(&self.state);
+            let mut st = lock(&self.state);
             if st.page.is_empty() {
                 if st.drained {
                     return Ok(None);
@@ -1202,7 +1191,7 @@ impl PyIterator {
 
     /// close(): stops the iterator and releases its snapshot (DB.iterator's own).
     fn close(&self) {
-        let mut st = guard(&self.state);
+        let mut st = lock(&self.state);
         st.page.clear();
         st.drained = true;
         if self.owns_view {

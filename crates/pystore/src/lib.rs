@@ -94,6 +94,7 @@
 #![forbid(unsafe_code)]
 
 mod db;
+mod views;
 
 use db::Failure;
 use pyo3::exceptions::{PyException, PyKeyError, PyOSError, PyTypeError, PyValueError};
@@ -101,8 +102,9 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
 use self_cell::self_cell;
 use std::collections::VecDeque;
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, Weak};
+use std::sync::{Arc, Mutex, RwLock};
 use store::{Pair, Snapshot, StoreError, StoreOptions};
+use views::{lock, read, Release, Views};
 
 pyo3::create_exception!(
     kura,
@@ -227,15 +229,6 @@ pub(crate) fn open_error(spec: &str, e: kura_engine::OpenError) -> PyErr {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // The guarded values stay consistent across a panic (a Vec of weak handles).
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn read<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(|p| p.into_inner())
-}
-
 /// A snapshot of the store, held by a `Snapshot` or a scan. `close` empties it.
 struct View {
     snap: RwLock<Option<SnapCell>>,
@@ -252,7 +245,9 @@ impl View {
         let cell = cell.as_ref().ok_or(Failure::Closed(what))?;
         Ok(f(cell.borrow_owner(), cell.borrow_dependent())?)
     }
+}
 
+impl Release for View {
     fn release(&self) {
         // Dropping the cell releases the snapshot in the store, then the store handle.
         drop(self.snap.write().unwrap_or_else(|p| p.into_inner()).take());
@@ -265,7 +260,7 @@ struct Shared {
     /// takes the write lock) waits for them and then owns the only handle.
     store: RwLock<Option<Arc<Inner>>>,
     /// Every snapshot and scan made from this store, released when it closes.
-    views: Mutex<Vec<Weak<View>>>,
+    views: Views<View>,
 }
 
 impl Shared {
@@ -284,9 +279,7 @@ impl Shared {
         let view = Arc::new(View {
             snap: RwLock::new(Some(SnapCell::new(Arc::clone(store), |s| s.snapshot()))),
         });
-        let mut views = lock(&self.views);
-        views.retain(|v| v.strong_count() > 0);
-        views.push(Arc::downgrade(&view));
+        self.views.register(&view);
         Ok(view)
     }
 
@@ -296,11 +289,7 @@ impl Shared {
         let Some(handle) = store.take() else {
             return Ok(());
         };
-        for view in lock(&self.views).drain(..) {
-            if let Some(view) = view.upgrade() {
-                view.release();
-            }
-        }
+        self.views.release_all();
         match Arc::try_unwrap(handle) {
             Ok(handle) => handle.close(),
             // Every other handle lives in a view, all released above; should one remain, the
@@ -414,7 +403,7 @@ impl Store {
         Ok(Store {
             shared: Arc::new(Shared {
                 store: RwLock::new(Some(Arc::new(opened))),
-                views: Mutex::new(Vec::new()),
+                views: Views::new(),
             }),
             spec,
         })
