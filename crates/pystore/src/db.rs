@@ -13,6 +13,7 @@
 //! memory stays bounded), then reads the pages again from the last one down, each backwards.
 
 use crate::views::{lock, read, Release, Views};
+use crate::{bytes, value_or};
 use crate::{
     ClosedError, CorruptError, DeviceError, Error, FullError, LockedError, NotFoundError,
     UnavailableError,
@@ -22,7 +23,7 @@ use kura_engine::BlockingIo;
 use kura_kv::{DbOptions, KvError, Location};
 use pyo3::exceptions::{PyMemoryError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyTuple};
+use pyo3::types::{PyDict, PyTuple};
 use self_cell::self_cell;
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -600,21 +601,6 @@ fn open_native(
         )));
     }
     Ok(Engine::Native(Arc::new(s)))
-}
-
-fn bytes<'py>(py: Python<'py>, b: &[u8]) -> Bound<'py, PyBytes> {
-    PyBytes::new(py, b)
-}
-
-fn value_or<'py>(
-    py: Python<'py>,
-    value: Option<Vec<u8>>,
-    default: Option<Bound<'py, PyAny>>,
-) -> Bound<'py, PyAny> {
-    match value {
-        Some(v) => bytes(py, &v).into_any(),
-        None => default.unwrap_or_else(|| py.None().into_bound(py)),
-    }
 }
 
 /// A key-value database with plyvel's API, on either of kura's engines.
