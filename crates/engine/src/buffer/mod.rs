@@ -5,6 +5,15 @@
 //! thread-safe and bounded — when the arena is used up, allocation fails (or waits) instead of
 //! growing. Backends that can register memory with the kernel (io_uring) register the whole arena
 //! once and recognise its buffers by [`IoBuf::pool_slot`].
+//!
+//! An [`IoBuf`] can also borrow memory someone else owns ([`IoBuf::borrowed`]): a virtual
+//! machine's RAM shared with a vhost-user backend, so a guest's request reads or writes its own
+//! pages with no copy. Such a buffer is not in any pool: io_uring passes its address to the kernel
+//! as an ordinary (unregistered) read or write, the system-call and memory backends use it like a
+//! heap buffer, and the NVMe driver, which can only reach DMA-mapped memory, bounces it through a
+//! pool buffer (the copy happens there, counted as `bounced`). A caller that wants no copy
+//! anywhere checks [`IoBuf::is_borrowed`] on the completion's buffer and the device's
+//! `Geometry::buffer_alignment` before choosing it.
 
 pub mod arena;
 pub mod buddy;
@@ -232,6 +241,8 @@ enum Owner {
         layout: Layout,
         offset: usize,
     },
+    /// Memory owned elsewhere; the handle keeps it valid until the buffer is dropped.
+    Borrowed(#[allow(dead_code)] std::sync::Arc<dyn std::any::Any + Send + Sync>),
 }
 
 /// An aligned data buffer owned by exactly one holder: the caller, or the device while a request
@@ -244,7 +255,8 @@ pub struct IoBuf {
 }
 
 // SAFETY: an IoBuf is the sole owner of its bytes (pool blocks are disjoint, heap blocks are its
-// own allocation), so sending it to another thread moves that ownership.
+// own allocation, borrowed memory is this buffer's alone by `IoBuf::borrowed`'s contract and its
+// keeper is Send + Sync), so sending it to another thread moves that ownership.
 unsafe impl Send for IoBuf {}
 // SAFETY: shared references only allow reading the bytes.
 unsafe impl Sync for IoBuf {}
@@ -303,6 +315,42 @@ impl IoBuf {
         buf
     }
 
+    /// A buffer over `len` bytes at `ptr` that the buffer does not own: `keep` is held until the
+    /// buffer is dropped (after the request carrying it completes, or later if a layer keeps the
+    /// buffer), so whatever keeps the memory mapped lives at least that long. Nothing is freed
+    /// on drop except `keep`. The capacity is `len`. Backends take it like any buffer (see the
+    /// module docs for which copy it anyway).
+    ///
+    /// # Safety
+    ///
+    /// For as long as `keep` (the clone this buffer holds) is alive:
+    /// - `ptr..ptr + len` must be mapped, readable and writable memory of this process, and
+    ///   stay so (dropping `keep` must be the only thing that can allow unmapping it);
+    /// - nothing else in this process may create references to those bytes or write them, and
+    ///   no other `IoBuf` may cover them, since the buffer hands out `&mut [u8]`.
+    ///
+    /// Another process writing the memory meanwhile (a guest changing a page under its own
+    /// in-flight write, as it could under a DMA device) does not make the memory invalid; the
+    /// bytes a device then reads or writes are unspecified, as on real hardware, and the engine's
+    /// backends only pass such a buffer to the kernel or copy it once.
+    pub unsafe fn borrowed(
+        ptr: NonNull<u8>,
+        len: usize,
+        keep: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+    ) -> IoBuf {
+        IoBuf {
+            ptr,
+            len,
+            cap: len,
+            owner: Owner::Borrowed(keep),
+        }
+    }
+
+    /// True for a buffer made by [`IoBuf::borrowed`]: its bytes are someone else's memory.
+    pub fn is_borrowed(&self) -> bool {
+        matches!(self.owner, Owner::Borrowed(_))
+    }
+
     /// Usable length in bytes.
     pub fn len(&self) -> usize {
         self.len
@@ -339,7 +387,7 @@ impl IoBuf {
     pub fn pool_slot(&self) -> Option<(u64, usize)> {
         match &self.owner {
             Owner::Pool { shared, offset, .. } => Some((shared.id, *offset)),
-            Owner::Heap(_) | Owner::HeapOffset { .. } => None,
+            Owner::Heap(_) | Owner::HeapOffset { .. } | Owner::Borrowed(_) => None,
         }
     }
 }
@@ -391,6 +439,8 @@ impl Drop for IoBuf {
                 // SAFETY: allocated in `IoBuf::heap_offset` with this layout at ptr - offset.
                 unsafe { std::alloc::dealloc(self.ptr.as_ptr().sub(*offset), *layout) }
             }
+            // The owner's memory stays; dropping the handle is all this buffer does.
+            Owner::Borrowed(_) => {}
         }
     }
 }
@@ -445,6 +495,115 @@ mod tests {
             pool.alloc_wait(4096, Duration::from_millis(20)),
             Err(PoolError::Exhausted { .. })
         ));
+    }
+
+    /// Memory owned outside the engine, as a guest's RAM is: page-aligned, freed only when the
+    /// last handle goes.
+    struct Outside(IoBuf);
+
+    fn outside(len: usize) -> std::sync::Arc<std::sync::Mutex<Outside>> {
+        std::sync::Arc::new(std::sync::Mutex::new(Outside(IoBuf::heap(len, POOL_ALIGN))))
+    }
+
+    /// A borrowed buffer over `len` bytes at `offset` in `mem`.
+    fn borrow(mem: &std::sync::Arc<std::sync::Mutex<Outside>>, offset: usize, len: usize) -> IoBuf {
+        let ptr = {
+            let mut g = mem.lock().unwrap();
+            assert!(offset + len <= g.0.len());
+            // SAFETY: in bounds of the heap block checked above.
+            unsafe { NonNull::new_unchecked(g.0.as_mut_ptr().add(offset)) }
+        };
+        // SAFETY: the heap block lives as long as the `Outside` the clone keeps alive; the tests
+        // touch its bytes only through this buffer while it exists (or after it is dropped).
+        unsafe { IoBuf::borrowed(ptr, len, mem.clone()) }
+    }
+
+    #[test]
+    fn a_borrowed_buffer_keeps_its_owner_and_frees_nothing() {
+        let mem = outside(8192);
+        let weak = std::sync::Arc::downgrade(&mem);
+        let mut buf = borrow(&mem, 4096, 4096);
+        assert!(buf.is_borrowed() && buf.pool_slot().is_none());
+        assert_eq!((buf.len(), buf.capacity()), (4096, 4096));
+        assert!(!buf.set_len(4097) && buf.set_len(512));
+        buf.fill(0xab);
+        drop(mem);
+        assert!(
+            weak.upgrade().is_some(),
+            "the buffer keeps the memory alive"
+        );
+        drop(buf);
+        let mem = weak.upgrade();
+        assert!(mem.is_none(), "the last handle was the buffer's");
+        assert!(!IoBuf::heap(1, 1).is_borrowed());
+        assert!(!BufferPool::new(4096)
+            .unwrap()
+            .alloc(1)
+            .unwrap()
+            .is_borrowed());
+    }
+
+    #[test]
+    fn a_borrowed_buffer_sees_its_owners_bytes() {
+        let mem = outside(8192);
+        mem.lock().unwrap().0[4096..].fill(7);
+        let mut buf = borrow(&mem, 4096, 4096);
+        assert!(buf.iter().all(|&b| b == 7));
+        buf[..4].copy_from_slice(b"kura");
+        drop(buf);
+        assert_eq!(&mem.lock().unwrap().0[4096..4100], b"kura");
+    }
+
+    /// What a device writes into a borrowed buffer lands in the owner's memory, and a write
+    /// from it stores the owner's bytes, on every backend kind that stores data.
+    #[test]
+    fn backends_read_and_write_borrowed_memory() {
+        use crate::{BlockingIo, Request};
+        let dir = tempfile::tempdir().unwrap();
+        let img = |n: &str| dir.path().join(n).display().to_string();
+        let specs = [
+            "mem:1M".to_string(),
+            format!("sync:{}?size=1M", img("s.img")),
+            format!("sync:{}?size=1M&direct=1", img("sd.img")),
+            format!("uring:{}?size=1M", img("u.img")),
+            format!("uring:{}?size=1M&direct=0", img("ub.img")),
+            format!("uring:{}?size=1M&max_transfer=8K", img("us.img")),
+        ];
+        for spec in &specs {
+            let mut dev = match crate::open(spec) {
+                Ok(dev) => dev,
+                Err(e @ crate::OpenError::Unavailable { .. }) => {
+                    eprintln!("SKIP {spec}: {e}");
+                    continue;
+                }
+                Err(e) => panic!("{spec}: {e}"),
+            };
+            let bs = dev.geometry().block_size as usize;
+            let src = outside(8 * bs);
+            for (i, b) in src.lock().unwrap().0.iter_mut().enumerate() {
+                *b = (i % 251) as u8;
+            }
+            let done = BlockingIo::run(&mut *dev, Request::write(1, 3, 8, borrow(&src, 0, 8 * bs)))
+                .unwrap();
+            assert!(done.status.is_ok(), "{spec}: {:?}", done.status);
+            assert!(done.buf.as_ref().is_some_and(|b| b.is_borrowed()));
+            drop(done);
+            let dst = outside(8 * bs);
+            let done = BlockingIo::run(&mut *dev, Request::read(2, 3, 8, borrow(&dst, 0, 8 * bs)))
+                .unwrap();
+            assert!(done.status.is_ok(), "{spec}: {:?}", done.status);
+            let back = done.buf.unwrap();
+            assert_eq!(
+                back.as_ptr(),
+                dst.lock().unwrap().0.as_ptr(),
+                "{spec}: same memory"
+            );
+            drop(back);
+            assert!(
+                dst.lock().unwrap().0[..] == src.lock().unwrap().0[..],
+                "{spec}: read back what was written"
+            );
+        }
     }
 
     #[test]
