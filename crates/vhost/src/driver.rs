@@ -1,7 +1,8 @@
 //! The thread that owns an export's [`BlockDevice`] queue pair: every virtqueue's thread sends it
 //! decoded requests ([`Job`]s); it keeps the device's queue full (submits up to the queue depth,
-//! polls, submits more), copies read data into guest memory and answers each request on its
-//! virtqueue.
+//! polls, submits more), has reads land in place in guest memory when their data is one aligned
+//! descriptor ([`crate::zerocopy`]) or else copies read data into guest memory, and answers each
+//! request on its virtqueue, always after the device has let go of the request's buffer.
 //!
 //! **In-order answers.** Requests of one virtqueue are put on the used ring in the order they were
 //! taken from the available ring ([`QueueOrder`]), even when the device completes them out of
@@ -21,6 +22,14 @@ use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::blk::{STATUS_IOERR, STATUS_OK};
+use crate::zerocopy::{self, Counters};
+
+/// Whether requests go to the device in place in guest memory, and how many did.
+#[derive(Clone)]
+pub(crate) struct ZeroCopy {
+    pub enabled: bool,
+    pub counters: Arc<Counters>,
+}
 
 pub(crate) type Mem = GuestMemoryMmap<()>;
 pub(crate) type Vring = VringRwLock<GuestMemoryAtomic<Mem>>;
@@ -163,6 +172,9 @@ pub(crate) enum Work {
         lba: u64,
         blocks: u64,
         into: Vec<Seg>,
+        /// Set by the driver when the device reads straight into the guest's buffer: its host
+        /// address (nothing to copy when the completion's buffer is that one).
+        in_place: Option<usize>,
     },
     Write {
         lba: u64,
@@ -236,8 +248,14 @@ pub(crate) enum ToDriver {
 
 /// Runs until every sender is gone and every request has been answered, then hands the device
 /// back (for the final flush and counters).
-pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<dyn BlockDevice> {
+pub(crate) fn run(
+    mut dev: Box<dyn BlockDevice>,
+    rx: Receiver<ToDriver>,
+    zero_copy: ZeroCopy,
+) -> Box<dyn BlockDevice> {
     let block_size = u64::from(dev.geometry().block_size);
+    // Refreshed after a swap: the new device may ask for another alignment.
+    let mut align = dev.geometry().buffer_alignment;
     let mut waiting: HashMap<u64, Job> = HashMap::new();
     let mut backlog: VecDeque<Request> = VecDeque::new();
     let mut next_tag = 0u64;
@@ -285,6 +303,7 @@ pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<
                             .map(|()| dev.geometry().num_blocks)
                             .map_err(|e| e.message)
                     };
+                    align = dev.geometry().buffer_alignment;
                     let _ = reply.send(outcome);
                     continue;
                 }
@@ -296,7 +315,7 @@ pub(crate) fn run(mut dev: Box<dyn BlockDevice>, rx: Receiver<ToDriver>) -> Box<
             }
             let tag = next_tag;
             next_tag += 1;
-            match request(tag, job, block_size) {
+            match request(tag, job, block_size, align, &zero_copy) {
                 (job, Some(req)) => {
                     backlog.push_back(req);
                     waiting.insert(tag, job);
@@ -362,7 +381,7 @@ fn round(
         *broken = true;
         for req in backlog.drain(..) {
             if let Some(job) = waiting.remove(&req.tag) {
-                finish(job, None, Err(e.clone()));
+                finish(job, req.buf, Err(e.clone()));
             }
         }
         for (_, job) in waiting.drain() {
@@ -382,8 +401,17 @@ fn round(
     true
 }
 
-/// The device request of a job, or `None` when the job is answered without the device.
-fn request(tag: u64, mut job: Job, block_size: u64) -> (Job, Option<Request>) {
+/// The device request of a job, or `None` when the job is answered without the device. Reads go
+/// in place into the guest's buffer when `zero_copy` allows and the buffer qualifies; a write
+/// the backend thread put in place is copied after all when the device (swapped since) needs
+/// another alignment.
+fn request(
+    tag: u64,
+    mut job: Job,
+    block_size: u64,
+    align: u32,
+    zero_copy: &ZeroCopy,
+) -> (Job, Option<Request>) {
     let req = match std::mem::replace(
         &mut job.work,
         Work::Answer {
@@ -395,12 +423,44 @@ fn request(tag: u64, mut job: Job, block_size: u64) -> (Job, Option<Request>) {
             job.work = Work::Answer { status, written };
             return (job, None);
         }
-        Work::Read { lba, blocks, into } => {
-            let buf = alloc((blocks * block_size) as usize);
-            job.work = Work::Read { lba, blocks, into };
+        Work::Read {
+            lba, blocks, into, ..
+        } => {
+            let len = (blocks * block_size) as usize;
+            let direct = zero_copy
+                .enabled
+                .then(|| zerocopy::in_place(&job.mem, &into, 0, len, align))
+                .flatten();
+            let (buf, in_place) = match direct {
+                Some(buf) => {
+                    Counters::count(&zero_copy.counters.zero_copy_reads);
+                    let at = buf.as_ptr() as usize;
+                    (buf, Some(at))
+                }
+                None => {
+                    Counters::count(&zero_copy.counters.copied_reads);
+                    (alloc(len), None)
+                }
+            };
+            job.work = Work::Read {
+                lba,
+                blocks,
+                into,
+                in_place,
+            };
             Request::read(tag, lba, blocks, buf)
         }
-        Work::Write { lba, blocks, buf } => Request::write(tag, lba, blocks, buf),
+        Work::Write { lba, blocks, buf } => {
+            let aligned = (buf.as_ptr() as usize).is_multiple_of(align.max(1) as usize);
+            let buf = if buf.is_borrowed() && !aligned {
+                let mut copy = alloc(buf.len());
+                copy.copy_from_slice(&buf);
+                copy
+            } else {
+                buf
+            };
+            Request::write(tag, lba, blocks, buf)
+        }
         Work::Flush => Request::flush(tag),
         Work::Discard { lba, blocks } => Request::discard(tag, lba, blocks),
         Work::WriteZeroes { lba, blocks } => Request::write_zeroes(tag, lba, blocks),
@@ -408,23 +468,36 @@ fn request(tag: u64, mut job: Job, block_size: u64) -> (Job, Option<Request>) {
     (job, Some(req))
 }
 
-/// Answers a job with the device's outcome: read data into the guest's buffers, then the status.
+/// Answers a job with the device's outcome: read data into the guest's buffers (unless the
+/// device read straight into them), then the status.
 fn finish(job: Job, buf: Option<IoBuf>, status: kura_engine::DeviceResult<()>) {
+    let (status, written) = outcome(&job, buf.as_ref(), status);
+    // The guest may reuse its buffers as soon as the chain is answered: a buffer over them
+    // (`zerocopy::in_place`) is dropped first.
+    drop(buf);
+    answer(job, status, written)
+}
+
+/// The status and bytes written of a finished job, with read data copied into the guest unless
+/// it is there already.
+fn outcome(job: &Job, buf: Option<&IoBuf>, status: kura_engine::DeviceResult<()>) -> (u8, u32) {
     if let Work::Answer { status, written } = job.work {
-        return answer(job, status, written);
+        return (status, written);
     }
     if status.is_err() {
-        return answer(job, STATUS_IOERR, 1);
+        return (STATUS_IOERR, 1);
     }
     let mut written = 1;
-    if let (Work::Read { into, .. }, Some(buf)) = (&job.work, &buf) {
-        if !scatter(&job.mem, into, buf) {
-            return answer(job, STATUS_IOERR, 1);
+    if let (Work::Read { into, in_place, .. }, Some(buf)) = (&job.work, buf) {
+        // A layer may complete with a buffer of its own rather than the one it was given.
+        let there = *in_place == Some(buf.as_ptr() as usize);
+        if !there && !scatter(&job.mem, into, buf) {
+            return (STATUS_IOERR, 1);
         }
         let len: u64 = into.iter().map(|s| u64::from(s.len)).sum();
         written += u32::try_from(len).unwrap_or(u32::MAX - 1);
     }
-    answer(job, STATUS_OK, written)
+    (STATUS_OK, written)
 }
 
 /// Writes the status byte and puts every answer of the job's virtqueue that is now in order on

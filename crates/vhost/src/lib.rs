@@ -13,12 +13,17 @@
 //! The protocol, virtqueue and guest-memory handling are the rust-vmm crates' (`vhost`,
 //! `vhost-user-backend`, `virtio-queue`, `vm-memory`); this crate owns the virtio-blk semantics
 //! and the mapping onto kura's device interface.
+//!
+//! Read and write data move in place in guest memory when a request's data is one aligned
+//! descriptor ([`zerocopy`]; `VhostOptions::zero_copy`), else through a pool buffer.
 
-#![forbid(unsafe_code)]
+// Denied, not forbidden: `zerocopy::borrow` hands guest memory to the engine, the one unsafe call.
+#![deny(unsafe_code)]
 
 mod backend;
 pub mod blk;
 mod driver;
+mod zerocopy;
 
 use backend::Backend;
 use driver::{QueueOrder, ToDriver};
@@ -77,6 +82,9 @@ pub struct VhostOptions {
     pub read_only: bool,
     /// Virtqueues offered; the guest enables up to this many (QEMU: `num-queues`).
     pub num_queues: u16,
+    /// Hand a request's data to the device in place in guest memory when it is one aligned
+    /// descriptor (else it is copied through a pool buffer, as always with `false`).
+    pub zero_copy: bool,
 }
 
 impl VhostOptions {
@@ -85,6 +93,7 @@ impl VhostOptions {
             name: name.into(),
             read_only: false,
             num_queues: 4,
+            zero_copy: true,
         }
     }
 }
@@ -103,6 +112,33 @@ pub struct VhostServer {
     /// The disk's size in blocks as the next connection is told it.
     num_blocks: Arc<AtomicU64>,
     block_size: u64,
+    counters: VhostCounters,
+}
+
+/// An export's own counters (requests moved in place vs copied), readable after
+/// [`VhostServer::stop`] too ([`VhostServer::counters`]).
+#[derive(Clone)]
+pub struct VhostCounters {
+    zero_copy: bool,
+    counters: Arc<zerocopy::Counters>,
+}
+
+impl VhostCounters {
+    /// The export's layer: `vhost zero_copy=1 zero_copy_reads=… copied_reads=…
+    /// zero_copy_writes=… copied_writes=…` (depth 0).
+    pub fn layer(&self) -> DriveStats {
+        self.counters.layer(self.zero_copy)
+    }
+
+    /// The export's layer above the device's layers (each one deeper).
+    pub fn stack(&self, device: Vec<DriveStats>) -> Vec<DriveStats> {
+        let mut out = vec![self.layer()];
+        out.extend(device.into_iter().map(|mut l| {
+            l.depth += 1;
+            l
+        }));
+        out
+    }
 }
 
 /// Swaps a running export's device ([`VhostServer::swapper`]).
@@ -167,11 +203,22 @@ pub fn serve(
         .map_err(|e| listen_err(e.to_string()))?;
     let shape = blk::Shape::new(&geo, opts.read_only, opts.num_queues);
     let num_blocks = Arc::new(AtomicU64::new(geo.num_blocks));
+    let counters = VhostCounters {
+        zero_copy: opts.zero_copy,
+        counters: Arc::new(zerocopy::Counters::default()),
+    };
+    let zero_copy = driver::ZeroCopy {
+        enabled: opts.zero_copy,
+        counters: counters.counters.clone(),
+    };
     let (to_driver, rx) = mpsc::channel();
-    let driver = std::thread::Builder::new()
-        .name(format!("vhost-{}-dev", opts.name))
-        .spawn(move || driver::run(dev, rx))
-        .map_err(VhostError::Thread)?;
+    let driver = {
+        let zero_copy = zero_copy.clone();
+        std::thread::Builder::new()
+            .name(format!("vhost-{}-dev", opts.name))
+            .spawn(move || driver::run(dev, rx, zero_copy))
+            .map_err(VhostError::Thread)?
+    };
     let orders: Vec<Arc<QueueOrder>> = (0..opts.num_queues)
         .map(|_| Arc::new(QueueOrder::default()))
         .collect();
@@ -196,6 +243,8 @@ pub fn serve(
                         id,
                         to_driver.clone(),
                         orders.clone(),
+                        zero_copy.clone(),
+                        geo.buffer_alignment,
                     );
                     let memory = GuestMemoryAtomic::new(GuestMemoryMmap::new());
                     let mut daemon = match VhostUserDaemon::new(name.clone(), backend, memory) {
@@ -247,6 +296,7 @@ pub fn serve(
         to_driver: Arc::new(to_driver),
         num_blocks,
         block_size: u64::from(geo.block_size),
+        counters,
     })
 }
 
@@ -268,14 +318,21 @@ impl VhostServer {
         }
     }
 
-    /// Every layer's counters of the device stack, or nothing when the driver does not answer
+    /// The export's own layer (`vhost`, [`VhostCounters::layer`]) then every layer's counters
+    /// of the device stack one deeper, or only the export's when the driver does not answer
     /// within `wait`.
     pub fn stats(&self, wait: Duration) -> Vec<DriveStats> {
         let (tx, rx) = mpsc::channel();
         if self.to_driver.send(ToDriver::Stats(tx)).is_err() {
-            return Vec::new();
+            return vec![self.counters.layer()];
         }
-        rx.recv_timeout(wait).unwrap_or_default()
+        self.counters
+            .stack(rx.recv_timeout(wait).unwrap_or_default())
+    }
+
+    /// The export's own counters, a handle that outlives [`VhostServer::stop`].
+    pub fn counters(&self) -> VhostCounters {
+        self.counters.clone()
     }
 
     /// Closes the connection and the socket, lets every request taken from the virtqueues
@@ -291,6 +348,7 @@ impl VhostServer {
             to_driver,
             num_blocks: _,
             block_size: _,
+            counters: _,
         } = self;
         stopping.store(true, Ordering::SeqCst);
         if let Some(conn) = connection
