@@ -22,6 +22,7 @@ pub mod format;
 mod log;
 mod manifest;
 mod memtable;
+mod reads;
 pub mod run;
 mod segments;
 mod space;

@@ -15,9 +15,12 @@ use crate::format::page::{
 };
 use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
 use std::cmp::Reverse;
+use std::ops::Range;
+use std::sync::Arc;
 
-/// Reads page `n` of the run's segment.
-pub type ReadPage<'a> = dyn FnMut(u32) -> Result<Vec<u8>, StoreError> + 'a;
+/// Reads page `n` of the run's segment: its bytes, shared with the page cache that may hold
+/// them (a cache hit is not copied).
+pub type ReadPage<'a> = dyn FnMut(u32) -> Result<Arc<[u8]>, StoreError> + 'a;
 
 /// Bloom probes that minimise false positives for `bits_per_key`: about `bits_per_key * ln 2`.
 fn probes_for(bits_per_key: u32) -> u8 {
@@ -323,8 +326,9 @@ fn narrow_u32(v: u64) -> Result<u32, FormatError> {
     })
 }
 
-/// Reads `count` pages from page `first` of the run's segment.
-pub type ReadPages<'a> = dyn FnMut(u32, usize) -> Result<Vec<u8>, StoreError> + 'a;
+/// Reads `count` pages from page `first` of the run's segment and returns the bytes `range` of
+/// them (so a reader copies out only the value, not the pages around it).
+pub type ReadPages<'a> = dyn FnMut(u32, usize, Range<usize>) -> Result<Vec<u8>, StoreError> + 'a;
 
 /// An open run: its footer and its bloom filter, the part of a run kept in memory.
 pub struct Run {
@@ -430,11 +434,10 @@ impl Run {
         }
         let first = (start / PAGE_SIZE as u64) as u32;
         let pages = (end.div_ceil(PAGE_SIZE as u64) - u64::from(first)) as usize;
-        let bytes = read(first, pages.max(1))?;
         let at = (start - u64::from(first) * PAGE_SIZE as u64) as usize;
-        let value = &bytes[at..at + pointer.len as usize];
-        pointer.check(value).map_err(self.corrupt(first))?;
-        Ok(value.to_vec())
+        let value = read(first, pages.max(1), at..at + pointer.len as usize)?;
+        pointer.check(&value).map_err(self.corrupt(first))?;
+        Ok(value)
     }
 
     /// The first leaf whose largest key is at or above `key` (where the versions of `key` would

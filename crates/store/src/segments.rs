@@ -5,7 +5,12 @@
 use crate::error::StoreError;
 use crate::format::superblock::Superblock;
 use crate::format::{FormatError, PAGE_SIZE};
-use kura_engine::{BlockDevice, BlockingIo};
+use kura_engine::{BlockDevice, BlockingIo, BufferPool, IoBuf, Request};
+use std::ops::Range;
+
+/// Reads up to this size reuse their queue's buffer (kept between reads); larger ones (big
+/// separated values) take a fresh one, so an idle queue holds no more than this.
+const KEPT_BUFFER: usize = 256 << 10;
 
 /// Refuses devices whose blocks do not tile a page.
 fn check_device(dev: &dyn BlockDevice) -> Result<(), StoreError> {
@@ -36,9 +41,95 @@ pub(crate) fn read_superblocks(
 }
 
 pub(crate) struct RawSegments {
-    dev: Box<dyn BlockDevice>,
+    dev: ReadQueue,
     segment_shift: u32,
     slot_count: u64,
+}
+
+/// Where page `page` of segment slot `slot` starts, in device blocks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Placement {
+    segment_shift: u32,
+    block_size: u64,
+}
+
+impl Placement {
+    fn lba(self, slot: u64, page: u32) -> u64 {
+        (((slot + 1) << self.segment_shift) + u64::from(page) * PAGE_SIZE as u64) / self.block_size
+    }
+}
+
+/// One queue of the device and the I/O buffer its reads reuse, so a page read costs no
+/// allocation: the device fills the kept buffer and the caller copies out only what it keeps.
+pub(crate) struct ReadQueue {
+    dev: Box<dyn BlockDevice>,
+    buf: Option<IoBuf>,
+}
+
+impl ReadQueue {
+    pub(crate) fn new(dev: Box<dyn BlockDevice>) -> Self {
+        ReadQueue { dev, buf: None }
+    }
+
+    /// Reads `pages` pages from page `page` of `slot` and hands them to `f`, in the kept
+    /// buffer (or a fresh one for a large read).
+    pub(crate) fn read_with<R>(
+        &mut self,
+        at: Placement,
+        slot: u64,
+        page: u32,
+        pages: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, StoreError> {
+        let len = pages * PAGE_SIZE;
+        let mut buf = match self.buf.take() {
+            Some(b) if b.capacity() >= len => b,
+            _ => BufferPool::global()
+                .alloc(len.max(PAGE_SIZE))
+                .unwrap_or_else(|_| IoBuf::heap(len.max(PAGE_SIZE), PAGE_SIZE)),
+        };
+        buf.set_len(len);
+        let lba = at.lba(slot, page);
+        let blocks = (len as u64) / at.block_size;
+        let done = self.dev.run(Request::read(0, lba, blocks, buf))?;
+        done.status?;
+        let Some(buf) = done.buf else {
+            return Err(kura_engine::DeviceError::Offline {
+                reason: "a read completed without its buffer".into(),
+            }
+            .into());
+        };
+        let out = f(&buf[..len]);
+        if buf.capacity() <= KEPT_BUFFER {
+            self.buf = Some(buf);
+        }
+        Ok(out)
+    }
+
+    /// Reads `range` of the `pages` pages from page `page` of `slot`, copied out once.
+    pub(crate) fn read_range(
+        &mut self,
+        at: Placement,
+        slot: u64,
+        page: u32,
+        pages: usize,
+        range: Range<usize>,
+    ) -> Result<Vec<u8>, StoreError> {
+        if range.end > pages * PAGE_SIZE || range.start > range.end {
+            return Err(StoreError::Invalid(format!(
+                "bytes {range:?} of a {pages}-page read"
+            )));
+        }
+        self.read_with(at, slot, page, pages, |b| b[range].to_vec())
+    }
+
+    /// Another queue on the same device (see `BlockDevice::new_queue`), `None` when it has one.
+    pub(crate) fn sibling(&self) -> Option<Result<ReadQueue, StoreError>> {
+        self.dev.new_queue().map(|r| {
+            r.map(ReadQueue::new)
+                .map_err(|e| StoreError::Invalid(e.to_string()))
+        })
+    }
 }
 
 impl RawSegments {
@@ -47,7 +138,7 @@ impl RawSegments {
         check_device(dev.as_ref())?;
         let slots = (dev.geometry().capacity_bytes() >> segment_shift).saturating_sub(1);
         Ok(RawSegments {
-            dev,
+            dev: ReadQueue::new(dev),
             segment_shift,
             slot_count: slots,
         })
@@ -58,7 +149,20 @@ impl RawSegments {
     }
 
     fn lba(&self, byte: u64) -> u64 {
-        byte / u64::from(self.dev.geometry().block_size)
+        byte / u64::from(self.dev.dev.geometry().block_size)
+    }
+
+    /// How slots and pages map to device blocks, for reads on sibling queues.
+    pub(crate) fn placement(&self) -> Placement {
+        Placement {
+            segment_shift: self.segment_shift,
+            block_size: u64::from(self.dev.dev.geometry().block_size),
+        }
+    }
+
+    /// The device's own queue (writes, flushes, and reads when it has no siblings).
+    pub(crate) fn queue(&mut self) -> &mut ReadQueue {
+        &mut self.dev
     }
 
     fn slot_byte(&self, slot: u64, page: u32) -> u64 {
@@ -72,8 +176,8 @@ impl RawSegments {
         sb: &Superblock,
     ) -> Result<(), StoreError> {
         let lba = self.lba((copy * PAGE_SIZE) as u64);
-        self.dev.write_blocks(lba, &sb.encode())?;
-        self.dev.flush_all()?;
+        self.dev.dev.write_blocks(lba, &sb.encode())?;
+        self.dev.dev.flush_all()?;
         Ok(())
     }
 
@@ -81,7 +185,7 @@ impl RawSegments {
     pub(crate) fn write(&mut self, slot: u64, page: u32, data: &[u8]) -> Result<(), StoreError> {
         debug_assert!(data.len().is_multiple_of(PAGE_SIZE) && slot < self.slot_count);
         let lba = self.lba(self.slot_byte(slot, page));
-        self.dev.write_blocks(lba, data)?;
+        self.dev.dev.write_blocks(lba, data)?;
         Ok(())
     }
 
@@ -92,14 +196,12 @@ impl RawSegments {
         page: u32,
         pages: usize,
     ) -> Result<Vec<u8>, StoreError> {
-        let mut out = vec![0u8; pages * PAGE_SIZE];
-        let lba = self.lba(self.slot_byte(slot, page));
-        self.dev.read_blocks(lba, &mut out)?;
-        Ok(out)
+        let at = self.placement();
+        self.dev.read_with(at, slot, page, pages, <[u8]>::to_vec)
     }
 
     pub(crate) fn flush(&mut self) -> Result<(), StoreError> {
-        self.dev.flush_all()?;
+        self.dev.dev.flush_all()?;
         Ok(())
     }
 }

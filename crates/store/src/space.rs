@@ -1,7 +1,6 @@
 //! Who owns which segment slot, the seg_seq lease, and the current superblock: the state every
 //! allocation and every superblock update goes through.
 
-use crate::cache::PageCache;
 use crate::error::StoreError;
 use crate::format::superblock::Superblock;
 use crate::format::SegRef;
@@ -19,8 +18,6 @@ pub(crate) struct Space {
     next_copy: usize,
     next_seg_seq: u64,
     used: BTreeSet<u64>,
-    /// Run pages read recently (the page-cache share of the memory budget).
-    pub(crate) cache: PageCache,
 }
 
 impl Space {
@@ -63,7 +60,6 @@ impl Space {
             next_copy: 0,
             next_seg_seq: sb.seg_seq_limit,
             sb,
-            cache: PageCache::default(),
             used: BTreeSet::new(),
         })
     }
@@ -95,7 +91,6 @@ impl Space {
             next_copy: 1 - held,
             next_seg_seq: sb.seg_seq_limit,
             sb,
-            cache: PageCache::default(),
             used: BTreeSet::new(),
         };
         space.renew_lease()?;
@@ -118,17 +113,6 @@ impl Space {
     /// Gives `slot` back for allocation: nothing durable names it any more.
     pub(crate) fn free(&mut self, slot: u64) {
         self.used.remove(&slot);
-    }
-
-    /// Page `page` of the run in segment `seg`, from the page cache or the device (then kept
-    /// in the cache).
-    pub(crate) fn read_run_page(&mut self, seg: SegRef, page: u32) -> Result<Vec<u8>, StoreError> {
-        if let Some(cached) = self.cache.get(seg.seg_seq, page) {
-            return Ok(cached);
-        }
-        let read = self.segs.read(seg.slot, page, 1)?;
-        self.cache.insert(seg.seg_seq, page, &read);
-        Ok(read)
     }
 
     /// Slots in use.

@@ -15,7 +15,8 @@
 //!
 //! Locks are taken in the order `work` (the worker's, or [`Store::compact`]'s: the tree changes
 //! only under it), `io` (the leader's), `view` (memtables and runs; readers take it shared),
-//! `space` (the device, the slot map and the page cache, held per I/O), `snapshots`; `bg`
+//! `space` (the device's own queue and the slot map, held per I/O), the page cache's rings and
+//! the readers' queue pool (each held only for one lookup or one pop/push), `snapshots`; `bg`
 //! (the worker's mailbox) before `view` (a stalled leader looks at the memtables under it) and
 //! never while `view`, `space` or `snapshots` is held.
 
@@ -25,6 +26,7 @@ use crate::format::{FormatError, MAX_KEY, MAX_SEGMENT_SHIFT, MIN_SEGMENT_SHIFT, 
 use crate::log::{self, LogPos, LogStart, LogWriter};
 use crate::manifest::{self, ManifestWriter};
 use crate::memtable::{Memtable, Pair};
+use crate::reads::{Dev, Reads};
 use crate::segments::RawSegments;
 use crate::space::Space;
 use crate::tree::{self, Merge, Output, RunHandle, Tree, MAX_LEVELS};
@@ -194,6 +196,9 @@ pub struct StoreStats {
     /// Run page reads answered by the page cache, and those that went to the device.
     pub cache_hits: u64,
     pub cache_misses: u64,
+    /// Device queues opened for readers beside the store's own (0 on a device with one queue,
+    /// whose reads then share the store's queue).
+    pub reader_queues: u64,
 }
 
 impl StoreStats {
@@ -280,6 +285,8 @@ struct Shared {
     io: Mutex<Io>,
     view: RwLock<View>,
     space: Mutex<Space>,
+    /// The page cache and the readers' own device queues (see `reads.rs`).
+    reads: Reads,
     /// Live snapshots: LSN -> how many handles hold it. Taken with `view` held (read or write),
     /// so a snapshot is never created between a write's pruning and its publication.
     snapshots: Mutex<BTreeMap<u64, usize>>,
@@ -515,20 +522,24 @@ impl Shared {
                 },
                 lsn: sb.log_start_lsn,
             });
+        let reads = Reads::new(space.segs.placement());
         let space = Mutex::new(space);
         let tree = Tree::open(
             recorded
                 .as_ref()
                 .map(|m| m.runs.clone())
                 .unwrap_or_default(),
-            &space,
+            Dev {
+                space: &space,
+                reads: &reads,
+            },
         )?;
         let mut space = space.into_inner().unwrap_or_else(|p| p.into_inner());
         let memtable_bytes = match opts.memory_budget {
             0 => opts.memtable_bytes,
             budget => opts.memtable_bytes.min(budget / 4),
         };
-        space.cache.set_capacity(cache_pages(
+        reads.cache.set_capacity(cache_pages(
             opts.memory_budget,
             memtable_bytes,
             tree.memory(),
@@ -587,6 +598,7 @@ impl Shared {
             inline_threshold: sb.inline_threshold as usize,
             slot_count: sb.slot_count,
             space: Mutex::new(space),
+            reads,
             damage,
             replay_stop: replayed.stop,
             batches: AtomicU64::new(0),
@@ -621,7 +633,7 @@ impl Shared {
         }
         Ok(view
             .tree
-            .get(key, at, &self.space, self.segment_bytes)?
+            .get(key, at, self.dev(), self.segment_bytes)?
             .flatten())
     }
 
@@ -640,6 +652,14 @@ impl Shared {
             if *holders == 0 {
                 snapshots.remove(&lsn);
             }
+        }
+    }
+
+    /// What reads of run pages and values go through.
+    fn dev(&self) -> Dev<'_> {
+        Dev {
+            space: &self.space,
+            reads: &self.reads,
         }
     }
 
@@ -662,7 +682,7 @@ impl Shared {
         let view = self.read_view();
         let mut mems = vec![&view.mem];
         mems.extend(view.imm.as_ref().map(|(imm, _)| &**imm));
-        let sources = tree::sources(&mems, &view.tree, from, to, reverse, &self.space);
+        let sources = tree::sources(&mems, &view.tree, from, to, reverse, self.dev(), true);
         let mut merge = Merge::new(sources, reverse);
         while out.len() < limit {
             let Some((key, versions)) = merge.next_key()? else {
@@ -671,7 +691,7 @@ impl Shared {
             let Some((_, value)) = versions.into_iter().find(|(lsn, _)| *lsn <= at) else {
                 continue;
             };
-            if let Some(value) = value.load(&self.space, self.segment_bytes)? {
+            if let Some(value) = value.load(self.dev(), self.segment_bytes)? {
                 out.push((key, value));
             }
         }
@@ -993,7 +1013,7 @@ impl Shared {
             return Ok(());
         };
         let (handles, written) = {
-            let mut out = Output::new(&self.space, 0, self.segment_pages, self.inline_threshold);
+            let mut out = Output::new(self.dev(), 0, self.segment_pages, self.inline_threshold);
             for (key, versions) in imm.range(None, None, false) {
                 for (lsn, value) in versions.iter().rev() {
                     out.add(key, *lsn, value.clone())?;
@@ -1059,8 +1079,8 @@ impl Shared {
         }
         io.log_start = start;
         let index = self.read_view().tree.memory();
+        self.reads.cache.set_capacity(self.cache_pages(index));
         let mut space = lock(&self.space);
-        space.cache.set_capacity(self.cache_pages(index));
         for h in dropped {
             space.free(h.meta.run.slot);
         }
@@ -1131,17 +1151,18 @@ impl Shared {
         let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
         let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
         let (handles, written) = {
-            let sources = tree::sources(&[], &picked, None, None, false, &self.space);
+            // A merge reads each input page once: it does not fill the page cache.
+            let sources = tree::sources(&[], &picked, None, None, false, self.dev(), false);
             let mut merge = Merge::new(sources, false);
             let mut out = Output::new(
-                &self.space,
+                self.dev(),
                 last as u8,
                 self.segment_pages,
                 self.inline_threshold,
             );
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
-                    let value = value.load(&self.space, self.segment_bytes)?;
+                    let value = value.load(self.dev(), self.segment_bytes)?;
                     out.add(&key, lsn, value)?;
                 }
             }
@@ -1255,11 +1276,12 @@ impl Shared {
             slots_used: space.used(),
             slot_count: self.slot_count,
             memory_budget: self.memory_budget as u64,
-            cache_bytes: space.cache.bytes() as u64,
-            cache_capacity_bytes: space.cache.capacity_bytes() as u64,
+            cache_bytes: self.reads.cache.bytes() as u64,
+            cache_capacity_bytes: self.reads.cache.capacity_bytes() as u64,
             index_bytes: view.tree.memory() as u64,
-            cache_hits: space.cache.hits,
-            cache_misses: space.cache.misses,
+            cache_hits: self.reads.cache.hits(),
+            cache_misses: self.reads.cache.misses(),
+            reader_queues: self.reads.queues() as u64,
         }
     }
 }

@@ -8,12 +8,14 @@
 //! output may share a boundary key, the first holding its newer versions; so a lookup takes the
 //! first run, in that order, holding a version at or below the LSN sought.
 
+use crate::cache::Page;
 use crate::error::StoreError;
 use crate::format::frame::ValuePointer;
 use crate::format::manifest::RunMeta;
 use crate::format::page::{LeafEntry, LeafValue};
 use crate::format::{FormatError, SegRef};
 use crate::memtable::Memtable;
+use crate::reads::Dev;
 use crate::run::{Run, RunBuilder};
 use crate::space::Space;
 use crate::store::lock;
@@ -47,12 +49,14 @@ impl Default for Tree {
     }
 }
 
-/// Reads single pages of the run in segment `seg`, through the page cache.
+/// Reads single pages of the run in segment `seg`, through the page cache (keeping the pages
+/// it reads from the device there when `fill`).
 fn page_reader(
-    space: &Mutex<Space>,
+    dev: Dev<'_>,
     seg: SegRef,
-) -> impl FnMut(u32) -> Result<Vec<u8>, StoreError> + '_ {
-    move |page| lock(space).read_run_page(seg, page)
+    fill: bool,
+) -> impl FnMut(u32) -> Result<Page, StoreError> + '_ {
+    move |page| dev.page(seg, page, fill)
 }
 
 fn corrupt_manifest(what: &'static str, value: u64) -> StoreError {
@@ -69,7 +73,7 @@ impl Tree {
     }
 
     /// Opens the runs the manifest lists (footers and bloom filters are read and checked).
-    pub(crate) fn open(metas: Vec<RunMeta>, space: &Mutex<Space>) -> Result<Tree, StoreError> {
+    pub(crate) fn open(metas: Vec<RunMeta>, dev: Dev<'_>) -> Result<Tree, StoreError> {
         let mut tree = Tree::default();
         for meta in metas {
             let level = meta.level as usize;
@@ -79,7 +83,7 @@ impl Tree {
             let run = Run::open(
                 meta.run.seg_seq,
                 meta.pages,
-                &mut page_reader(space, meta.run),
+                &mut page_reader(dev, meta.run, false),
             )?;
             let f = run.footer();
             if f.entries != meta.entries || f.smallest != meta.smallest || f.largest != meta.largest
@@ -112,7 +116,7 @@ impl Tree {
         &self,
         key: &[u8],
         at: u64,
-        space: &Mutex<Space>,
+        dev: Dev<'_>,
         segment_bytes: u64,
     ) -> Result<Option<Option<Vec<u8>>>, StoreError> {
         // Level 0's runs overlap: each is asked. A deeper level is in key order, so only the
@@ -132,11 +136,13 @@ impl Tree {
             if key < h.meta.smallest.as_slice() || key > h.meta.largest.as_slice() {
                 continue;
             }
-            let found = h.run.get(key, at, &mut page_reader(space, h.meta.run))?;
+            let found = h
+                .run
+                .get(key, at, &mut page_reader(dev, h.meta.run, true))?;
             if let Some(entry) = found {
                 let value = match entry.value {
                     LeafValue::Inline(v) => Some(v),
-                    LeafValue::Pointer(p) => Some(read_value(h, &p, space, segment_bytes)?),
+                    LeafValue::Pointer(p) => Some(read_value(h, &p, dev, segment_bytes)?),
                     LeafValue::Tombstone => None,
                 };
                 return Ok(Some(value));
@@ -150,13 +156,13 @@ impl Tree {
 pub(crate) fn read_value(
     h: &RunHandle,
     pointer: &ValuePointer,
-    space: &Mutex<Space>,
+    dev: Dev<'_>,
     segment_bytes: u64,
 ) -> Result<Vec<u8>, StoreError> {
     let slot = h.meta.run.slot;
     h.run
-        .read_value(slot, segment_bytes, pointer, &mut |first, pages| {
-            lock(space).segs.read(slot, first, pages)
+        .read_value(slot, segment_bytes, pointer, &mut |first, pages, range| {
+            dev.bytes(slot, first, pages, range)
         })
 }
 
@@ -171,12 +177,12 @@ impl Val<'_> {
     /// The value bytes (`None` for a tombstone), reading a separated value.
     pub(crate) fn load(
         self,
-        space: &Mutex<Space>,
+        dev: Dev<'_>,
         segment_bytes: u64,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
             Val::Bytes(v) => Ok(Some(v)),
-            Val::Pointer(h, p) => read_value(h, &p, space, segment_bytes).map(Some),
+            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes).map(Some),
             Val::Tombstone => Ok(None),
         }
     }
@@ -220,14 +226,15 @@ pub(crate) fn runs_source<'a>(
     from: Option<&'a [u8]>,
     to: Option<&'a [u8]>,
     reverse: bool,
-    space: &'a Mutex<Space>,
+    dev: Dev<'a>,
+    fill: bool,
 ) -> Source<'a> {
     let overlapping = runs.iter().filter(move |h| {
         from.is_none_or(|f| h.meta.largest.as_slice() >= f)
             && to.is_none_or(|t| h.meta.smallest.as_slice() < t)
     });
     let each = move |h: &'a Arc<RunHandle>| {
-        let read: Box<crate::run::ReadPage<'a>> = Box::new(page_reader(space, h.meta.run));
+        let read: Box<crate::run::ReadPage<'a>> = Box::new(page_reader(dev, h.meta.run, fill));
         let h: &'a RunHandle = h;
         h.run
             .iter(
@@ -246,14 +253,16 @@ pub(crate) fn runs_source<'a>(
     it.peekable()
 }
 
-/// The sources of a walk over the memtables `mems` (newest first) and every run of `tree`.
+/// The sources of a walk over the memtables `mems` (newest first) and every run of `tree`
+/// (pages read from the device kept in the page cache when `fill`).
 pub(crate) fn sources<'a>(
     mems: &[&'a Memtable],
     tree: &'a Tree,
     from: Option<&'a [u8]>,
     to: Option<&'a [u8]>,
     reverse: bool,
-    space: &'a Mutex<Space>,
+    dev: Dev<'a>,
+    fill: bool,
 ) -> Vec<Source<'a>> {
     let mut out = Vec::new();
     for mem in mems {
@@ -265,12 +274,13 @@ pub(crate) fn sources<'a>(
             from,
             to,
             reverse,
-            space,
+            dev,
+            fill,
         ));
     }
     for level in &tree.levels[1..] {
         if !level.is_empty() {
-            out.push(runs_source(level, from, to, reverse, space));
+            out.push(runs_source(level, from, to, reverse, dev, fill));
         }
     }
     out
@@ -390,6 +400,7 @@ pub(crate) fn retain<'a>(
 /// Writes sorted versions as runs of one level, cutting a new run when a segment is full.
 pub(crate) struct Output<'a> {
     space: &'a Mutex<Space>,
+    dev: Dev<'a>,
     level: u8,
     segment_pages: u32,
     inline_threshold: usize,
@@ -402,13 +413,14 @@ pub(crate) struct Output<'a> {
 
 impl<'a> Output<'a> {
     pub(crate) fn new(
-        space: &'a Mutex<Space>,
+        dev: Dev<'a>,
         level: u8,
         segment_pages: u32,
         inline_threshold: usize,
     ) -> Self {
         Output {
-            space,
+            space: dev.space,
+            dev,
             level,
             segment_pages,
             inline_threshold,
@@ -482,7 +494,7 @@ impl<'a> Output<'a> {
         let run = Run::open(
             seg.seg_seq,
             footer.total_pages,
-            &mut page_reader(self.space, seg),
+            &mut page_reader(self.dev, seg, false),
         )?;
         let meta = RunMeta {
             level: self.level,

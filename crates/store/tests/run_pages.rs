@@ -10,6 +10,7 @@ use proptest::collection::{btree_map, vec};
 use proptest::prelude::*;
 use std::cmp::Reverse;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 const SEG_SEQ: u64 = 77;
 /// 1 MiB segments.
@@ -59,8 +60,8 @@ fn build(model: &Model) -> (Vec<u8>, u32) {
     (pages, total)
 }
 
-fn reader(pages: &[u8]) -> impl FnMut(u32) -> Result<Vec<u8>, StoreError> + '_ {
-    move |p| Ok(pages[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].to_vec())
+fn reader(pages: &[u8]) -> impl FnMut(u32) -> Result<Arc<[u8]>, StoreError> + '_ {
+    move |p| Ok(pages[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].into())
 }
 
 /// What the model says a lookup of `key` at `max_lsn` returns.
@@ -179,7 +180,7 @@ fn runs_span_many_pages_and_index_levels() {
         let mut reads = 0;
         let mut counting = |p: u32| {
             reads += 1;
-            Ok(pages[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].to_vec())
+            Ok(pages[p as usize * PAGE_SIZE..(p as usize + 1) * PAGE_SIZE].into())
         };
         assert_eq!(
             run.get(&absent, u64::MAX, &mut counting).expect("get"),
