@@ -321,7 +321,7 @@ mod tests {
     use std::time::Duration;
     use vm_memory::{Bytes, GuestMemoryMmap};
 
-    const QSIZE: u16 = 32;
+    const QSIZE: u16 = 128;
     const DESC: u64 = 0x0;
     const AVAIL: u64 = 0x1000;
     const USED: u64 = 0x2000;
@@ -347,8 +347,8 @@ mod tests {
     }
 
     impl Guest {
-        fn new() -> Guest {
-            let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 1 << 20)]).unwrap();
+        fn new(bytes: usize) -> Guest {
+            let mem = GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), bytes)]).unwrap();
             Guest {
                 mem: GuestMemoryAtomic::new(mem),
                 next_desc: 0,
@@ -377,7 +377,8 @@ mod tests {
 
         /// Puts `req` on the available ring.
         fn push(&mut self, req: &Req) {
-            let n = self.heads.len() as u64;
+            // Header and status slots are reused once a batch of up to 128 is answered.
+            let n = self.heads.len() as u64 % 128;
             let header = HEADERS + 16 * n;
             let mut h = [0u8; 16];
             h[..4].copy_from_slice(&(u32::from(req.write)).to_le_bytes());
@@ -432,49 +433,109 @@ mod tests {
         out
     }
 
+    /// A backend and its driver thread on a device, with one virtqueue in a fresh guest memory.
+    struct Rig {
+        backend: Backend,
+        vring: Vring,
+        order: Arc<QueueOrder>,
+        guest: Guest,
+        driver: std::thread::JoinHandle<Box<dyn BlockDevice>>,
+        counters: Arc<Counters>,
+        align: u32,
+    }
+
+    impl Rig {
+        fn new(spec: &str, zero_copy: bool, guest_bytes: usize) -> Option<Rig> {
+            let dev = match kura_engine::open(spec) {
+                Ok(dev) => dev,
+                Err(e @ kura_engine::OpenError::Unavailable { .. }) => {
+                    eprintln!("SKIP {spec}: {e}");
+                    return None;
+                }
+                Err(e) => panic!("{spec}: {e}"),
+            };
+            let geo = dev.geometry();
+            let counters = Arc::new(Counters::default());
+            let zc = ZeroCopy {
+                enabled: zero_copy,
+                counters: counters.clone(),
+            };
+            let (tx, rx) = std::sync::mpsc::channel();
+            let driver = {
+                let zc = zc.clone();
+                std::thread::spawn(move || driver::run(dev, rx, zc))
+            };
+            let order = Arc::new(QueueOrder::default());
+            let backend = Backend::new(
+                blk::Shape::new(&geo, false, 1),
+                Arc::new(AtomicU64::new(geo.num_blocks)),
+                [0; 20],
+                tx,
+                vec![order.clone()],
+                zc,
+                geo.buffer_alignment,
+            );
+            let guest = Guest::new(guest_bytes);
+            backend.update_memory(guest.mem.clone()).unwrap();
+            let vring = Vring::new(guest.mem.clone(), QSIZE).unwrap();
+            vring.set_queue_size(QSIZE);
+            vring
+                .set_queue_info(DESC, AVAIL, USED)
+                .expect("queue addresses");
+            vring.set_queue_ready(true);
+            Some(Rig {
+                backend,
+                vring,
+                order,
+                guest,
+                driver,
+                counters,
+                align: geo.buffer_alignment,
+            })
+        }
+
+        /// Hands every request pushed so far to the backend and waits until all are answered
+        /// and on the used ring.
+        fn run(&mut self) {
+            self.backend.process(&self.vring, &self.order).unwrap();
+            assert!(self.order.wait_idle(Duration::from_secs(30)), "answered");
+            // The used ring is written just after the order records the last answer.
+            let want = self.guest.avail_idx;
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            while self.guest.used_idx() != want && std::time::Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            assert_eq!(self.guest.used_idx(), want);
+            self.guest.next_desc = 0;
+        }
+
+        /// Stops the driver; [zero-copy writes, copied writes, zero-copy reads, copied reads].
+        fn finish(self) -> [u64; 4] {
+            let Rig {
+                backend,
+                vring,
+                driver,
+                counters,
+                ..
+            } = self;
+            drop((backend, vring));
+            drop(driver.join().unwrap());
+            let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            [
+                get(&counters.zero_copy_writes),
+                get(&counters.copied_writes),
+                get(&counters.zero_copy_reads),
+                get(&counters.copied_reads),
+            ]
+        }
+    }
+
     /// Writes and reads back three shapes of request on `spec`: data in one aligned
     /// descriptor, data split over two, and data behind an inline header (16 bytes off a page).
-    /// Returns the counters.
+    /// Returns the device's buffer alignment and the counters.
     fn round_trip(spec: &str, zero_copy: bool) -> Option<(u32, [u64; 4])> {
-        let dev = match kura_engine::open(spec) {
-            Ok(dev) => dev,
-            Err(e @ kura_engine::OpenError::Unavailable { .. }) => {
-                eprintln!("SKIP {spec}: {e}");
-                return None;
-            }
-            Err(e) => panic!("{spec}: {e}"),
-        };
-        let geo = dev.geometry();
-        let counters = Arc::new(Counters::default());
-        let zc = ZeroCopy {
-            enabled: zero_copy,
-            counters: counters.clone(),
-        };
-        let (tx, rx) = std::sync::mpsc::channel();
-        let driver = {
-            let zc = zc.clone();
-            std::thread::spawn(move || driver::run(dev, rx, zc))
-        };
-        let order = Arc::new(QueueOrder::default());
-        let shape = blk::Shape::new(&geo, false, 1);
-        let backend = Backend::new(
-            shape,
-            Arc::new(AtomicU64::new(geo.num_blocks)),
-            [0; 20],
-            tx,
-            vec![order.clone()],
-            zc,
-            geo.buffer_alignment,
-        );
-        let mut guest = Guest::new();
-        backend.update_memory(guest.mem.clone()).unwrap();
-        let vring = Vring::new(guest.mem.clone(), QSIZE).unwrap();
-        vring.set_queue_size(QSIZE);
-        vring
-            .set_queue_info(DESC, AVAIL, USED)
-            .expect("queue addresses");
-        vring.set_queue_ready(true);
-        let mem = guest.m();
+        let mut rig = Rig::new(spec, zero_copy, 1 << 20)?;
+        let mem = rig.guest.m();
         // Data at 0x10000 (one page), 0x20000 + 0x30000 (two halves), 0x40010 (inline header).
         let a = fill(&mem, 0x10000, 4096, 1);
         let mut b = fill(&mem, 0x20000, 2048, 2);
@@ -486,18 +547,14 @@ mod tests {
             vec![(0x40010, 4096)],
         ];
         for (i, data) in shapes.iter().enumerate() {
-            guest.push(&Req {
+            rig.guest.push(&Req {
                 write: true,
                 sector: 8 * i as u64,
                 data: data.clone(),
                 header_inline: i == 2,
             });
         }
-        backend.process(&vring, &order).unwrap();
-        assert!(
-            order.wait_idle(Duration::from_secs(10)),
-            "{spec}: writes answered"
-        );
+        rig.run();
         // Read each back into buffers of the same shapes (the third: 16 bytes past a page),
         // fresh memory each.
         let back = [
@@ -506,27 +563,17 @@ mod tests {
             vec![(0x80010, 4096)],
         ];
         for (i, data) in back.iter().enumerate() {
-            guest.push(&Req {
+            rig.guest.push(&Req {
                 write: false,
                 sector: 8 * i as u64,
                 data: data.clone(),
                 header_inline: false,
             });
         }
-        backend.process(&vring, &order).unwrap();
-        assert!(
-            order.wait_idle(Duration::from_secs(10)),
-            "{spec}: reads answered"
-        );
+        rig.run();
         for n in 0..6 {
-            assert_eq!(guest.status(n), blk::STATUS_OK, "{spec}: request {n}");
+            assert_eq!(rig.guest.status(n), blk::STATUS_OK, "{spec}: request {n}");
         }
-        // The used ring is written just after the order records the last answer.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        while guest.used_idx() != 6 && std::time::Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        assert_eq!(guest.used_idx(), 6, "{spec}");
         assert!(read(&mem, 0x50000, 4096) == a, "{spec}: one run read back");
         let mut got = read(&mem, 0x60000, 2048);
         got.extend(read(&mem, 0x70000, 2048));
@@ -535,20 +582,8 @@ mod tests {
             read(&mem, 0x80010, 4096) == c,
             "{spec}: misaligned read back"
         );
-        drop(backend);
-        drop(vring);
-        let dev = driver.join().unwrap();
-        drop(dev);
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        Some((
-            geo.buffer_alignment,
-            [
-                get(&counters.zero_copy_writes),
-                get(&counters.copied_writes),
-                get(&counters.zero_copy_reads),
-                get(&counters.copied_reads),
-            ],
-        ))
+        let align = rig.align;
+        Some((align, rig.finish()))
     }
 
     #[test]
@@ -576,6 +611,85 @@ mod tests {
             assert_eq!(on, expected, "{spec} (alignment {align})");
             let (_, off) = round_trip(spec, false).unwrap();
             assert_eq!(off, [0, 3, 0, 3], "{spec}: zero copy off copies all");
+        }
+    }
+
+    /// The host-side cost of the copy: requests of one size, 32 per batch (each to its own
+    /// guest buffer, one aligned descriptor), through backend + driver onto `spec`, zero copy on
+    /// and off interleaved. Prints one JSON line per measurement (MiB/s and requests/s), and
+    /// writes them all to `KURA_VHOST_ZC_JSON` when set. Nothing is asserted on the figures.
+    #[test]
+    #[ignore = "a measurement: cargo test --release -p kura-vhost --lib -- --ignored --nocapture zero_copy_cost"]
+    fn zero_copy_cost() {
+        const BATCH: usize = 32;
+        let rounds: usize = std::env::var("KURA_VHOST_ZC_ROUNDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(5);
+        let dir =
+            tempfile::tempdir_in(std::env::var("KURA_VHOST_ZC_DIR").unwrap_or(".".into())).unwrap();
+        let file = dir.path().join("zc.img");
+        let specs = [
+            ("null", "null:1G".to_string()),
+            (
+                "uring-direct",
+                format!("uring:{}?size=256M", file.display()),
+            ),
+        ];
+        // Each job moves 128 MiB: 4 KiB requests 32768 times, 1 MiB ones 128 times.
+        let jobs = [
+            ("read-4k", false, 4096u32),
+            ("write-4k", true, 4096),
+            ("read-1m", false, 1 << 20),
+            ("write-1m", true, 1 << 20),
+        ];
+        let mut lines = Vec::new();
+        for (name, spec) in &specs {
+            for &(job, write, bs) in &jobs {
+                for round in 0..rounds {
+                    let order = if round % 2 == 0 {
+                        [true, false]
+                    } else {
+                        [false, true]
+                    };
+                    for zc in order {
+                        let Some(mut rig) = Rig::new(spec, zc, 64 << 20) else {
+                            return;
+                        };
+                        let total: u64 = 128 << 20;
+                        let requests = (total / u64::from(bs)) as usize;
+                        let sectors = u64::from(bs) / 512;
+                        let span = (256u64 << 20) / u64::from(bs);
+                        let start = std::time::Instant::now();
+                        let mut done = 0;
+                        while done < requests {
+                            for i in 0..BATCH.min(requests - done) {
+                                let slot = (done + i) % BATCH;
+                                rig.guest.push(&Req {
+                                    write,
+                                    sector: ((done + i) as u64 * 7919 % span) * sectors,
+                                    data: vec![(0x100000 + slot as u64 * u64::from(bs), bs)],
+                                    header_inline: false,
+                                });
+                            }
+                            rig.run();
+                            done += BATCH.min(requests - done);
+                        }
+                        let secs = start.elapsed().as_secs_f64();
+                        let counters = rig.finish();
+                        let line = format!(
+                            "{{\"device\":\"{name}\",\"job\":\"{job}\",\"round\":{round},\"zero_copy\":{zc},\"requests\":{requests},\"secs\":{secs:.4},\"mib_s\":{:.1},\"iops\":{:.0},\"counters\":{counters:?}}}",
+                            (total as f64 / (1 << 20) as f64) / secs,
+                            requests as f64 / secs
+                        );
+                        println!("{line}");
+                        lines.push(line);
+                    }
+                }
+            }
+        }
+        if let Ok(path) = std::env::var("KURA_VHOST_ZC_JSON") {
+            std::fs::write(path, format!("[\n{}\n]\n", lines.join(",\n"))).unwrap();
         }
     }
 }
