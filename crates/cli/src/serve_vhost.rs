@@ -24,6 +24,12 @@ pub struct VhostArgs {
     /// many (QEMU's `num-queues`, one per vCPU by default).
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub vhost_queues: u16,
+    /// Reads and writes whose data is one aligned descriptor go to the drive in place in guest
+    /// memory (off: every request's data is copied through kura's buffer pool). The export's
+    /// `vhost` counters say how many went each way.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub vhost_zero_copy: bool,
 }
 
 /// Starts serving every --vhost-user export (opened by [`crate::serve_share::open_all`]).
@@ -49,6 +55,7 @@ pub fn start(
         let opts = VhostOptions {
             read_only,
             num_queues: args.vhost_queues,
+            zero_copy: args.vhost_zero_copy,
             ..VhostOptions::new(name)
         };
         let server = kura_vhost::serve(&path, dev, opts)
@@ -75,13 +82,15 @@ pub fn print_stats(servers: &[VhostServer]) {
 pub fn stop(servers: Vec<VhostServer>, failed: &mut Vec<String>) {
     for server in servers {
         let name = server.name().to_string();
+        let counters = server.counters();
         match server.stop() {
             Ok(mut dev) => {
                 if let Err(e) = dev.flush_all() {
                     eprintln!("kura: flushing vhost-user export {name}: {e}");
                     failed.push(name.clone());
                 }
-                crate::serve::print_stats(&name, &kura_engine::device::stats_of(&dev));
+                let layers = counters.stack(kura_engine::device::stats_of(&dev));
+                crate::serve::print_stats(&name, &layers);
             }
             Err(e) => {
                 eprintln!("kura: {e}");
