@@ -24,7 +24,6 @@ use crate::format::SegRef;
 use crate::segments::{Placement, ReadQueue};
 use crate::space::Space;
 use crate::store::lock;
-use std::ops::Range;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -128,15 +127,9 @@ impl Dev<'_> {
         Ok(read)
     }
 
-    /// Bytes `range` of the `pages` pages from page `first` of segment slot `slot`, copied
-    /// once out of the queue's buffer.
-    pub(crate) fn bytes(
-        self,
-        slot: u64,
-        first: u32,
-        pages: usize,
-        range: Range<usize>,
-    ) -> Result<Vec<u8>, StoreError> {
-        self.with_queue(|q, at| q.read_range(at, slot, first, pages, range))
+    /// `len` bytes from byte `byte` of segment slot `slot`: only the device blocks holding
+    /// them are read, and they are copied once out of the queue's buffer.
+    pub(crate) fn bytes(self, slot: u64, byte: u64, len: usize) -> Result<Vec<u8>, StoreError> {
+        self.with_queue(|q, at| q.read_bytes(at, slot, byte, len))
     }
 }

@@ -15,7 +15,6 @@ use crate::format::page::{
 };
 use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
 use std::cmp::Reverse;
-use std::ops::Range;
 use std::sync::Arc;
 
 /// Reads page `n` of the run's segment: its bytes, shared with the page cache that may hold
@@ -326,9 +325,9 @@ fn narrow_u32(v: u64) -> Result<u32, FormatError> {
     })
 }
 
-/// Reads `count` pages from page `first` of the run's segment and returns the bytes `range` of
-/// them (so a reader copies out only the value, not the pages around it).
-pub type ReadPages<'a> = dyn FnMut(u32, usize, Range<usize>) -> Result<Vec<u8>, StoreError> + 'a;
+/// Reads `len` bytes from byte `at` of the run's segment (a reader reads only the device
+/// blocks holding them and copies out only them).
+pub type ReadBytes<'a> = dyn FnMut(u64, usize) -> Result<Vec<u8>, StoreError> + 'a;
 
 /// An open run: its footer and its bloom filter, the part of a run kept in memory.
 pub struct Run {
@@ -412,7 +411,7 @@ impl Run {
         slot: u64,
         segment_bytes: u64,
         pointer: &ValuePointer,
-        read: &mut ReadPages<'_>,
+        read: &mut ReadBytes<'_>,
     ) -> Result<Vec<u8>, StoreError> {
         let start = u64::from(pointer.offset);
         let end = start + u64::from(pointer.len);
@@ -433,9 +432,7 @@ impl Run {
             ));
         }
         let first = (start / PAGE_SIZE as u64) as u32;
-        let pages = (end.div_ceil(PAGE_SIZE as u64) - u64::from(first)) as usize;
-        let at = (start - u64::from(first) * PAGE_SIZE as u64) as usize;
-        let value = read(first, pages.max(1), at..at + pointer.len as usize)?;
+        let value = read(start, pointer.len as usize)?;
         pointer.check(&value).map_err(self.corrupt(first))?;
         Ok(value)
     }

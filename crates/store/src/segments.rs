@@ -6,7 +6,6 @@ use crate::error::StoreError;
 use crate::format::superblock::Superblock;
 use crate::format::{FormatError, PAGE_SIZE};
 use kura_engine::{BlockDevice, BlockingIo, BufferPool, IoBuf, Request};
-use std::ops::Range;
 
 /// Reads up to this size reuse their queue's buffer (kept between reads); larger ones (big
 /// separated values) take a fresh one, so an idle queue holds no more than this.
@@ -81,7 +80,19 @@ impl ReadQueue {
         pages: usize,
         f: impl FnOnce(&[u8]) -> R,
     ) -> Result<R, StoreError> {
+        let lba = at.lba(slot, page);
         let len = pages * PAGE_SIZE;
+        self.read_blocks_with(lba, len, f)
+    }
+
+    /// Reads `len` bytes (whole blocks) from block `lba` and hands them to `f`.
+    fn read_blocks_with<R>(
+        &mut self,
+        lba: u64,
+        len: usize,
+        f: impl FnOnce(&[u8]) -> R,
+    ) -> Result<R, StoreError> {
+        let block_size = u64::from(self.dev.geometry().block_size);
         let mut buf = match self.buf.take() {
             Some(b) if b.capacity() >= len => b,
             _ => BufferPool::global()
@@ -89,8 +100,7 @@ impl ReadQueue {
                 .unwrap_or_else(|_| IoBuf::heap(len.max(PAGE_SIZE), PAGE_SIZE)),
         };
         buf.set_len(len);
-        let lba = at.lba(slot, page);
-        let blocks = (len as u64) / at.block_size;
+        let blocks = (len as u64) / block_size;
         let done = self.dev.run(Request::read(0, lba, blocks, buf))?;
         done.status?;
         let Some(buf) = done.buf else {
@@ -106,21 +116,24 @@ impl ReadQueue {
         Ok(out)
     }
 
-    /// Reads `range` of the `pages` pages from page `page` of `slot`, copied out once.
-    pub(crate) fn read_range(
+    /// Reads `len` bytes from byte `byte` of segment slot `slot`: the device blocks that hold
+    /// them, from which only those bytes are copied out.
+    pub(crate) fn read_bytes(
         &mut self,
         at: Placement,
         slot: u64,
-        page: u32,
-        pages: usize,
-        range: Range<usize>,
+        byte: u64,
+        len: usize,
     ) -> Result<Vec<u8>, StoreError> {
-        if range.end > pages * PAGE_SIZE || range.start > range.end {
-            return Err(StoreError::Invalid(format!(
-                "bytes {range:?} of a {pages}-page read"
-            )));
+        let start = ((slot + 1) << at.segment_shift) + byte;
+        let first = start / at.block_size;
+        let blocks = (start + len as u64).div_ceil(at.block_size) - first;
+        let skip = (start - first * at.block_size) as usize;
+        let bytes = (blocks * at.block_size) as usize;
+        if len == 0 {
+            return Ok(Vec::new());
         }
-        self.read_with(at, slot, page, pages, |b| b[range].to_vec())
+        self.read_blocks_with(first, bytes, |b| b[skip..skip + len].to_vec())
     }
 
     /// Another queue on the same device (see `BlockDevice::new_queue`), `None` when it has one.

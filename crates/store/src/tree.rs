@@ -161,8 +161,8 @@ pub(crate) fn read_value(
 ) -> Result<Vec<u8>, StoreError> {
     let slot = h.meta.run.slot;
     h.run
-        .read_value(slot, segment_bytes, pointer, &mut |first, pages, range| {
-            dev.bytes(slot, first, pages, range)
+        .read_value(slot, segment_bytes, pointer, &mut |at, len| {
+            dev.bytes(slot, at, len)
         })
 }
 

@@ -154,6 +154,73 @@ fn pack(
     Ok(page)
 }
 
+/// A page's entries, found through its offset table one at a time: a lookup's binary search
+/// touches a few entries of a page, so only those are located and checked (that each lies in
+/// the entry area, after the one before it), with no table built.
+struct Entries<'p> {
+    page: &'p [u8],
+    table: usize,
+    count: usize,
+    end: usize,
+}
+
+impl<'p> Entries<'p> {
+    fn new(page: &'p [u8], count: u16, end: u16) -> Result<Self, FormatError> {
+        let (count, end) = (count as usize, end as usize);
+        let table = PAGE_SIZE
+            .checked_sub(2 * count)
+            .filter(|&t| t >= PAGE_HEADER);
+        let Some(table) = table.filter(|&t| (PAGE_HEADER..=t).contains(&end)) else {
+            return Err(FormatError::BadField {
+                what: "run page entry area",
+                value: end as u64,
+            });
+        };
+        if (count == 0 && end != PAGE_HEADER) || page.len() < PAGE_SIZE {
+            return Err(FormatError::BadField {
+                what: "run page entry area",
+                value: end as u64,
+            });
+        }
+        Ok(Entries {
+            page,
+            table,
+            count,
+            end,
+        })
+    }
+
+    fn len(&self) -> usize {
+        self.count
+    }
+
+    fn offset(&self, i: usize) -> usize {
+        let at = self.table + 2 * i;
+        u16::from_le_bytes([self.page[at], self.page[at + 1]]) as usize
+    }
+
+    /// Entry `i` (below [`Entries::len`]), checked as [`unpack`] checks it.
+    fn get(&self, i: usize) -> Result<&'p [u8], FormatError> {
+        let start = self.offset(i);
+        let stop = if i + 1 < self.count {
+            self.offset(i + 1)
+        } else {
+            self.end
+        };
+        if (i == 0 && start != PAGE_HEADER)
+            || start < PAGE_HEADER
+            || start >= stop
+            || stop > self.end
+        {
+            return Err(FormatError::BadField {
+                what: "run page entry offset",
+                value: start as u64,
+            });
+        }
+        Ok(&self.page[start..stop])
+    }
+}
+
 /// The entries' byte ranges after checking that the offsets tile the entry area in order.
 fn unpack(page: &[u8], count: u16, end: u16) -> Result<Vec<&[u8]>, FormatError> {
     let (count, end) = (count as usize, end as usize);
@@ -323,9 +390,9 @@ pub enum LeafFind {
 }
 
 /// Looks for `key` at or below `max_lsn` in the leaf page read from `place`, decoding only the
-/// entries the binary search touches and the one found (the header, CRC and offset table are
-/// checked as [`decode_leaf`] does; entry order is trusted as far as the search goes, and a
-/// found entry always has the key sought).
+/// entries the binary search touches and the one found (the header and CRC are checked as
+/// [`decode_leaf`] does, and the offsets of the entries touched; entry order is trusted as far
+/// as the search goes, and a found entry always has the key sought).
 pub fn leaf_find(
     page: &[u8],
     place: PagePlace,
@@ -333,9 +400,10 @@ pub fn leaf_find(
     max_lsn: u64,
 ) -> Result<LeafFind, FormatError> {
     let (count, end) = check_header(page, PageKind::Leaf, place)?;
-    let raws = unpack(page, count, end)?;
-    let start = partition(raws.len(), |i| Ok(leaf_key(raws[i])?.0 < key))?;
-    for raw in &raws[start..] {
+    let raws = Entries::new(page, count, end)?;
+    let start = partition(raws.len(), |i| Ok(leaf_key(raws.get(i)?)?.0 < key))?;
+    for i in start..raws.len() {
+        let raw = raws.get(i)?;
         let (k, lsn) = leaf_key(raw)?;
         if k != key {
             return Ok(LeafFind::Absent);
@@ -352,7 +420,7 @@ pub fn leaf_find(
 /// touches.
 pub fn index_child(page: &[u8], place: PagePlace, key: &[u8]) -> Result<Option<u32>, FormatError> {
     let (count, end) = check_header(page, PageKind::Index, place)?;
-    let raws = unpack(page, count, end)?;
+    let raws = Entries::new(page, count, end)?;
     let entry = |raw: &[u8]| -> Result<(u32, usize), FormatError> {
         let mut r = Reader::new("index entry", raw);
         let key_len = r.u16()? as usize;
@@ -366,12 +434,14 @@ pub fn index_child(page: &[u8], place: PagePlace, key: &[u8]) -> Result<Option<u
         Ok((child, key_len))
     };
     let i = partition(raws.len(), |i| {
-        let (_, len) = entry(raws[i])?;
-        Ok(&raws[i][6..6 + len] < key)
+        let raw = raws.get(i)?;
+        let (_, len) = entry(raw)?;
+        Ok(&raw[6..6 + len] < key)
     })?;
-    raws.get(i)
-        .map(|raw| entry(raw).map(|(c, _)| c))
-        .transpose()
+    if i == raws.len() {
+        return Ok(None);
+    }
+    entry(raws.get(i)?).map(|(c, _)| Some(c))
 }
 
 /// An index page of `entries` (keys non-decreasing; the caller's job).
