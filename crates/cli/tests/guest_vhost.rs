@@ -409,6 +409,23 @@ fn vhost_user_blk_disks_serve_an_unmodified_guest() {
             assert_eq!(field(line, "max_discard_segments"), "32", "{line}");
         }
     }
+    // Zero copy is on by default: the ext4 round trip on `file` moved requests whose data is one
+    // page in place in guest memory (so the checksums compared below are of data that went
+    // both ways with no copy), and the rest through pool buffers.
+    let vhost_layer = main_log
+        .lines()
+        .find(|l| l.contains("export file: vhost "))
+        .unwrap_or_else(|| panic!("no vhost counters for export file: {main_log}"));
+    let counter = |name: &str| -> u64 {
+        vhost_layer
+            .split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('='))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in {vhost_layer}"))
+    };
+    assert_eq!(counter("zero_copy"), 1, "{vhost_layer}");
+    assert!(counter("zero_copy_reads") > 0, "{vhost_layer}");
+    assert!(counter("zero_copy_writes") > 0, "{vhost_layer}");
     let refused = run
         .console
         .lines()
