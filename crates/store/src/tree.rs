@@ -141,7 +141,7 @@ impl Tree {
             if let Some(entry) = found {
                 let value = match entry.value {
                     LeafValue::Inline(v) => Some(v),
-                    LeafValue::Pointer(p) => Some(read_value(h, &p, dev, segment_bytes)?),
+                    LeafValue::Pointer(p) => Some(read_value(h, &p, dev, segment_bytes, true)?),
                     LeafValue::Tombstone => None,
                 };
                 return Ok(Some(value));
@@ -151,17 +151,19 @@ impl Tree {
     }
 }
 
-/// The value a pointer of run `h` names.
+/// The value a pointer of run `h` names (the pages holding a small value kept in the page
+/// cache when `fill`).
 pub(crate) fn read_value(
     h: &RunHandle,
     pointer: &ValuePointer,
     dev: Dev<'_>,
     segment_bytes: u64,
+    fill: bool,
 ) -> Result<Vec<u8>, StoreError> {
-    let slot = h.meta.run.slot;
+    let seg = h.meta.run;
     h.run
-        .read_value(slot, segment_bytes, pointer, &mut |at, len| {
-            dev.bytes(slot, at, len)
+        .read_value(seg.slot, segment_bytes, pointer, &mut |at, len| {
+            dev.value(seg, at, len, fill)
         })
 }
 
@@ -173,15 +175,17 @@ pub(crate) enum Val<'a> {
 }
 
 impl Val<'_> {
-    /// The value bytes (`None` for a tombstone), reading a separated value.
+    /// The value bytes (`None` for a tombstone), reading a separated value (through the page
+    /// cache, which it fills when `fill`).
     pub(crate) fn load(
         self,
         dev: Dev<'_>,
         segment_bytes: u64,
+        fill: bool,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
             Val::Bytes(v) => Ok(Some(v)),
-            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes).map(Some),
+            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes, fill).map(Some),
             Val::Tombstone => Ok(None),
         }
     }
