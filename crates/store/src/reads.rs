@@ -21,22 +21,13 @@
 use crate::cache::{Page, PageCache};
 use crate::error::StoreError;
 use crate::format::page::run_page_crc_ok;
-use crate::format::{SegRef, PAGE_SIZE};
+use crate::format::SegRef;
 use crate::run::RunPage;
 use crate::segments::{Placement, ReadQueue};
 use crate::space::Space;
 use crate::store::lock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
-
-/// Pages of a run's value area are cached under their page number with this bit set, a key
-/// no run page has (a segment holds at most 2^18 pages), so a value page is never taken for
-/// a run page or the other way round.
-const VALUE_PAGE: u32 = 1 << 31;
-
-/// Values spanning more pages than this are read past the page cache (a few large values
-/// would push out many pages lookups use).
-const CACHED_VALUE_PAGES: u64 = 2;
 
 /// Most sibling queues the store opens for readers; a reader finding them all busy reads on
 /// the store's own queue.
@@ -141,46 +132,6 @@ impl Dev<'_> {
             self.reads.cache.insert(seg.seg_seq, page, &read);
         }
         Ok(RunPage::crc_checked(read))
-    }
-
-    /// The `len` bytes of a value at byte `byte` of segment `seg`. A value within
-    /// [`CACHED_VALUE_PAGES`] pages is read through the page cache (its pages kept there when
-    /// `fill`): hot values then cost no device read, as hot blocks do in a block cache. Value
-    /// pages carry no page CRC; the value's own CRC, in its pointer, is checked by the caller
-    /// on every read.
-    pub(crate) fn value(
-        self,
-        seg: SegRef,
-        byte: u64,
-        len: usize,
-        fill: bool,
-    ) -> Result<Vec<u8>, StoreError> {
-        let page_bytes = PAGE_SIZE as u64;
-        let first = byte / page_bytes;
-        let end = byte + len as u64;
-        let last = end.saturating_sub(1) / page_bytes;
-        if !fill || len == 0 || last - first >= CACHED_VALUE_PAGES {
-            return self.bytes(seg.slot, byte, len);
-        }
-        let mut out = Vec::with_capacity(len);
-        for p in first..=last {
-            let number = p as u32;
-            let key = number | VALUE_PAGE;
-            let page = match self.reads.cache.get(seg.seg_seq, key) {
-                Some(page) => page,
-                None => {
-                    let page: Page = self.with_queue(|q, at| {
-                        q.read_with(at, seg.slot, number, 1, |b| Page::from(b))
-                    })?;
-                    self.reads.cache.insert(seg.seg_seq, key, &page);
-                    page
-                }
-            };
-            let from = byte.max(p * page_bytes) - p * page_bytes;
-            let to = end.min((p + 1) * page_bytes) - p * page_bytes;
-            out.extend_from_slice(&page[from as usize..to as usize]);
-        }
-        Ok(out)
     }
 
     /// `len` bytes from byte `byte` of segment slot `slot`: only the device blocks holding

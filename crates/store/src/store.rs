@@ -691,7 +691,7 @@ impl Shared {
             let Some((_, value)) = versions.into_iter().find(|(lsn, _)| *lsn <= at) else {
                 continue;
             };
-            if let Some(value) = value.load(self.dev(), self.segment_bytes, true)? {
+            if let Some(value) = value.load(self.dev(), self.segment_bytes)? {
                 out.push((key, value));
             }
         }
@@ -1162,7 +1162,7 @@ impl Shared {
             );
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
-                    let value = value.load(self.dev(), self.segment_bytes, false)?;
+                    let value = value.load(self.dev(), self.segment_bytes)?;
                     out.add(&key, lsn, value)?;
                 }
             }

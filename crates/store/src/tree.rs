@@ -141,7 +141,7 @@ impl Tree {
             if let Some(entry) = found {
                 let value = match entry.value {
                     LeafValue::Inline(v) => Some(v),
-                    LeafValue::Pointer(p) => Some(read_value(h, &p, dev, segment_bytes, true)?),
+                    LeafValue::Pointer(p) => Some(read_value(h, &p, dev, segment_bytes)?),
                     LeafValue::Tombstone => None,
                 };
                 return Ok(Some(value));
@@ -151,19 +151,17 @@ impl Tree {
     }
 }
 
-/// The value a pointer of run `h` names (the pages holding a small value kept in the page
-/// cache when `fill`).
+/// The value a pointer of run `h` names.
 pub(crate) fn read_value(
     h: &RunHandle,
     pointer: &ValuePointer,
     dev: Dev<'_>,
     segment_bytes: u64,
-    fill: bool,
 ) -> Result<Vec<u8>, StoreError> {
-    let seg = h.meta.run;
+    let slot = h.meta.run.slot;
     h.run
-        .read_value(seg.slot, segment_bytes, pointer, &mut |at, len| {
-            dev.value(seg, at, len, fill)
+        .read_value(slot, segment_bytes, pointer, &mut |at, len| {
+            dev.bytes(slot, at, len)
         })
 }
 
@@ -175,17 +173,15 @@ pub(crate) enum Val<'a> {
 }
 
 impl Val<'_> {
-    /// The value bytes (`None` for a tombstone), reading a separated value (through the page
-    /// cache, which it fills when `fill`).
+    /// The value bytes (`None` for a tombstone), reading a separated value.
     pub(crate) fn load(
         self,
         dev: Dev<'_>,
         segment_bytes: u64,
-        fill: bool,
     ) -> Result<Option<Vec<u8>>, StoreError> {
         match self {
             Val::Bytes(v) => Ok(Some(v)),
-            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes, fill).map(Some),
+            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes).map(Some),
             Val::Tombstone => Ok(None),
         }
     }
