@@ -10,9 +10,11 @@
 //! records runs and the log start, freeing of log segments and replaced runs, recovery from
 //! superblock + manifest + log tail, [`StoreStats`]), flush and compaction on a background
 //! thread the store owns, and one memory budget ([`StoreOptions::memory_budget`]: memtables,
-//! the page cache of run pages and the runs' bloom filters and footers). For now values above
-//! the inline threshold are copied into the runs (not separated into the log as the design
-//! plans).
+//! the page cache of run pages and the runs' bloom filters and footers). Readers read run pages
+//! and values on device queues of their own (siblings of the store's, `reads.rs`) through a
+//! sharded page cache of shared pages, so gets do not wait on one device lock. For now values
+//! above the inline threshold are copied into the runs (not separated into the log as the
+//! design plans).
 
 #![forbid(unsafe_code)]
 

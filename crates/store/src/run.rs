@@ -22,9 +22,10 @@ use std::sync::Arc;
 pub type ReadPage<'a> = dyn FnMut(u32) -> Result<RunPage, StoreError> + 'a;
 
 /// A run page as a reader hands it over: its bytes (shared with the page cache that may hold
-/// them, so a cache hit is not copied), and whether the reader already checked its CRC
-/// ([`run_page_crc_ok`](crate::format::page::run_page_crc_ok): a page cache checks a page once, when it reads it from the device;
-/// lookups then skip that check, and check everything else as always).
+/// them, so a cache hit is not copied), and whether the reader already checked its CRC with
+/// [`run_page_crc_ok`](crate::format::page::run_page_crc_ok) (a page cache checks a page once,
+/// when it reads it from the device; lookups then skip that check, and check everything else
+/// as always).
 #[derive(Debug, Clone)]
 pub struct RunPage {
     bytes: Arc<[u8]>,
