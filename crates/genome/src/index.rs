@@ -2,10 +2,12 @@
 //! (`docs/genome-index-format.md` draws every byte).
 //!
 //! Every `(w, k)`-minimizer of the reference is recorded as a canonical k-mer hashed by an
-//! invertible mix, so distinct k-mers never share a hash. The index is three flat sorted arrays
+//! invertible mix, so distinct k-mers never share a hash. The file holds three flat sorted arrays
 //! (distinct hashes, start offsets, positions), so saving is three sequential writes and loading is
-//! three sequential reads with no per-entry allocation; a small prefix table over the top bits of
-//! the hash, rebuilt on load, narrows each lookup to a few entries.
+//! three sequential reads with no per-entry allocation. In memory ([`table`]) a prefix table over
+//! the top bits of the hash narrows each lookup to a few slots, and a slot keeps only the hash's
+//! lower bits and, for the hashes seen once (nearly all), the position itself: 8 bytes a hash
+//! instead of the file's 20, built from the file's sections as they stream in.
 //!
 //! The build runs on `std::thread::scope` threads: the reference is cut into 1 Mb pieces that the
 //! threads take from a shared counter, each thread sorts its minimizers into buckets by the top
@@ -18,6 +20,11 @@ use std::collections::{HashSet, VecDeque};
 use std::io::{self, Read, Write};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use thiserror::Error;
+
+mod table;
+
+pub use table::Hits;
+use table::{Filler, Table};
 
 /// First bytes of every index file.
 pub const MAGIC: [u8; 8] = *b"KURAGIX\0";
@@ -214,55 +221,17 @@ pub fn minimizers(codes: &[u8], params: IndexParams, out: &mut Vec<Minimizer>) {
 }
 
 /// The minimizer index: the packed reference plus, for every distinct minimizer hash, the sorted
-/// list of its positions, each stored as `global_position << 1 | reverse`.
-#[derive(Debug, Clone)]
+/// list of its positions, each stored as `global_position << 1 | reverse` (in memory as
+/// [`table`] lays them out).
+#[derive(Debug, Clone, PartialEq)]
 pub struct Index {
     params: IndexParams,
     max_occ: u32,
     reference: PackedRef,
-    /// One slot per distinct hash, sorted by hash (see [`Entry`]).
-    entries: Vec<Entry>,
-    positions: Vec<u64>,
-    lookup_shift: u32,
-    lookup: Vec<u32>,
-}
-
-impl PartialEq for Index {
-    fn eq(&self, other: &Self) -> bool {
-        self.params == other.params
-            && self.max_occ == other.max_occ
-            && self.reference == other.reference
-            && self.entries == other.entries
-            && self.positions == other.positions
-    }
+    table: Table,
 }
 
 type Pair = (u64, u64);
-
-/// Flag in [`Entry::value`] marking a hash with several positions.
-const MULTI: u64 = 1 << 63;
-
-/// A distinct hash and where its positions are. Most minimizers occur once; their single
-/// position is stored inline, so looking them up touches one cache line after the prefix table
-/// instead of three (hash, offset, position arrays).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Entry {
-    hash: u64,
-    /// The position itself (`global << 1 | strand`, below 2^63) when the hash occurs once;
-    /// otherwise `MULTI | start << 31 | count` into the position array.
-    value: u64,
-}
-
-impl Entry {
-    fn span(&self) -> (usize, usize) {
-        if self.value & MULTI == 0 {
-            return (0, 1);
-        }
-        let start = ((self.value & !MULTI) >> 31) as usize;
-        let count = (self.value & ((1 << 31) - 1)) as usize;
-        (start, count)
-    }
-}
 
 impl Index {
     /// Indexes `reference` on `threads` threads (at least one is used).
@@ -387,40 +356,12 @@ impl Index {
         positions: Vec<u64>,
     ) -> Self {
         let hash_bits = 2 * u32::from(params.k);
-        let entries: Vec<Entry> = keys
-            .iter()
-            .zip(starts.windows(2))
-            .map(|(&hash, p)| {
-                let count = u64::from(p[1] - p[0]);
-                let value = if count == 1 {
-                    positions[p[0] as usize]
-                } else {
-                    MULTI | (u64::from(p[0]) << 31) | count.min((1 << 31) - 1)
-                };
-                Entry { hash, value }
-            })
-            .collect();
-        drop(starts);
-        let table_bits = (usize::BITS - keys.len().leading_zeros())
-            .clamp(1, 24)
-            .min(hash_bits);
-        let lookup_shift = hash_bits - table_bits;
-        let mut lookup = Vec::with_capacity((1 << table_bits) + 1);
-        let mut i = 0usize;
-        for t in 0..=(1u64 << table_bits) {
-            while i < keys.len() && (keys[i] >> lookup_shift) < t {
-                i += 1;
-            }
-            lookup.push(i as u32);
-        }
+        let table = Table::from_arrays(keys, &starts, &positions, hash_bits, reference.total_len());
         Self {
             params,
             max_occ,
             reference,
-            entries,
-            positions,
-            lookup_shift,
-            lookup,
+            table,
         }
     }
 
@@ -442,31 +383,19 @@ impl Index {
 
     /// Number of distinct minimizers.
     pub fn distinct_minimizers(&self) -> usize {
-        self.entries.len()
+        self.table.len()
     }
 
     /// Number of stored minimizer positions.
     pub fn total_positions(&self) -> usize {
-        self.positions.len()
+        self.table.positions()
     }
 
-    /// Positions of a minimizer hash, each `global_position << 1 | reverse`.
+    /// Positions of a minimizer hash, each `global_position << 1 | reverse`, in index order
+    /// (empty when the hash is not indexed).
     #[inline]
-    pub fn get(&self, hash: u64) -> &[u64] {
-        let t = (hash >> self.lookup_shift) as usize;
-        let (Some(&lo), Some(&hi)) = (self.lookup.get(t), self.lookup.get(t + 1)) else {
-            return &[];
-        };
-        let range = &self.entries[lo as usize..hi as usize];
-        let Ok(j) = range.binary_search_by_key(&hash, |e| e.hash) else {
-            return &[];
-        };
-        let e = &range[j];
-        if e.value & MULTI == 0 {
-            return std::slice::from_ref(&e.value);
-        }
-        let (start, count) = e.span();
-        &self.positions[start..start + count]
+    pub fn get(&self, hash: u64) -> Hits<'_> {
+        self.table.get(hash)
     }
 
     /// Writes the index in the format of `docs/genome-index-format.md`.
@@ -481,8 +410,8 @@ impl Index {
         header[20..24].copy_from_slice(&(SECTIONS.len() as u32).to_le_bytes());
         header[24..32].copy_from_slice(&(r.contigs().len() as u64).to_le_bytes());
         header[32..40].copy_from_slice(&r.total_len().to_le_bytes());
-        header[40..48].copy_from_slice(&(self.entries.len() as u64).to_le_bytes());
-        header[48..56].copy_from_slice(&(self.positions.len() as u64).to_le_bytes());
+        header[40..48].copy_from_slice(&(self.table.len() as u64).to_le_bytes());
+        header[48..56].copy_from_slice(&(self.table.positions() as u64).to_le_bytes());
         header[56..60].copy_from_slice(&(r.ambiguous_runs().len() as u32).to_le_bytes());
         let crc = crc32c(&header[..60]);
         header[60..64].copy_from_slice(&crc.to_le_bytes());
@@ -502,24 +431,10 @@ impl Index {
             .flat_map(|&(s, l)| [s, l])
             .collect();
         write_words(&mut w, 2, runs.len(), runs.iter().copied())?;
-        write_words(
-            &mut w,
-            3,
-            self.entries.len(),
-            self.entries.iter().map(|e| e.hash),
-        )?;
-        let mut next_start = 0u32;
-        let starts = std::iter::once(0).chain(self.entries.iter().map(|e| {
-            next_start += e.span().1 as u32;
-            next_start
-        }));
-        write_words(&mut w, 4, self.entries.len() + 1, starts)?;
-        write_words(
-            &mut w,
-            5,
-            self.positions.len(),
-            self.positions.iter().copied(),
-        )?;
+        let t = &self.table;
+        write_words(&mut w, 3, t.len(), t.keys())?;
+        write_words(&mut w, 4, t.len() + 1, t.starts())?;
+        write_words(&mut w, 5, t.positions(), t.all_positions())?;
         w.flush().map_err(|e| io_err("flush", e))
     }
 
@@ -603,29 +518,54 @@ impl Index {
                 "hashes not strictly increasing or out of range".into(),
             ));
         }
-        let starts = read_words::<u32, _>(&mut r, 4, n_keys + 1)?;
-        if starts.first() != Some(&0)
-            || starts.last().map(|&s| u64::from(s)) != Some(n_positions)
-            || starts.windows(2).any(|p| p[0] >= p[1])
-        {
+        // The offsets become each hash's count in its slot as they stream in (no array of
+        // them is kept); they are judged after the section's checksum, before any position.
+        let mut table = Table::new(keys, 2 * u32::from(params.k), total_len);
+        let (mut prev, mut at) = (None::<u32>, 0usize);
+        let mut increasing = true;
+        let mut max_count = 0u32;
+        read_words_with::<u32, _>(&mut r, 4, n_keys + 1, |s| {
+            match prev {
+                None => increasing &= s == 0,
+                Some(p) => {
+                    increasing &= s > p;
+                    let count = s.wrapping_sub(p);
+                    max_count = max_count.max(count);
+                    table.set_count(at, count);
+                    at += 1;
+                }
+            }
+            prev = Some(s);
+        })?;
+        if !increasing || prev.map(u64::from) != Some(n_positions) {
             return Err(malformed(
                 SECTIONS[4],
                 "offsets not strictly increasing from 0 to the position count".into(),
             ));
         }
-        check_counts(&starts)?;
-        let positions = read_words::<u64, _>(&mut r, 5, n_positions)?;
+        check_max_count(max_count)?;
+        // The positions go straight into the table (most into their hash's slot), checked as
+        // they pass and the verdict given after the section's checksum, as for the others.
         let k = u64::from(params.k);
-        if positions.iter().any(|&v| (v >> 1) + k > total_len) {
+        let mut past_end = false;
+        let mut fill = Filler::default();
+        read_words_with::<u64, _>(&mut r, 5, n_positions, |v| {
+            past_end |= (v >> 1) + k > total_len;
+            fill.push(&mut table, v);
+        })?;
+        if past_end {
             return Err(malformed(
                 SECTIONS[5],
                 "a position lies past the reference".into(),
             ));
         }
         let reference = PackedRef::from_parts(contigs, packed, runs, total_len);
-        Ok(Self::assemble(
-            params, max_occ, reference, keys, starts, positions,
-        ))
+        Ok(Self {
+            params,
+            max_occ,
+            reference,
+            table,
+        })
     }
 }
 
@@ -654,14 +594,19 @@ fn pieces(reference: &PackedRef, params: IndexParams) -> Vec<(u64, u64)> {
     out
 }
 
-/// A single hash may hold at most 2^31 − 1 positions (the in-memory slot's count field).
+/// A single hash may hold at most 2^31 − 1 positions: the limit earlier builds kept (a count field
+/// of 31 bits), so every build accepts the same files.
 fn check_counts(starts: &[u32]) -> Result<(), IndexError> {
-    match starts.windows(2).map(|p| p[1] - p[0]).max() {
-        Some(c) if c >= 1 << 31 => Err(IndexError::TooLarge(format!(
+    check_max_count(starts.windows(2).map(|p| p[1] - p[0]).max().unwrap_or(0))
+}
+
+fn check_max_count(c: u32) -> Result<(), IndexError> {
+    if c >= 1 << 31 {
+        return Err(IndexError::TooLarge(format!(
             "one minimizer occurs {c} times"
-        ))),
-        _ => Ok(()),
+        )));
     }
+    Ok(())
 }
 
 fn frequency_cutoff(starts: &[u32]) -> u32 {
@@ -809,7 +754,8 @@ fn check_crc<R: Read>(r: &mut R, section: &'static str, computed: u32) -> Result
 }
 
 /// Reads one byte section; `exact` demands the length be `expected`, otherwise it is a bound.
-/// Memory grows with the bytes actually read, so a corrupt length cannot force a huge allocation.
+/// Beyond a first reservation of at most 64 MiB (not touched until bytes arrive), memory grows
+/// with the bytes actually read, so a corrupt length cannot force a huge allocation.
 fn read_section<R: Read>(
     r: &mut R,
     tag: u32,
@@ -824,7 +770,9 @@ fn read_section<R: Read>(
             format!("length {len}, expected {expected}"),
         ));
     }
-    let mut out = Vec::new();
+    // Room for the whole section up front, so reading it does not grow the buffer by doubling
+    // and copying.
+    let mut out = Vec::with_capacity(len.min(1 << 26) as usize);
     let got = r
         .by_ref()
         .take(len)
@@ -838,6 +786,19 @@ fn read_section<R: Read>(
 }
 
 fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T>, IndexError> {
+    let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
+    read_words_with(r, tag, count, |x| out.push(x))?;
+    Ok(out)
+}
+
+/// Reads a section of `count` words in bounded chunks, handing each to `each` in order, and then
+/// checks the section's checksum.
+fn read_words_with<T: Word, R: Read>(
+    r: &mut R,
+    tag: u32,
+    count: u64,
+    mut each: impl FnMut(T),
+) -> Result<(), IndexError> {
     let section = SECTIONS[tag as usize];
     let len = read_section_head(r, tag)?;
     let expected = count.saturating_mul(T::SIZE as u64);
@@ -847,7 +808,6 @@ fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T
             format!("length {len}, expected {expected}"),
         ));
     }
-    let mut out = Vec::with_capacity(count.min(1 << 20) as usize);
     let mut digest = Crc32c::new();
     let mut buf = vec![0u8; IO_CHUNK.min(len as usize)];
     let mut left = len;
@@ -855,11 +815,13 @@ fn read_words<T: Word, R: Read>(r: &mut R, tag: u32, count: u64) -> Result<Vec<T
         let n = left.min(IO_CHUNK as u64) as usize;
         read_exact(r, &mut buf[..n], section)?;
         digest.update(&buf[..n]);
-        out.extend(buf[..n].chunks_exact(T::SIZE).map(T::get));
+        buf[..n]
+            .chunks_exact(T::SIZE)
+            .map(T::get)
+            .for_each(&mut each);
         left -= n as u64;
     }
-    check_crc(r, section, digest.finalize())?;
-    Ok(out)
+    check_crc(r, section, digest.finalize())
 }
 
 fn parse_contigs(bytes: &[u8], n: u64, total_len: u64) -> Result<Vec<Contig>, IndexError> {

@@ -399,7 +399,7 @@ impl<'a> Mapper<'a> {
             if hits.len() > self.max_occ {
                 continue;
             }
-            for &v in hits {
+            for &v in hits.iter() {
                 let gpos = (v >> 1) as i64;
                 let reverse = mz.rev != (v & 1 == 1);
                 let qpos = if reverse {
@@ -687,5 +687,11 @@ fn par_map<T: Sync, R: Send>(
         Ok::<_, MapError>(all)
     })?;
     parts.sort_unstable_by_key(|(c, _)| *c);
-    Ok(parts.into_iter().flat_map(|(_, v)| v).collect())
+    // Sized once and filled part by part, each part freed as it is moved: collecting the
+    // flattened parts would grow the result by doubling, copying it while the parts still live.
+    let mut out = Vec::with_capacity(items.len());
+    for (_, v) in parts {
+        out.extend(v);
+    }
+    Ok(out)
 }
