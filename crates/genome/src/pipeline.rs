@@ -11,6 +11,7 @@ use crate::index::{Index, IndexError, IndexParams, MAGIC};
 use crate::map::{Hit, MapError, MapOptions, Mapper, Mapping};
 use crate::pack::{PackError, PackedRef};
 use crate::sam::{self, SamError};
+use crate::source::SourceOptions;
 use crate::store::{Store, StoreError};
 use crate::truth::TrueOrigin;
 use std::io::Write;
@@ -18,6 +19,12 @@ use std::time::{Duration, Instant};
 
 /// Bases per batch of reads: about 1.3 MB of 150 bp reads, enough to keep every thread busy.
 pub const DEFAULT_BATCH_BASES: usize = 2_000_000;
+
+/// Bases a single-end batch holds at most for each mapping thread: four of the mapper's
+/// 256-read work chunks of 150 bp reads, enough to keep each thread busy to the batch's end.
+const SINGLE_BATCH_BASES_PER_THREAD: usize = 160_000;
+/// The least a single-end batch is capped at, whatever the thread count.
+const SINGLE_BATCH_BASES_MIN: usize = 300_000;
 /// A placement within this many bases of the truth is correct (the rule).
 pub const TOLERANCE: u64 = 10;
 /// Misplaced reads at or above this MAPQ are the ones that count against a mapper.
@@ -257,7 +264,13 @@ pub fn save_index(store: &Store, index: &Index, path: &str) -> Result<u64, Pipel
 
 /// Loads an index saved by [`save_index`], checking every section.
 pub fn load_index(store: &Store, path: &str) -> Result<Index, PipelineError> {
-    Index::read_from(store.open_stream(path)?).map_err(index_error(path))
+    // The index is parsed as fast as it is read, so 256 KiB chunks, one waiting, keep up; the
+    // read sets' 4 MiB chunks, four in flight, would be 16 MiB resident for nothing.
+    let opts = SourceOptions {
+        chunk: 256 << 10,
+        depth: 1,
+    };
+    Index::read_from(store.open_stream_with(path, opts)?).map_err(index_error(path))
 }
 
 /// Whether the file starts like a saved index (so `map` takes either a FASTA or an index).
@@ -468,10 +481,16 @@ pub fn map_reads(
     let stats1 = src1.stats();
     let mut reads1 = FastqReader::new(src1, job.reads);
     let (mut first, mut second) = (Vec::new(), Vec::new());
+    // Single-end reads are mapped one by one, so where batches split cannot change a record;
+    // smaller batches keep fewer parsed reads and results resident. Paired-end batches keep
+    // `batch_bases`: the first one is the sample the insert window is estimated from.
+    let single_batch = batch_bases.min(
+        SINGLE_BATCH_BASES_MIN.max(SINGLE_BATCH_BASES_PER_THREAD.saturating_mul(opts.threads)),
+    );
     match job.mates {
         None => loop {
             let t = Instant::now();
-            let n = reads1.next_batch(&mut first, batch_bases)?;
+            let n = reads1.next_batch(&mut first, single_batch)?;
             report.load_reads += t.elapsed();
             if n == 0 {
                 break;

@@ -404,8 +404,12 @@ impl ByteSource {
                 }
                 let mut bytes = std::mem::take(&mut self.cur).into_vec().unwrap_or_default();
                 let res = fill(r.as_mut(), &mut bytes, *chunk);
+                // A short chunk is the end of input (see `reader_thread`): no further read.
+                let more = bytes.len() == *chunk;
                 self.cur = Chunk::bytes(bytes);
-                *reader = Some(r);
+                if more || res.is_err() {
+                    *reader = Some(r);
+                }
                 match res {
                     // Hand out what arrived before the error; the error comes on the next call.
                     Err(e) if !self.cur.is_empty() => {
@@ -479,8 +483,11 @@ fn reader_thread(
         match fill(reader.as_mut(), &mut buf, chunk) {
             Ok(()) if buf.is_empty() => return,
             Ok(()) => {
+                // A short chunk means the reader said end of input: stop here rather than zero
+                // a whole fresh chunk (resident memory) only to read nothing into it.
+                let last = buf.len() < chunk;
                 // A send error means the consumer dropped the source: stop reading.
-                if tx.send(Ok(Chunk::bytes(buf))).is_err() {
+                if tx.send(Ok(Chunk::bytes(buf))).is_err() || last {
                     return;
                 }
             }

@@ -17,6 +17,9 @@ use kura_accelfs::fs::{File as FsFile, FileSystem};
 use std::io::{self, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// Read-ahead chunk for host files (see [`Store::open_stream`]).
+const HOST_CHUNK: usize = 512 << 10;
+
 /// Bytes per `read_stream_owned` call: 8 commands of 1 MiB in flight reach the device's
 /// sequential bandwidth, while the buffers waiting for the parser stay few.
 const SEGMENT: u64 = 8 << 20;
@@ -184,12 +187,31 @@ impl Store {
     /// Opens a file for streaming: large reads on a thread of their own, gzip detected and
     /// decompressed, the parser reading from memory.
     pub fn open_stream(&self, path: &str) -> Result<ByteSource, StoreError> {
+        let opts = match self {
+            // Host files come through the page cache, where 512 KiB reads, one waiting, already
+            // stream at memory speed; four 4 MiB chunks in flight would only be resident memory.
+            Store::Host { .. } => SourceOptions {
+                chunk: HOST_CHUNK,
+                depth: 1,
+            },
+            Store::AccelFs(_) => SourceOptions::default(),
+        };
+        self.open_stream_with(path, opts)
+    }
+
+    /// [`Self::open_stream`] with the read-ahead's chunk size and depth given, for readers that
+    /// need less memory in flight than the read sets' 4 MiB chunks. A plain AccelFS file streams
+    /// in the device's own buffers either way.
+    pub fn open_stream_with(
+        &self,
+        path: &str,
+        opts: SourceOptions,
+    ) -> Result<ByteSource, StoreError> {
         match self {
             Store::Host { root } => {
                 let p = Self::host_path(root, path);
                 let file = std::fs::File::open(&p).map_err(|e| StoreError::host(&p, e))?;
-                ByteSource::read_ahead(file, SourceOptions::default())
-                    .map_err(|e| StoreError::host(&p, e))
+                ByteSource::read_ahead(file, opts).map_err(|e| StoreError::host(&p, e))
             }
             Store::AccelFs(fs) => {
                 let p = Self::accel_path(path);
@@ -206,7 +228,7 @@ impl Store {
                     })?;
                 if head == 2 && magic == GZIP_MAGIC {
                     // Compressed: the decoder needs a `Read`; a plain read-ahead does it.
-                    return ByteSource::read_ahead(file, SourceOptions::default())
+                    return ByteSource::read_ahead(file, opts)
                         .map_err(|e| StoreError::Host { path: p, source: e });
                 }
                 let name = p.clone();
@@ -237,7 +259,9 @@ impl Store {
         }
     }
 
-    /// Creates (or truncates) a file for writing, with a 1 MiB buffer.
+    /// Creates (or truncates) a file for writing, with a 256 KiB buffer for a host file (the
+    /// page cache takes writes of any size; a larger buffer is only resident memory) and 1 MiB
+    /// for an AccelFS file.
     pub fn create(&self, path: &str) -> Result<StoreWriter, StoreError> {
         match self {
             Store::Host { root } => {
@@ -247,7 +271,7 @@ impl Store {
                 }
                 let file = std::fs::File::create(&p).map_err(|e| StoreError::host(&p, e))?;
                 Ok(StoreWriter {
-                    inner: WriterKind::Host(BufWriter::with_capacity(1 << 20, file)),
+                    inner: WriterKind::Host(BufWriter::with_capacity(256 << 10, file)),
                     path: p.display().to_string(),
                 })
             }
