@@ -453,6 +453,7 @@ fn request(
         Work::Write { lba, blocks, buf } => {
             let aligned = (buf.as_ptr() as usize).is_multiple_of(align.max(1) as usize);
             let buf = if buf.is_borrowed() && !aligned {
+                Counters::count(&zero_copy.counters.recopied_writes);
                 let mut copy = alloc(buf.len());
                 copy.copy_from_slice(&buf);
                 copy

@@ -125,7 +125,7 @@ pub struct VhostCounters {
 
 impl VhostCounters {
     /// The export's layer: `vhost zero_copy=1 zero_copy_reads=… copied_reads=…
-    /// zero_copy_writes=… copied_writes=…` (depth 0).
+    /// zero_copy_writes=… copied_writes=… recopied_writes=…` (depth 0).
     pub fn layer(&self) -> DriveStats {
         self.counters.layer(self.zero_copy)
     }

@@ -93,6 +93,9 @@ pub(crate) struct Counters {
     pub copied_reads: AtomicU64,
     pub zero_copy_writes: AtomicU64,
     pub copied_writes: AtomicU64,
+    /// Of `zero_copy_writes`, those copied after all because the device was swapped for one
+    /// that asks for another alignment while they waited.
+    pub recopied_writes: AtomicU64,
 }
 
 impl Counters {
@@ -109,6 +112,7 @@ impl Counters {
             .with("copied_reads", get(&self.copied_reads))
             .with("zero_copy_writes", get(&self.zero_copy_writes))
             .with("copied_writes", get(&self.copied_writes))
+            .with("recopied_writes", get(&self.recopied_writes))
     }
 }
 
