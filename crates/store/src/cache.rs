@@ -4,9 +4,8 @@
 //!
 //! Pages are keyed by the seg_seq of the segment they belong to and their page number: a slot
 //! freed and reused gets a new seg_seq, so a page cached for the old run is never returned for
-//! the new one; it only ages out. Cached pages are the bytes the device returned; their CRC was
-//! checked once, when they were read (only pages that passed are kept), and their kind and place
-//! are checked by their reader every time.
+//! the new one; it only ages out. Cached pages are the bytes the device returned and are checked
+//! by their reader every time, as a device read would be.
 //!
 //! A page is held as a shared [`Page`] (`Arc<[u8]>`): a hit hands out another reference, not a
 //! copy. The cache is split into [`SHARDS`] rings by page key, each under its own lock, so

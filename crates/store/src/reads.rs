@@ -20,9 +20,7 @@
 
 use crate::cache::{Page, PageCache};
 use crate::error::StoreError;
-use crate::format::page::run_page_crc_ok;
 use crate::format::SegRef;
-use crate::run::RunPage;
 use crate::segments::{Placement, ReadQueue};
 use crate::space::Space;
 use crate::store::lock;
@@ -114,24 +112,19 @@ impl Dev<'_> {
         }
     }
 
-    /// Page `page` of the run in segment `seg`, from the page cache or the device. A page read
-    /// from the device has its CRC checked here, once; one whose CRC is right is kept in the
-    /// cache when `fill` (merges read their inputs once and do not fill it, so they do not
-    /// push out the pages lookups use), and cached pages are handed out as CRC-checked. One
-    /// whose CRC is wrong is handed out unchecked, so decoding it reports the damage.
-    pub(crate) fn page(self, seg: SegRef, page: u32, fill: bool) -> Result<RunPage, StoreError> {
+    /// Page `page` of the run in segment `seg`, from the page cache or the device; a page
+    /// read from the device is kept in the cache when `fill` (merges read their inputs once
+    /// and do not fill it, so they do not push out the pages lookups use).
+    pub(crate) fn page(self, seg: SegRef, page: u32, fill: bool) -> Result<Page, StoreError> {
         if let Some(cached) = self.reads.cache.get(seg.seg_seq, page) {
-            return Ok(RunPage::crc_checked(cached));
+            return Ok(cached);
         }
         let read: Page =
             self.with_queue(|q, at| q.read_with(at, seg.slot, page, 1, |b| Page::from(b)))?;
-        if !run_page_crc_ok(&read) {
-            return Ok(RunPage::new(read));
-        }
         if fill {
             self.reads.cache.insert(seg.seg_seq, page, &read);
         }
-        Ok(RunPage::crc_checked(read))
+        Ok(read)
     }
 
     /// `len` bytes from byte `byte` of segment slot `slot`: only the device blocks holding

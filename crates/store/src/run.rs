@@ -10,59 +10,16 @@ use crate::error::StoreError;
 use crate::format::frame::ValuePointer;
 use crate::format::page::{
     bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_leaf, encode_filter,
-    encode_index, encode_leaf, index_child, index_child_crc_checked, leaf_find,
-    leaf_find_crc_checked, Footer, IndexEntry, LeafEntry, LeafFind, LeafValue, PagePlace,
-    ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
+    encode_index, encode_leaf, index_child, leaf_find, Footer, IndexEntry, LeafEntry, LeafFind,
+    LeafValue, PagePlace, ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
 };
 use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
 use std::cmp::Reverse;
 use std::sync::Arc;
 
-/// Reads page `n` of the run's segment.
-pub type ReadPage<'a> = dyn FnMut(u32) -> Result<RunPage, StoreError> + 'a;
-
-/// A run page as a reader hands it over: its bytes (shared with the page cache that may hold
-/// them, so a cache hit is not copied), and whether the reader already checked its CRC with
-/// [`run_page_crc_ok`](crate::format::page::run_page_crc_ok) (a page cache checks a page once,
-/// when it reads it from the device; lookups then skip that check, and check everything else
-/// as always).
-#[derive(Debug, Clone)]
-pub struct RunPage {
-    bytes: Arc<[u8]>,
-    crc_checked: bool,
-}
-
-impl RunPage {
-    /// A page whose CRC is still to be checked.
-    pub fn new(bytes: Arc<[u8]>) -> Self {
-        RunPage {
-            bytes,
-            crc_checked: false,
-        }
-    }
-
-    /// A page whose CRC [`run_page_crc_ok`](crate::format::page::run_page_crc_ok) found right.
-    pub fn crc_checked(bytes: Arc<[u8]>) -> Self {
-        RunPage {
-            bytes,
-            crc_checked: true,
-        }
-    }
-}
-
-impl std::ops::Deref for RunPage {
-    type Target = [u8];
-
-    fn deref(&self) -> &[u8] {
-        &self.bytes
-    }
-}
-
-impl From<&[u8]> for RunPage {
-    fn from(bytes: &[u8]) -> Self {
-        RunPage::new(bytes.into())
-    }
-}
+/// Reads page `n` of the run's segment: its bytes, shared with the page cache that may hold
+/// them (a cache hit is not copied).
+pub type ReadPage<'a> = dyn FnMut(u32) -> Result<Arc<[u8]>, StoreError> + 'a;
 
 /// Bloom probes that minimise false positives for `bits_per_key`: about `bits_per_key * ln 2`.
 fn probes_for(bits_per_key: u32) -> u8 {
@@ -485,13 +442,8 @@ impl Run {
     fn seek_leaf(&self, key: &[u8], read: &mut ReadPage<'_>) -> Result<Option<u32>, StoreError> {
         let mut page = self.footer.index_root;
         for _ in 0..self.footer.index_levels {
-            let bytes = read(page)?;
-            let child = if bytes.crc_checked {
-                index_child_crc_checked(&bytes, self.place(page), key)
-            } else {
-                index_child(&bytes, self.place(page), key)
-            };
-            let child = child.map_err(self.corrupt(page))?;
+            let child =
+                index_child(&read(page)?, self.place(page), key).map_err(self.corrupt(page))?;
             let Some(child) = child else {
                 return Ok(None);
             };
@@ -547,13 +499,9 @@ impl Run {
         };
         // The versions of `key` start in this leaf and may go on in the following ones.
         while page < f.leaf_pages {
-            let bytes = read(page)?;
-            let found = if bytes.crc_checked {
-                leaf_find_crc_checked(&bytes, self.place(page), key, max_lsn)
-            } else {
-                leaf_find(&bytes, self.place(page), key, max_lsn)
-            };
-            match found.map_err(self.corrupt(page))? {
+            match leaf_find(&read(page)?, self.place(page), key, max_lsn)
+                .map_err(self.corrupt(page))?
+            {
                 LeafFind::Found(e) => return Ok(Some(e)),
                 LeafFind::Absent => return Ok(None),
                 LeafFind::Continue => page += 1,

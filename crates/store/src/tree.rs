@@ -8,6 +8,7 @@
 //! output may share a boundary key, the first holding its newer versions; so a lookup takes the
 //! first run, in that order, holding a version at or below the LSN sought.
 
+use crate::cache::Page;
 use crate::error::StoreError;
 use crate::format::frame::ValuePointer;
 use crate::format::manifest::RunMeta;
@@ -15,7 +16,7 @@ use crate::format::page::{LeafEntry, LeafValue};
 use crate::format::{FormatError, SegRef};
 use crate::memtable::Memtable;
 use crate::reads::Dev;
-use crate::run::{Run, RunBuilder, RunPage};
+use crate::run::{Run, RunBuilder};
 use crate::space::Space;
 use crate::store::lock;
 use std::cmp::Reverse;
@@ -54,7 +55,7 @@ fn page_reader(
     dev: Dev<'_>,
     seg: SegRef,
     fill: bool,
-) -> impl FnMut(u32) -> Result<RunPage, StoreError> + '_ {
+) -> impl FnMut(u32) -> Result<Page, StoreError> + '_ {
     move |page| dev.page(seg, page, fill)
 }
 

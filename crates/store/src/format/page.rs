@@ -85,25 +85,8 @@ fn header(kind: PageKind, count: u16, place: PagePlace, end: u16) -> [u8; PAGE_S
     page
 }
 
-/// Whether `page` is a whole run page whose CRC matches its bytes (of any kind; its kind and
-/// place are checked when it is decoded). A reader that keeps pages in memory checks each once
-/// here and then decodes it with the `_crc_checked` lookups.
-pub fn run_page_crc_ok(page: &[u8]) -> bool {
-    page.len() == PAGE_SIZE && check_crc("run page", page, CRC_AT).is_ok()
-}
-
 /// Checks CRC, kind and place; returns the entry count and the end of the entry area.
 fn check_header(page: &[u8], kind: PageKind, place: PagePlace) -> Result<(u16, u16), FormatError> {
-    check_header_with(page, kind, place, true)
-}
-
-/// [`check_header`], with the CRC left out when `crc` is false (the caller checked it).
-fn check_header_with(
-    page: &[u8],
-    kind: PageKind,
-    place: PagePlace,
-    crc: bool,
-) -> Result<(u16, u16), FormatError> {
     const WHAT: &str = "run page";
     if page.len() != PAGE_SIZE {
         return Err(FormatError::Truncated {
@@ -112,9 +95,7 @@ fn check_header_with(
             have: page.len(),
         });
     }
-    if crc {
-        check_crc(WHAT, page, CRC_AT)?;
-    }
+    check_crc(WHAT, page, CRC_AT)?;
     let mut r = Reader::new(WHAT, page);
     r.u32()?;
     let found = r.u8()?;
@@ -418,28 +399,7 @@ pub fn leaf_find(
     key: &[u8],
     max_lsn: u64,
 ) -> Result<LeafFind, FormatError> {
-    leaf_find_with(page, place, key, max_lsn, true)
-}
-
-/// [`leaf_find`] on a page whose CRC [`run_page_crc_ok`] already passed (everything else is
-/// checked as there).
-pub fn leaf_find_crc_checked(
-    page: &[u8],
-    place: PagePlace,
-    key: &[u8],
-    max_lsn: u64,
-) -> Result<LeafFind, FormatError> {
-    leaf_find_with(page, place, key, max_lsn, false)
-}
-
-fn leaf_find_with(
-    page: &[u8],
-    place: PagePlace,
-    key: &[u8],
-    max_lsn: u64,
-    crc: bool,
-) -> Result<LeafFind, FormatError> {
-    let (count, end) = check_header_with(page, PageKind::Leaf, place, crc)?;
+    let (count, end) = check_header(page, PageKind::Leaf, place)?;
     let raws = Entries::new(page, count, end)?;
     let start = partition(raws.len(), |i| Ok(leaf_key(raws.get(i)?)?.0 < key))?;
     for i in start..raws.len() {
@@ -459,26 +419,7 @@ fn leaf_find_with(
 /// (`None` when every key of the page is below it), decoding only the entries the binary search
 /// touches.
 pub fn index_child(page: &[u8], place: PagePlace, key: &[u8]) -> Result<Option<u32>, FormatError> {
-    index_child_with(page, place, key, true)
-}
-
-/// [`index_child`] on a page whose CRC [`run_page_crc_ok`] already passed (everything else is
-/// checked as there).
-pub fn index_child_crc_checked(
-    page: &[u8],
-    place: PagePlace,
-    key: &[u8],
-) -> Result<Option<u32>, FormatError> {
-    index_child_with(page, place, key, false)
-}
-
-fn index_child_with(
-    page: &[u8],
-    place: PagePlace,
-    key: &[u8],
-    crc: bool,
-) -> Result<Option<u32>, FormatError> {
-    let (count, end) = check_header_with(page, PageKind::Index, place, crc)?;
+    let (count, end) = check_header(page, PageKind::Index, place)?;
     let raws = Entries::new(page, count, end)?;
     let entry = |raw: &[u8]| -> Result<(u32, usize), FormatError> {
         let mut r = Reader::new("index entry", raw);
