@@ -223,37 +223,8 @@ impl<'p> Entries<'p> {
 
 /// The entries' byte ranges after checking that the offsets tile the entry area in order.
 fn unpack(page: &[u8], count: u16, end: u16) -> Result<Vec<&[u8]>, FormatError> {
-    let (count, end) = (count as usize, end as usize);
-    let table = PAGE_SIZE
-        .checked_sub(2 * count)
-        .filter(|&t| t >= PAGE_HEADER);
-    let Some(table) = table.filter(|&t| (PAGE_HEADER..=t).contains(&end)) else {
-        return Err(FormatError::BadField {
-            what: "run page entry area",
-            value: end as u64,
-        });
-    };
-    let offset =
-        |i: usize| u16::from_le_bytes([page[table + 2 * i], page[table + 2 * i + 1]]) as usize;
-    let mut out = Vec::with_capacity(count);
-    for i in 0..count {
-        let start = offset(i);
-        let stop = if i + 1 < count { offset(i + 1) } else { end };
-        if (i == 0 && start != PAGE_HEADER) || start >= stop || stop > end {
-            return Err(FormatError::BadField {
-                what: "run page entry offset",
-                value: start as u64,
-            });
-        }
-        out.push(&page[start..stop]);
-    }
-    if count == 0 && end != PAGE_HEADER {
-        return Err(FormatError::BadField {
-            what: "run page entry area",
-            value: end as u64,
-        });
-    }
-    Ok(out)
+    let entries = Entries::new(page, count, end)?;
+    (0..entries.len()).map(|i| entries.get(i)).collect()
 }
 
 fn check_key_len(len: usize) -> Result<(), FormatError> {
