@@ -317,8 +317,10 @@ mod tests {
     use super::*;
     use crate::zerocopy::Counters;
     use kura_engine::BlockDevice;
+    use kura_engine::Request;
     use std::sync::atomic::AtomicU64;
-    use std::time::Duration;
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
     use vm_memory::{Bytes, GuestMemoryMmap};
 
     const QSIZE: u16 = 128;
@@ -446,14 +448,17 @@ mod tests {
 
     impl Rig {
         fn new(spec: &str, zero_copy: bool, guest_bytes: usize) -> Option<Rig> {
-            let dev = match kura_engine::open(spec) {
-                Ok(dev) => dev,
+            match kura_engine::open(spec) {
+                Ok(dev) => Some(Rig::with_device(dev, zero_copy, guest_bytes)),
                 Err(e @ kura_engine::OpenError::Unavailable { .. }) => {
                     eprintln!("SKIP {spec}: {e}");
-                    return None;
+                    None
                 }
                 Err(e) => panic!("{spec}: {e}"),
-            };
+            }
+        }
+
+        fn with_device(dev: Box<dyn BlockDevice>, zero_copy: bool, guest_bytes: usize) -> Rig {
             let geo = dev.geometry();
             let counters = Arc::new(Counters::default());
             let zc = ZeroCopy {
@@ -483,7 +488,7 @@ mod tests {
                 .set_queue_info(DESC, AVAIL, USED)
                 .expect("queue addresses");
             vring.set_queue_ready(true);
-            Some(Rig {
+            Rig {
                 backend,
                 vring,
                 order,
@@ -491,7 +496,7 @@ mod tests {
                 driver,
                 counters,
                 align: geo.buffer_alignment,
-            })
+            }
         }
 
         /// Hands every request pushed so far to the backend and waits until all are answered
@@ -612,6 +617,110 @@ mod tests {
             let (_, off) = round_trip(spec, false).unwrap();
             assert_eq!(off, [0, 3, 0, 3], "{spec}: zero copy off copies all");
         }
+    }
+
+    /// A device that takes requests and keeps them, and whose queue fails once it holds two:
+    /// the failed queue still holds every buffer it was given.
+    struct FailingQueue {
+        held: Arc<Mutex<Vec<Request>>>,
+    }
+
+    impl BlockDevice for FailingQueue {
+        fn geometry(&self) -> kura_engine::Geometry {
+            kura_engine::Geometry {
+                block_size: 512,
+                num_blocks: 2048,
+                max_transfer: 1 << 20,
+                queue_depth: 32,
+                buffer_alignment: 4096,
+            }
+        }
+        fn describe(&self) -> String {
+            "failing-queue".into()
+        }
+        fn submit(&mut self, req: Request) -> Result<(), kura_engine::Rejected> {
+            self.held.lock().unwrap().push(req);
+            Ok(())
+        }
+        fn ring_doorbell(&mut self) -> kura_engine::DeviceResult<()> {
+            Ok(())
+        }
+        fn poll(
+            &mut self,
+            _out: &mut Vec<kura_engine::Completion>,
+            _min_complete: usize,
+        ) -> kura_engine::DeviceResult<usize> {
+            // Fails once it holds both of the test's requests, so the driver has decided how
+            // each goes (in place or copied) whatever the threads' timing.
+            if self.held.lock().unwrap().len() < 2 {
+                std::thread::yield_now();
+                return Ok(0);
+            }
+            Err(kura_engine::DeviceError::Offline {
+                reason: "the test's queue failed".into(),
+            })
+        }
+        fn in_flight(&self) -> usize {
+            self.held.lock().unwrap().len()
+        }
+    }
+
+    /// When the device's queue fails with requests in flight, a copied read is failed at once
+    /// (the device holds only a pool buffer), but a read going in place is left unanswered: the
+    /// failed device still holds the guest's buffer and could write it after the guest reused it.
+    #[test]
+    fn a_failed_queue_never_answers_a_read_whose_guest_buffer_the_device_still_holds() {
+        let held = Arc::new(Mutex::new(Vec::new()));
+        let dev = Box::new(FailingQueue { held: held.clone() });
+        let mut rig = Rig::with_device(dev, true, 1 << 20);
+        // First a read split over two descriptors (copied), then one in a single aligned
+        // descriptor (in place): answers leave in order, so the first can be answered alone.
+        for (i, data) in [
+            vec![(0x20000, 2048), (0x30000, 2048)],
+            vec![(0x10000, 4096)],
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            rig.guest.push(&Req {
+                write: false,
+                sector: 8 * i as u64,
+                data,
+                header_inline: false,
+            });
+        }
+        rig.backend.process(&rig.vring, &rig.order).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while rig.guest.used_idx() < 1 && Instant::now() < deadline {
+            std::thread::yield_now();
+        }
+        assert_eq!(rig.guest.used_idx(), 1, "the copied read is answered");
+        assert_eq!(rig.guest.status(0), blk::STATUS_IOERR);
+        let Rig {
+            backend,
+            vring,
+            driver,
+            guest,
+            counters,
+            ..
+        } = rig;
+        drop((backend, vring));
+        let dev = driver.join().unwrap();
+        assert_eq!(
+            counters.zero_copy_reads.load(Ordering::Relaxed),
+            1,
+            "the second read went in place"
+        );
+        assert_eq!(guest.used_idx(), 1, "the in-place read stays unanswered");
+        assert_eq!(guest.status(1), 0xff, "its status byte is untouched");
+        assert_eq!(dev.in_flight(), 2, "the device still holds both buffers");
+        let borrowed = held
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.buf.as_ref().is_some_and(|b| b.is_borrowed()))
+            .count();
+        assert_eq!(borrowed, 1, "one held buffer is guest memory");
     }
 
     /// The host-side cost of the copy: requests of one size, 32 per batch (each to its own

@@ -384,8 +384,29 @@ fn round(
                 finish(job, req.buf, Err(e.clone()));
             }
         }
+        let mut held = 0;
         for (_, job) in waiting.drain() {
+            // A read going in place may still be written into the guest's buffer by the
+            // failed device (its request is still counted in flight). Answered, the guest could
+            // reuse that memory and later find the late read data in it, so it is left
+            // unanswered: the virtqueue stops there, and a reconnected backend is handed it
+            // again from the used index. Copied reads and every write are safe to fail now.
+            if matches!(
+                job.work,
+                Work::Read {
+                    in_place: Some(_),
+                    ..
+                }
+            ) {
+                held += 1;
+                continue;
+            }
             answer(job, STATUS_IOERR, 1);
+        }
+        if held > 0 {
+            eprintln!(
+                "kura vhost: {held} read(s) going in place into guest memory left unanswered: the failed device may still write them"
+            );
         }
         // Nothing in flight will be polled again; a device that still reports some would
         // keep this loop from ever waiting on the channel.
