@@ -157,6 +157,12 @@ pub struct VmArgs {
     /// The guest's time limit in seconds (default: boot time plus the jobs' time, generously).
     #[arg(long)]
     pub timeout: Option<u64>,
+    /// Passed to `kura serve --vhost-zero-copy`: on, data in one aligned descriptor goes to the
+    /// drive in place in guest memory; off, every request is copied through kura's buffer pool.
+    /// Recorded in the JSON with the serve command line.
+    #[arg(long, value_name = "on|off", default_value = "on", action = clap::ArgAction::Set,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub vhost_zero_copy: bool,
 }
 
 /// One fio run in the guest, as its `BENCH` line gave it.
@@ -530,7 +536,7 @@ impl Drop for Serve {
     }
 }
 
-fn serve_command(kura: &Path, dir: &Path) -> Command {
+fn serve_command(kura: &Path, dir: &Path, zero_copy: bool) -> Command {
     let img = |n: &str| dir.join(format!("{n}.img")).display().to_string();
     let mut c = Command::new(kura);
     c.arg("serve")
@@ -550,14 +556,15 @@ fn serve_command(kura: &Path, dir: &Path) -> Command {
         .arg("--socket")
         .arg(dir.join("{name}.sock"))
         .args(["--vhost-queues", &GUEST_CPUS.to_string()])
+        .args(["--vhost-zero-copy", if zero_copy { "on" } else { "off" }])
         .arg("--unix")
         .arg(dir.join("nbd.sock"))
         .arg(format!("nbd=file:{}", img("nbd")));
     c
 }
 
-fn start_serve(kura: &Path, dir: &Path) -> anyhow::Result<(Serve, String)> {
-    let mut c = serve_command(kura, dir);
+fn start_serve(kura: &Path, dir: &Path, zero_copy: bool) -> anyhow::Result<(Serve, String)> {
+    let mut c = serve_command(kura, dir, zero_copy);
     let shown = show(&c);
     let log = dir.join("serve.log");
     let child = c
@@ -712,7 +719,7 @@ fn measure(
         args.image_size >> 20
     );
     let prepare = prepare_images(kura, dir, args.image_size)?;
-    let (serve, kura_serve) = start_serve(kura, dir)?;
+    let (serve, kura_serve) = start_serve(kura, dir, args.vhost_zero_copy)?;
     let jobs: Vec<String> = plan
         .jobs
         .iter()
@@ -955,6 +962,24 @@ fn print_report(r: &Report) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_serve_command_carries_the_zero_copy_choice() {
+        let args = |on: bool| -> Vec<String> {
+            serve_command(Path::new("kura"), Path::new("/d"), on)
+                .get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        for (on, word) in [(true, "on"), (false, "off")] {
+            let got = args(on);
+            let at = got
+                .iter()
+                .position(|a| a == "--vhost-zero-copy")
+                .expect("flag passed");
+            assert_eq!(got[at + 1], word);
+        }
+    }
 
     const CONSOLE: &str = "\
 [    1.0] booting\r
