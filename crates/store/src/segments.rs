@@ -41,7 +41,7 @@ pub(crate) fn read_superblocks(
 
 pub(crate) struct RawSegments {
     dev: ReadQueue,
-    segment_shift: u32,
+    at: Placement,
     slot_count: u64,
 }
 
@@ -53,8 +53,14 @@ pub(crate) struct Placement {
 }
 
 impl Placement {
+    /// The device byte of byte `byte` of segment slot `slot` (slot 0 follows the superblock
+    /// area, one segment long).
+    fn byte(self, slot: u64, byte: u64) -> u64 {
+        ((slot + 1) << self.segment_shift) + byte
+    }
+
     fn lba(self, slot: u64, page: u32) -> u64 {
-        (((slot + 1) << self.segment_shift) + u64::from(page) * PAGE_SIZE as u64) / self.block_size
+        self.byte(slot, u64::from(page) * PAGE_SIZE as u64) / self.block_size
     }
 }
 
@@ -125,14 +131,14 @@ impl ReadQueue {
         byte: u64,
         len: usize,
     ) -> Result<Vec<u8>, StoreError> {
-        let start = ((slot + 1) << at.segment_shift) + byte;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let start = at.byte(slot, byte);
         let first = start / at.block_size;
         let blocks = (start + len as u64).div_ceil(at.block_size) - first;
         let skip = (start - first * at.block_size) as usize;
         let bytes = (blocks * at.block_size) as usize;
-        if len == 0 {
-            return Ok(Vec::new());
-        }
         self.read_blocks_with(first, bytes, |b| b[skip..skip + len].to_vec())
     }
 
@@ -150,9 +156,13 @@ impl RawSegments {
     pub(crate) fn new(dev: Box<dyn BlockDevice>, segment_shift: u32) -> Result<Self, StoreError> {
         check_device(dev.as_ref())?;
         let slots = (dev.geometry().capacity_bytes() >> segment_shift).saturating_sub(1);
+        let at = Placement {
+            segment_shift,
+            block_size: u64::from(dev.geometry().block_size),
+        };
         Ok(RawSegments {
             dev: ReadQueue::new(dev),
-            segment_shift,
+            at,
             slot_count: slots,
         })
     }
@@ -162,15 +172,12 @@ impl RawSegments {
     }
 
     fn lba(&self, byte: u64) -> u64 {
-        byte / u64::from(self.dev.dev.geometry().block_size)
+        byte / self.at.block_size
     }
 
     /// How slots and pages map to device blocks, for reads on sibling queues.
     pub(crate) fn placement(&self) -> Placement {
-        Placement {
-            segment_shift: self.segment_shift,
-            block_size: u64::from(self.dev.dev.geometry().block_size),
-        }
+        self.at
     }
 
     /// The device's own queue (writes, flushes, and reads when it has no siblings).
@@ -179,7 +186,7 @@ impl RawSegments {
     }
 
     fn slot_byte(&self, slot: u64, page: u32) -> u64 {
-        ((slot + 1) << self.segment_shift) + u64::from(page) * PAGE_SIZE as u64
+        self.at.byte(slot, u64::from(page) * PAGE_SIZE as u64)
     }
 
     /// Writes copy `copy` (0 = A, 1 = B) and flushes.
