@@ -11,7 +11,7 @@ use crate::blk::{self, Command, Shape, HEADER_LEN, STATUS_IOERR, STATUS_OK};
 use crate::driver::{
     self, gather, scatter, Job, Mem, Parts, QueueOrder, Seg, ToDriver, Vring, Work, ZeroCopy,
 };
-use crate::zerocopy::{self, Counters};
+use crate::zerocopy::Counters;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::Sender;
@@ -179,11 +179,11 @@ impl Backend {
             }],
             Ok(Command::Write { lba, blocks }) => {
                 let len = (blocks * u64::from(shape.block_size)) as usize;
-                let counters = &self.0.zero_copy.counters;
-                let direct = self.0.zero_copy.enabled.then(|| {
-                    zerocopy::in_place(mem, &readable, HEADER_LEN as u64, len, self.0.align)
-                });
-                if let Some(buf) = direct.flatten() {
+                let zero_copy = &self.0.zero_copy;
+                let counters = &zero_copy.counters;
+                let direct =
+                    zero_copy.in_place(mem, &readable, HEADER_LEN as u64, len, self.0.align);
+                if let Some(buf) = direct {
                     Counters::count(&counters.zero_copy_writes);
                     return (status, vec![Work::Write { lba, blocks, buf }]);
                 }
@@ -461,10 +461,7 @@ mod tests {
         fn with_device(dev: Box<dyn BlockDevice>, zero_copy: bool, guest_bytes: usize) -> Rig {
             let geo = dev.geometry();
             let counters = Arc::new(Counters::default());
-            let zc = ZeroCopy {
-                enabled: zero_copy,
-                counters: counters.clone(),
-            };
+            let zc = ZeroCopy::new(zero_copy, counters.clone());
             let (tx, rx) = std::sync::mpsc::channel();
             let driver = {
                 let zc = zc.clone();
@@ -721,6 +718,59 @@ mod tests {
             .filter(|r| r.buf.as_ref().is_some_and(|b| b.is_borrowed()))
             .count();
         assert_eq!(borrowed, 1, "one held buffer is guest memory");
+    }
+
+    /// A guest may give two requests in flight the same data buffer. Only the first goes in
+    /// place; the second is copied (and counted as overlapping), so no two buffers of this
+    /// process cover the same guest bytes. The device holds both requests, so the first is
+    /// still in flight when the second is decided, whatever the threads' timing.
+    #[test]
+    fn requests_in_flight_never_share_guest_bytes_in_place() {
+        for write in [false, true] {
+            let held = Arc::new(Mutex::new(Vec::new()));
+            let dev = Box::new(FailingQueue { held: held.clone() });
+            let mut rig = Rig::with_device(dev, true, 1 << 20);
+            for i in 0..2u64 {
+                rig.guest.push(&Req {
+                    write,
+                    sector: 8 * i,
+                    data: vec![(0x10000, 4096)],
+                    header_inline: false,
+                });
+            }
+            rig.backend.process(&rig.vring, &rig.order).unwrap();
+            let Rig {
+                backend,
+                vring,
+                driver,
+                counters,
+                ..
+            } = rig;
+            drop((backend, vring));
+            let dev = driver.join().unwrap();
+            assert_eq!(dev.in_flight(), 2, "the device holds both requests");
+            let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+            let (in_place, copied) = if write {
+                (&counters.zero_copy_writes, &counters.copied_writes)
+            } else {
+                (&counters.zero_copy_reads, &counters.copied_reads)
+            };
+            assert_eq!(
+                (get(in_place), get(copied), get(&counters.overlapping)),
+                (1, 1, 1),
+                "write={write}: one in place, one copied because it overlapped"
+            );
+            let borrowed = held
+                .lock()
+                .unwrap()
+                .iter()
+                .filter(|r| r.buf.as_ref().is_some_and(|b| b.is_borrowed()))
+                .count();
+            assert_eq!(
+                borrowed, 1,
+                "write={write}: one held buffer is guest memory"
+            );
+        }
     }
 
     /// The host-side cost of the copy: requests of one size, 32 per batch (each to its own

@@ -22,13 +22,48 @@ use vhost_user_backend::{VringRwLock, VringT};
 use vm_memory::{Bytes, GuestAddress, GuestMemoryAtomic, GuestMemoryMmap};
 
 use crate::blk::{STATUS_IOERR, STATUS_OK};
-use crate::zerocopy::{self, Counters};
+use crate::zerocopy::{self, Counters, Lent};
 
-/// Whether requests go to the device in place in guest memory, and how many did.
+/// Whether requests go to the device in place in guest memory, how many did, and which guest
+/// bytes are lent out now.
 #[derive(Clone)]
 pub(crate) struct ZeroCopy {
     pub enabled: bool,
     pub counters: Arc<Counters>,
+    pub lent: Arc<Lent>,
+}
+
+impl ZeroCopy {
+    pub fn new(enabled: bool, counters: Arc<Counters>) -> ZeroCopy {
+        ZeroCopy {
+            enabled,
+            counters,
+            lent: Arc::default(),
+        }
+    }
+
+    /// A buffer in place over the `len` data bytes `skip` bytes into `segs`, when enabled and
+    /// the request qualifies; counts a request that qualified but overlapped a lent range.
+    pub fn in_place(
+        &self,
+        mem: &Arc<Mem>,
+        segs: &[Seg],
+        skip: u64,
+        len: usize,
+        align: u32,
+    ) -> Option<IoBuf> {
+        if !self.enabled {
+            return None;
+        }
+        match zerocopy::in_place(mem, &self.lent, segs, skip, len, align) {
+            Ok(buf) => Some(buf),
+            Err(zerocopy::Copy::Overlapping) => {
+                Counters::count(&self.counters.overlapping);
+                None
+            }
+            Err(zerocopy::Copy::Shape) => None,
+        }
+    }
 }
 
 pub(crate) type Mem = GuestMemoryMmap<()>;
@@ -448,11 +483,7 @@ fn request(
             lba, blocks, into, ..
         } => {
             let len = (blocks * block_size) as usize;
-            let direct = zero_copy
-                .enabled
-                .then(|| zerocopy::in_place(&job.mem, &into, 0, len, align))
-                .flatten();
-            let (buf, in_place) = match direct {
+            let (buf, in_place) = match zero_copy.in_place(&job.mem, &into, 0, len, align) {
                 Some(buf) => {
                     Counters::count(&zero_copy.counters.zero_copy_reads);
                     let at = buf.as_ptr() as usize;

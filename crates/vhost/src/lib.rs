@@ -207,10 +207,7 @@ pub fn serve(
         zero_copy: opts.zero_copy,
         counters: Arc::new(zerocopy::Counters::default()),
     };
-    let zero_copy = driver::ZeroCopy {
-        enabled: opts.zero_copy,
-        counters: counters.counters.clone(),
-    };
+    let zero_copy = driver::ZeroCopy::new(opts.zero_copy, counters.counters.clone());
     let (to_driver, rx) = mpsc::channel();
     let driver = {
         let zero_copy = zero_copy.clone();

@@ -11,12 +11,18 @@
 //! The buffer holds a clone of the `Arc` of the guest-memory map it was taken from: when QEMU
 //! replaces the memory table (SET_MEM_TABLE) while the request is in flight, the old mappings
 //! stay mapped until the request's buffer is dropped.
+//!
+//! No two buffers in flight cover the same guest bytes: a guest may hand two requests in flight
+//! overlapping data buffers (nothing in virtio forbids it), and two in-place buffers over the
+//! same bytes would be two `&mut [u8]` to one place in this process. [`Lent`] records the guest
+//! ranges lent out; a request overlapping one is copied instead, and counted as `overlapping`.
 
 use crate::driver::{Mem, Seg};
 use kura_engine::{DriveStats, IoBuf};
+use std::collections::BTreeMap;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use vm_memory::{GuestAddress, GuestMemoryBackend};
 
 /// The guest address of `len` bytes that start `skip` bytes into `segs`, when they all lie in
@@ -39,51 +45,112 @@ pub(crate) fn single_run(segs: &[Seg], mut skip: u64, len: u64) -> Option<GuestA
     None
 }
 
+/// The guest ranges lent to the device in place, shared by every queue of one backend: keyed
+/// by guest address (stable across SET_MEM_TABLE, unlike host addresses), start to end, never
+/// overlapping.
+#[derive(Debug, Default)]
+pub(crate) struct Lent(Mutex<BTreeMap<u64, u64>>);
+
+impl Lent {
+    /// Records `start..start + len` as lent, unless it overlaps a range lent already.
+    fn lend(self: &Arc<Self>, start: u64, len: u64) -> Option<Lease> {
+        let end = start.checked_add(len)?;
+        let mut lent = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        // The ranges are disjoint, so the one starting last before `end` also ends last.
+        if lent
+            .range(..end)
+            .next_back()
+            .is_some_and(|(_, &e)| e > start)
+        {
+            return None;
+        }
+        lent.insert(start, end);
+        Some(Lease {
+            lent: self.clone(),
+            start,
+        })
+    }
+
+    /// How many ranges are lent now.
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).len()
+    }
+}
+
+/// One lent range; returned when the buffer holding it drops.
+#[derive(Debug)]
+struct Lease {
+    lent: Arc<Lent>,
+    start: u64,
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut lent = self.lent.0.lock().unwrap_or_else(PoisonError::into_inner);
+        lent.remove(&self.start);
+    }
+}
+
+/// What an in-place buffer keeps alive: the memory map it points into and its lease.
+struct Keep {
+    _mem: Arc<Mem>,
+    _lease: Lease,
+}
+
+/// Why a request was not given in place.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Copy {
+    /// Its data is not one aligned run inside one region (see the module docs).
+    Shape,
+    /// Its data overlaps guest bytes lent to a request still in flight.
+    Overlapping,
+}
+
 /// A buffer over the guest's own memory for the `len` data bytes `skip` bytes into `segs`, or
-/// `None` when the request must be copied (see the module docs).
+/// why the request must be copied (see the module docs).
 pub(crate) fn in_place(
     mem: &Arc<Mem>,
+    lent: &Arc<Lent>,
     segs: &[Seg],
     skip: u64,
     len: usize,
     align: u32,
-) -> Option<IoBuf> {
-    let addr = single_run(segs, skip, len as u64)?;
+) -> Result<IoBuf, Copy> {
+    let addr = single_run(segs, skip, len as u64).ok_or(Copy::Shape)?;
     // The length is whole blocks, which the device takes from any buffer (O_DIRECT: the block
     // size is at least the logical block size); only the address is checked.
-    let align = usize::try_from(align.max(1)).ok()?;
+    let align = usize::try_from(align.max(1)).map_err(|_| Copy::Shape)?;
     // `get_slice` fails unless the whole range lies in one region of this map.
-    let slice = mem.get_slice(addr, len).ok()?;
-    let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr())?;
+    let slice = mem.get_slice(addr, len).map_err(|_| Copy::Shape)?;
+    let ptr = NonNull::new(slice.ptr_guard_mut().as_ptr()).ok_or(Copy::Shape)?;
     if !(ptr.as_ptr() as usize).is_multiple_of(align) {
-        return None;
+        return Err(Copy::Shape);
     }
-    let keep: Arc<dyn std::any::Any + Send + Sync> = mem.clone();
-    borrow(ptr, len, keep)
+    let lease = lent.lend(addr.0, len as u64).ok_or(Copy::Overlapping)?;
+    let keep: Arc<dyn std::any::Any + Send + Sync> = Arc::new(Keep {
+        _mem: mem.clone(),
+        _lease: lease,
+    });
+    Ok(borrow(ptr, len, keep))
 }
 
 #[allow(unsafe_code)] // the one place this crate hands guest memory to the engine
-fn borrow(
-    ptr: NonNull<u8>,
-    len: usize,
-    keep: Arc<dyn std::any::Any + Send + Sync>,
-) -> Option<IoBuf> {
+fn borrow(ptr: NonNull<u8>, len: usize, keep: Arc<dyn std::any::Any + Send + Sync>) -> IoBuf {
     // SAFETY (`IoBuf::borrowed`'s contract):
     // - mapped: `ptr..ptr + len` is one guest-memory region's range (checked by `get_slice`) of
     //   the map `keep` holds. A `GuestMemoryMmap` unmaps a region only when the last `Arc` of its
     //   region is dropped, and the map holds its regions, so the range stays mapped while the
     //   buffer lives, across any SET_MEM_TABLE (which swaps in a new map and drops only the
     //   frontend's reference to the old one). vhost-user-backend maps guest memory read-write.
-    // - exclusive in this process: these bytes are a data buffer of one descriptor chain the
-    //   guest gave the device; this crate touches a chain's data only through its one job, which
-    //   holds this buffer until the device completes and drops it before the chain is answered
-    //   (`driver::finish`), and nothing else of this process reads guest data buffers. A guest
-    //   can still give two chains in flight overlapping buffers; then two buffers cover the same
-    //   guest bytes. The engine's backends hand such memory only to the kernel (io_uring, pread
-    //   and pwrite) or copy it once (`mem:`), so what results is unspecified data in that
-    //   guest's own memory, as with a DMA device given overlapping buffers, never in memory of
-    //   this process's.
-    Some(unsafe { IoBuf::borrowed(ptr, len, keep) })
+    // - exclusive in this process: `keep` holds a lease on these guest bytes, and no other lease
+    //   overlaps it (`Lent::lend`), so no other in-place buffer covers them while this one
+    //   lives, however the guest lays out its requests. The rest of this crate touches guest
+    //   data only through vm-memory's volatile copies (`gather`/`scatter`), which make no
+    //   references; those, like the guest itself, can change the bytes under the buffer only if
+    //   the guest gives overlapping buffers, and then the data is unspecified, as with a DMA
+    //   device given them.
+    unsafe { IoBuf::borrowed(ptr, len, keep) }
 }
 
 /// How many requests went to the device in place and how many were copied.
@@ -96,6 +163,9 @@ pub(crate) struct Counters {
     /// Of `zero_copy_writes`, those copied after all because the device was swapped for one
     /// that asks for another alignment while they waited.
     pub recopied_writes: AtomicU64,
+    /// Of the copied reads and writes, those that qualified for in place but overlapped guest
+    /// bytes lent to a request in flight.
+    pub overlapping: AtomicU64,
 }
 
 impl Counters {
@@ -113,6 +183,7 @@ impl Counters {
             .with("zero_copy_writes", get(&self.zero_copy_writes))
             .with("copied_writes", get(&self.copied_writes))
             .with("recopied_writes", get(&self.recopied_writes))
+            .with("overlapping", get(&self.overlapping))
     }
 }
 
@@ -158,21 +229,93 @@ mod tests {
             ])
             .unwrap(),
         );
+        let lent = Arc::new(Lent::default());
+        let place = |segs: &[Seg], skip, len, align| in_place(&mem, &lent, segs, skip, len, align);
         mem.write_slice(&[9u8; 4096], GuestAddress(0x2000)).unwrap();
-        let buf = in_place(&mem, &[seg(0x2000, 4096)], 0, 4096, 4096).expect("aligned run");
+        let buf = place(&[seg(0x2000, 4096)], 0, 4096, 4096).expect("aligned run");
         assert!(buf.is_borrowed() && buf.iter().all(|&b| b == 9));
         assert_eq!(Arc::strong_count(&mem), 2, "the buffer keeps the map");
         drop(buf);
+        assert_eq!(lent.len(), 0, "dropping the buffer returns its range");
         // 512 bytes past a page: fine for 512-byte alignment, not for 4096.
-        assert!(in_place(&mem, &[seg(0x2200, 4096)], 0, 4096, 512).is_some());
-        assert!(in_place(&mem, &[seg(0x2200, 4096)], 0, 4096, 4096).is_none());
+        assert!(place(&[seg(0x2200, 4096)], 0, 4096, 512).is_ok());
+        assert_eq!(
+            place(&[seg(0x2200, 4096)], 0, 4096, 4096).err(),
+            Some(Copy::Shape)
+        );
         // Header and data in one descriptor: 16 bytes off any alignment above 16.
-        assert!(in_place(&mem, &[seg(0x2000, 16 + 4096)], 16, 4096, 512).is_none());
+        assert!(place(&[seg(0x2000, 16 + 4096)], 16, 4096, 512).is_err());
         // Split over descriptors, or over the two regions, or outside guest memory.
         let split = [seg(0x2000, 2048), seg(0x2800, 2048)];
-        assert!(in_place(&mem, &split, 0, 4096, 512).is_none());
-        assert!(in_place(&mem, &[seg(0xf000, 8192)], 0, 8192, 512).is_none());
-        assert!(in_place(&mem, &[seg(0x40000, 4096)], 0, 4096, 512).is_none());
+        assert!(place(&split, 0, 4096, 512).is_err());
+        assert!(place(&[seg(0xf000, 8192)], 0, 8192, 512).is_err());
+        assert!(place(&[seg(0x40000, 4096)], 0, 4096, 512).is_err());
         assert_eq!(Arc::strong_count(&mem), 1);
+        assert_eq!(lent.len(), 0);
+    }
+
+    /// Two buffers in flight never cover the same guest byte, however the ranges overlap; ranges
+    /// that only touch are both lent, and a range is free again once its buffer drops.
+    #[test]
+    fn overlapping_guest_ranges_are_never_lent_twice() {
+        let mem =
+            Arc::new(GuestMemoryMmap::<()>::from_ranges(&[(GuestAddress(0), 0x40000)]).unwrap());
+        let lent = Arc::new(Lent::default());
+        let place = |addr, len| in_place(&mem, &lent, &[seg(addr, len as u32)], 0, len, 512);
+        let held = place(0x10000, 0x2000).expect("free range");
+        for (addr, len) in [
+            (0x10000, 0x2000),  // the same bytes
+            (0x0f000, 0x2000),  // ends inside
+            (0x11e00, 0x1000),  // starts inside
+            (0x10800, 0x200),   // within
+            (0x0f000, 0x10000), // around
+        ] {
+            assert_eq!(
+                place(addr, len).err(),
+                Some(Copy::Overlapping),
+                "{addr:#x}+{len:#x}"
+            );
+        }
+        let before = place(0x0f000, 0x1000).expect("ends where the lent range starts");
+        let after = place(0x12000, 0x1000).expect("starts where the lent range ends");
+        assert_eq!(lent.len(), 3);
+        drop(held);
+        let again = place(0x10800, 0x200).expect("free once the first buffer dropped");
+        drop((before, after, again));
+        assert_eq!(lent.len(), 0);
+    }
+
+    /// The lease table against a plain model of lent bytes, over random lend/return sequences.
+    #[test]
+    fn lent_ranges_match_a_byte_model() {
+        let lent = Arc::new(Lent::default());
+        let mut model = [false; 64];
+        let mut leases: Vec<(Lease, u64, u64)> = Vec::new();
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut next = |n: u64| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state % n
+        };
+        for _ in 0..20_000 {
+            if next(3) == 0 && !leases.is_empty() {
+                let (lease, start, len) = leases.swap_remove(next(leases.len() as u64) as usize);
+                drop(lease);
+                model[start as usize..(start + len) as usize].fill(false);
+                continue;
+            }
+            let start = next(60);
+            let len = 1 + next(64 - start);
+            let free = !model[start as usize..(start + len) as usize].contains(&true);
+            match lent.lend(start, len) {
+                Some(lease) => {
+                    assert!(free, "{start}+{len} lent over a lent byte");
+                    model[start as usize..(start + len) as usize].fill(true);
+                    leases.push((lease, start, len));
+                }
+                None => assert!(!free, "{start}+{len} refused though free"),
+            }
+        }
     }
 }

@@ -330,9 +330,11 @@ impl IoBuf {
     ///   no other `IoBuf` may cover them, since the buffer hands out `&mut [u8]`.
     ///
     /// Another process writing the memory meanwhile (a guest changing a page under its own
-    /// in-flight write, as it could under a DMA device) does not make the memory invalid; the
-    /// bytes a device then reads or writes are unspecified, as on real hardware, and the engine's
-    /// backends only pass such a buffer to the kernel or copy it once.
+    /// in-flight write, as it could under a DMA device), or this process copying into or out of
+    /// it with volatile accesses that make no references (vm-memory's copies of guest memory),
+    /// does not make the memory invalid; the bytes a device then reads or writes are
+    /// unspecified, as on real hardware, and the engine's backends only pass such a buffer to
+    /// the kernel or copy it once.
     pub unsafe fn borrowed(
         ptr: NonNull<u8>,
         len: usize,
