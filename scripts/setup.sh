@@ -21,7 +21,8 @@ BUILD_PACKAGES=(libleveldb-dev g++)
 # nbdkit: real NBD clients and peer servers for kura-nbd's tests; openssl: test certificates
 # for NBD over TLS. minimap2, samtools: the genome pipeline's peer mapper and SAM checker;
 # bwa, bowtie2: the other peer mappers of `kura bench genome` (and its --matrix);
-# ragout-examples: the real E. coli MG1655 genome. qemu-system-x86, linux-image-amd64,
+# ragout-examples: the real E. coli MG1655 genome; spades: its test data, a real Illumina
+# read pair of MG1655 (`kura bench genome --real`). qemu-system-x86, linux-image-amd64,
 # busybox-static, cpio, kmod, xz-utils: the guest with an emulated NVMe controller that kura-nvme's
 # driver is tested against (crates/nvme-guest). python3-pip: for the Python peers below.
 # libssl-dev, pkg-config: kura-nbd links OpenSSL for TLS-PSK (`kura serve --tls-psk`) when
@@ -33,7 +34,8 @@ TEST_PACKAGES=(fio util-linux fuse3 e2fsprogs libnbd-bin qemu-utils nbdkit opens
   samtools ragout-examples qemu-system-x86 linux-image-amd64 busybox-static cpio kmod gzip
   python3 python3-pip libssl-dev pkg-config attr ceph-base librocksdb-dev liblmdb-dev sqlite3 dbench git
   nbd-client ceph-mon ceph-mgr ceph-osd ceph-common librbd-dev librados-dev qemu-block-extra bwa bowtie2
-  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils qemu-system-arm)
+  iproute2 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static xz-utils qemu-system-arm
+  spades)
 # Python modules: "module pip-name what-for".
 PYTHON_MODULES=(
   "matplotlib matplotlib benchmark plots (scripts/plot_*.py)"

@@ -53,6 +53,16 @@ pub struct GenomeBenchArgs {
     pub matrix: bool,
     #[command(flatten)]
     pub grid: crate::genome_matrix::MatrixArgs,
+    /// A real Illumina read set instead of simulated reads: every tool maps it, and each SAM is
+    /// reported by mapping rate, properly-paired rate, samtools flagstat/stats and agreement
+    /// with minimap2 (there is no truth). Default reads: SPAdes' E. coli test pair
+    /// (apt-get install spades) on MG1655 (ragout-examples).
+    #[arg(long, conflicts_with = "matrix")]
+    pub real: bool,
+    /// --real: the FASTQ files (plain or gzip), one for single-end or two for pairs,
+    /// comma-separated.
+    #[arg(long, value_delimiter = ',', requires = "real")]
+    pub real_reads: Vec<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -118,6 +128,9 @@ pub struct Report {
 pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
     if args.matrix {
         return crate::genome_matrix::run(args);
+    }
+    if args.real {
+        return crate::genome_real::run(args);
     }
     let reads = args.reads.unwrap_or(200_000);
     let reads = if args.run.quick {
@@ -301,16 +314,22 @@ fn reference(args: &GenomeBenchArgs, data: &Path) -> anyhow::Result<(PathBuf, St
             return Ok((out, "synthetic 4.6 Mb genome (seed 42)".into()));
         }
     };
+    let name = source.display().to_string();
+    Ok((plain_fasta(&source, &out)?, name))
+}
+
+/// `source` (FASTA, plain or gzip) written to `out` as plain FASTA, which every mapper reads.
+pub(crate) fn plain_fasta(source: &Path, out: &Path) -> anyhow::Result<PathBuf> {
     let store = kura_genome::store::Store::host("");
     let name = source.display().to_string();
     let records = kura_genome::fasta::FastaReader::new(store.open_stream(&name)?, name.as_str())
         .read_all()?;
     kura_genome::simulate::write_fasta(
-        std::io::BufWriter::new(std::fs::File::create(&out)?),
+        std::io::BufWriter::new(std::fs::File::create(out)?),
         &records,
         80,
     )?;
-    Ok((out, name))
+    Ok(out.to_path_buf())
 }
 
 /// Single-end reads: pywgsim's (the definition) when installed, else kura's simulator.

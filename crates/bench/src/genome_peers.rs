@@ -200,14 +200,14 @@ pub struct Mapped {
 }
 
 /// Maps `reads` (one file, or two for pairs) with `tool` from its prebuilt `index` into
-/// `out_sam`, with the page cache of the inputs dropped first, and scores the SAM.
-pub fn map(
+/// `out_sam`, with the page cache of the inputs dropped first; returns the run and its command.
+pub fn run_mapper(
     index: &Index,
     kura: &Path,
     reads: &[PathBuf],
     out_sam: &Path,
     threads: usize,
-) -> anyhow::Result<Mapped> {
+) -> anyhow::Result<(Measured, String)> {
     for r in reads {
         drop_page_cache(r)?;
     }
@@ -255,7 +255,18 @@ pub fn map(
     };
     cmd.stderr(Stdio::null());
     let command = show(&cmd);
-    let run = measured(&mut cmd)?;
+    Ok((measured(&mut cmd)?, command))
+}
+
+/// [`run_mapper`], then the SAM scored against the simulated origins in the read names.
+pub fn map(
+    index: &Index,
+    kura: &Path,
+    reads: &[PathBuf],
+    out_sam: &Path,
+    threads: usize,
+) -> anyhow::Result<Mapped> {
+    let (run, command) = run_mapper(index, kura, reads, out_sam, threads)?;
     let name = out_sam.display().to_string();
     let open = || -> anyhow::Result<_> {
         Ok(std::io::BufReader::with_capacity(

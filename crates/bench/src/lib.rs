@@ -12,6 +12,7 @@ pub mod fs_threads;
 pub mod genome;
 pub mod genome_matrix;
 pub mod genome_peers;
+pub mod genome_real;
 pub mod ingest;
 pub mod io;
 pub mod kv;
