@@ -170,6 +170,13 @@ impl Record<'_> {
     fn write<W: Write>(&self, w: &mut W, reference: &PackedRef) -> Result<(), SamError> {
         check_read(self.read)?;
         let name = qname(self.read)?;
+        // Mates share one QNAME in SAM (it names the template); FASTQ pairs often tell them
+        // apart with `/1` and `/2`, which minimap2, bwa and bowtie2 drop too.
+        let name = if self.mate.is_some() {
+            crate::fastq::mate_base_name(name)
+        } else {
+            name
+        };
         let mut flag = self.flag;
         let mate = self.mate.flatten();
         // An unmapped read with a mapped mate takes the mate's place, as the SAM spec asks.

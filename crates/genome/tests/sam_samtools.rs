@@ -134,6 +134,46 @@ fn samtools_reads_single_and_paired_output() {
     ]);
 }
 
+/// FASTQ pairs often name mates `NAME/1` and `NAME/2`; in SAM both records carry the template's
+/// name, `NAME` (what samtools' name sort, collate and fixmate pair up by). A single-end read
+/// keeps its name whole.
+#[test]
+fn mates_named_slash_1_and_slash_2_share_one_qname() {
+    let g = mapsim::genome(53, &[100_000], 3);
+    let idx = mapsim::index(&g);
+    let mapper = Mapper::new(&idx, MapOptions::default());
+    let sim = mapsim::pairs(&g, 59, 20, 150, 400);
+    let rename = |r: &Read, name: String| Read { name, ..r.clone() };
+    let first: Vec<Read> = (sim.iter().enumerate())
+        .map(|(i, p)| rename(&p.0, format!("t{i}/1 comment=x")))
+        .collect();
+    let second: Vec<Read> = (sim.iter().enumerate())
+        .map(|(i, p)| rename(&p.1, format!("t{i}/2")))
+        .collect();
+    let pairs = mapper.map_pairs(&first, &second).expect("maps");
+    let mut text = Vec::new();
+    for ((a, b), p) in first.iter().zip(&second).zip(&pairs) {
+        sam::write_pair(&mut text, idx.reference(), a, b, p).expect("record");
+    }
+    let names: Vec<String> = String::from_utf8(text)
+        .expect("utf8")
+        .lines()
+        .map(|l| l.split('\t').next().expect("QNAME").to_string())
+        .collect();
+    let expected: Vec<String> = (0..sim.len())
+        .flat_map(|i| [format!("t{i}"), format!("t{i}")])
+        .collect();
+    assert_eq!(names, expected);
+
+    let single = rename(&first[0], "s1/1".into());
+    let m = mapper
+        .map_batch(std::slice::from_ref(&single))
+        .expect("maps");
+    let mut text = Vec::new();
+    sam::write_single(&mut text, idx.reference(), &single, &m[0]).expect("record");
+    assert!(String::from_utf8(text).expect("utf8").starts_with("s1/1\t"));
+}
+
 #[test]
 fn paf_lines_and_reverse_strand_sam_fields() {
     let g = mapsim::genome(53, &[100_000], 0);
