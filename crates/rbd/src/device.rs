@@ -8,7 +8,7 @@
 //! with `QueueFull`. A failed flush poisons the device; a snapshot or `ro=1` refuses changes.
 
 use crate::error::RbdError;
-use crate::ffi::{AioOp, Cluster, ConnectStep, Finished, Image, Piece, Pool};
+use crate::ffi::{library, AioOp, Cluster, ConnectStep, Finished, Image, Piece, Pool};
 use crate::options::RbdSpec;
 use kura_engine::poison::FlushPoison;
 use kura_engine::{
@@ -49,6 +49,7 @@ pub struct RbdDevice {
 impl RbdDevice {
     /// Connects to the cluster, opens (or creates) the image and sizes the device.
     pub fn open(spec: &RbdSpec) -> Result<RbdDevice, RbdError> {
+        let lib = library().map_err(|detail| RbdError::Library { detail })?;
         let options = spec.rados_options();
         let user = format!("client.{}", spec.id);
         let conf_name = match (&spec.conf, &spec.mon_host) {
@@ -56,7 +57,7 @@ impl RbdDevice {
             (Some(conf), None) => conf.clone(),
             (None, None) => "the default ceph.conf ($CEPH_CONF or /etc/ceph)".into(),
         };
-        let cluster = Cluster::connect(&spec.id, spec.conf.as_deref(), &options).map_err(
+        let cluster = Cluster::connect(lib, &spec.id, spec.conf.as_deref(), &options).map_err(
             |(step, errno)| match step {
                 ConnectStep::Create => RbdError::User {
                     user: user.clone(),

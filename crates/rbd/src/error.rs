@@ -7,8 +7,13 @@ use kura_engine::{Errno, OpenError};
 #[non_exhaustive]
 pub enum RbdError {
     /// This build has no librbd.
-    #[error("kura was built without librbd (install librbd-dev librados-dev and rebuild)")]
+    #[error("kura was built without rbd: support (KURA_NO_RBD was set when it was built)")]
     NotBuilt,
+    /// librbd or librados could not be loaded (they are loaded on the first `rbd:` open).
+    #[error(
+        "cannot load Ceph's client libraries ({detail}): install librbd1 (apt-get install librbd1)"
+    )]
+    Library { detail: String },
     /// librados refused the user name.
     #[error("librados refused user {user}: {errno}")]
     User { user: String, errno: Errno },

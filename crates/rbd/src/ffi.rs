@@ -17,7 +17,7 @@
 
 use kura_engine::{Errno, IoBuf};
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 #[allow(non_camel_case_types)]
 type rados_t = *mut c_void;
@@ -47,68 +47,125 @@ struct RbdImageInfo {
     parent_name: [c_char; 96],
 }
 
-extern "C" {
-    fn rados_create(cluster: *mut rados_t, id: *const c_char) -> c_int;
-    fn rados_conf_read_file(cluster: rados_t, path: *const c_char) -> c_int;
-    fn rados_conf_set(cluster: rados_t, option: *const c_char, value: *const c_char) -> c_int;
-    fn rados_connect(cluster: rados_t) -> c_int;
-    fn rados_shutdown(cluster: rados_t);
-    fn rados_ioctx_create(cluster: rados_t, pool: *const c_char, io: *mut rados_ioctx_t) -> c_int;
-    fn rados_ioctx_destroy(io: rados_ioctx_t);
+/// The libraries' file names (Debian's `librbd1` and `librados2`, ABI 1 and 2 since Ceph 0.9x).
+const LIBRBD: &str = "librbd.so.1";
+const LIBRADOS: &str = "librados.so.2";
 
-    fn rbd_create(io: rados_ioctx_t, name: *const c_char, size: u64, order: *mut c_int) -> c_int;
-    fn rbd_open(
-        io: rados_ioctx_t,
-        name: *const c_char,
-        image: *mut rbd_image_t,
-        snap: *const c_char,
-    ) -> c_int;
-    fn rbd_open_read_only(
-        io: rados_ioctx_t,
-        name: *const c_char,
-        image: *mut rbd_image_t,
-        snap: *const c_char,
-    ) -> c_int;
-    fn rbd_close(image: rbd_image_t) -> c_int;
-    fn rbd_lock_acquire(image: rbd_image_t, lock_mode: c_int) -> c_int;
-    fn rbd_stat(image: rbd_image_t, info: *mut RbdImageInfo, infosize: usize) -> c_int;
-    fn rbd_set_image_notification(image: rbd_image_t, fd: c_int, kind: c_int) -> c_int;
-    fn rbd_poll_io_events(image: rbd_image_t, comps: *mut rbd_completion_t, n: c_int) -> c_int;
+/// Declares the C functions kura calls and [`Lib`], the table of them resolved at run time.
+macro_rules! functions {
+    ($($name:ident: fn($($ty:ty),*) $(-> $ret:ty)?;)*) => {
+        /// The librados/librbd functions kura calls, resolved from the loaded libraries.
+        #[allow(non_snake_case)]
+        pub struct Lib {
+            $($name: unsafe extern "C" fn($($ty),*) $(-> $ret)?,)*
+        }
 
-    fn rbd_aio_create_completion(
-        arg: *mut c_void,
-        cb: rbd_callback_t,
-        c: *mut rbd_completion_t,
-    ) -> c_int;
-    fn rbd_aio_get_return_value(c: rbd_completion_t) -> isize;
-    fn rbd_aio_get_arg(c: rbd_completion_t) -> *mut c_void;
-    fn rbd_aio_release(c: rbd_completion_t);
-    fn rbd_aio_read2(
-        image: rbd_image_t,
-        off: u64,
-        len: usize,
-        buf: *mut c_char,
-        c: rbd_completion_t,
-        op_flags: c_int,
-    ) -> c_int;
-    fn rbd_aio_write2(
-        image: rbd_image_t,
-        off: u64,
-        len: usize,
-        buf: *const c_char,
-        c: rbd_completion_t,
-        op_flags: c_int,
-    ) -> c_int;
-    fn rbd_aio_discard(image: rbd_image_t, off: u64, len: u64, c: rbd_completion_t) -> c_int;
-    fn rbd_aio_write_zeroes(
-        image: rbd_image_t,
-        off: u64,
-        len: usize,
-        c: rbd_completion_t,
-        zero_flags: c_int,
-        op_flags: c_int,
-    ) -> c_int;
-    fn rbd_aio_flush(image: rbd_image_t, c: rbd_completion_t) -> c_int;
+        impl Lib {
+            /// Looks every function up in `libraries`.
+            ///
+            /// # Safety
+            ///
+            /// Each symbol found must be the C function of librados.h/librbd.h 16.2 with the
+            /// signature declared here.
+            unsafe fn resolve(libraries: &[*mut c_void]) -> Result<Lib, String> {
+                Ok(Lib {
+                    $($name: {
+                        let address = symbol(libraries, concat!(stringify!($name), "\0"))?;
+                        // SAFETY: the caller vouches for the signature; the address is non-null.
+                        unsafe {
+                            std::mem::transmute::<*mut c_void, unsafe extern "C" fn($($ty),*) $(-> $ret)?>(
+                                address,
+                            )
+                        }
+                    },)*
+                })
+            }
+        }
+    };
+}
+
+functions! {
+    rados_create: fn(*mut rados_t, *const c_char) -> c_int;
+    rados_conf_read_file: fn(rados_t, *const c_char) -> c_int;
+    rados_conf_set: fn(rados_t, *const c_char, *const c_char) -> c_int;
+    rados_connect: fn(rados_t) -> c_int;
+    rados_shutdown: fn(rados_t);
+    rados_ioctx_create: fn(rados_t, *const c_char, *mut rados_ioctx_t) -> c_int;
+    rados_ioctx_destroy: fn(rados_ioctx_t);
+    rbd_create: fn(rados_ioctx_t, *const c_char, u64, *mut c_int) -> c_int;
+    rbd_open: fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int;
+    rbd_open_read_only: fn(rados_ioctx_t, *const c_char, *mut rbd_image_t, *const c_char) -> c_int;
+    rbd_close: fn(rbd_image_t) -> c_int;
+    rbd_lock_acquire: fn(rbd_image_t, c_int) -> c_int;
+    rbd_stat: fn(rbd_image_t, *mut RbdImageInfo, usize) -> c_int;
+    rbd_set_image_notification: fn(rbd_image_t, c_int, c_int) -> c_int;
+    rbd_poll_io_events: fn(rbd_image_t, *mut rbd_completion_t, c_int) -> c_int;
+    rbd_aio_create_completion: fn(*mut c_void, rbd_callback_t, *mut rbd_completion_t) -> c_int;
+    rbd_aio_get_return_value: fn(rbd_completion_t) -> isize;
+    rbd_aio_get_arg: fn(rbd_completion_t) -> *mut c_void;
+    rbd_aio_release: fn(rbd_completion_t);
+    rbd_aio_read2: fn(rbd_image_t, u64, usize, *mut c_char, rbd_completion_t, c_int) -> c_int;
+    rbd_aio_write2: fn(rbd_image_t, u64, usize, *const c_char, rbd_completion_t, c_int) -> c_int;
+    rbd_aio_discard: fn(rbd_image_t, u64, u64, rbd_completion_t) -> c_int;
+    rbd_aio_write_zeroes: fn(rbd_image_t, u64, usize, rbd_completion_t, c_int, c_int) -> c_int;
+    rbd_aio_flush: fn(rbd_image_t, rbd_completion_t) -> c_int;
+}
+
+/// The loaded libraries' functions, or why they could not be loaded. Loaded on the first `rbd:`
+/// open and kept for the life of the process, so a kura process that never opens `rbd:` maps
+/// none of Ceph's libraries (about 8 MiB of resident memory).
+pub fn library() -> Result<&'static Lib, String> {
+    static LIB: OnceLock<Result<Lib, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        let rados = open_library(LIBRADOS)?;
+        let rbd = open_library(LIBRBD)?;
+        // SAFETY: the two libraries are librados and librbd, whose exported functions of these
+        // names have the signatures of their 16.2 headers declared above (stable C ABI).
+        unsafe { Lib::resolve(&[rbd, rados]) }
+    })
+    .as_ref()
+    .map_err(Clone::clone)
+}
+
+/// `dlopen` of `name`, kept open for the life of the process.
+fn open_library(name: &str) -> Result<*mut c_void, String> {
+    let c_name = c_string(name).map_err(|_| format!("{name}: bad library name"))?;
+    // SAFETY: a NUL-terminated file name; RTLD_NOW resolves everything up front, RTLD_LOCAL keeps
+    // Ceph's symbols out of the global namespace.
+    let handle = unsafe { libc::dlopen(c_name.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+    if handle.is_null() {
+        return Err(format!("{name}: {}", last_dl_error()));
+    }
+    Ok(handle)
+}
+
+/// The address of `name` (NUL-terminated) in the first of `libraries` that exports it.
+fn symbol(libraries: &[*mut c_void], name: &str) -> Result<*mut c_void, String> {
+    for &library in libraries {
+        // SAFETY: `library` came from dlopen and is never closed; `name` ends with NUL.
+        let address = unsafe { libc::dlsym(library, name.as_ptr().cast()) };
+        if !address.is_null() {
+            return Ok(address);
+        }
+    }
+    Err(format!(
+        "{} not found in {LIBRBD} or {LIBRADOS}",
+        name.trim_end_matches('\0')
+    ))
+}
+
+/// The text of the last `dlopen`/`dlsym` error.
+fn last_dl_error() -> String {
+    // SAFETY: dlerror returns NULL or a NUL-terminated message valid until the next dl call on
+    // this thread, copied at once.
+    unsafe {
+        let e = libc::dlerror();
+        if e.is_null() {
+            "unknown dlopen error".into()
+        } else {
+            std::ffi::CStr::from_ptr(e).to_string_lossy().into_owned()
+        }
+    }
 }
 
 /// A negative return of a librados/librbd call as an [`Errno`], or the value itself.
@@ -141,6 +198,7 @@ pub enum ConnectStep {
 /// A connected RADOS client. Shut down when the last [`Pool`] and [`Image`] holding it go.
 pub struct Cluster {
     handle: rados_t,
+    lib: &'static Lib,
 }
 
 // SAFETY: librados handles are thread-safe (librados.h: "the cluster handle may be shared by
@@ -154,6 +212,7 @@ impl Cluster {
     /// default search, `$CEPH_CONF` then `/etc/ceph/ceph.conf`, where finding none is no error),
     /// applies `options` in order and connects.
     pub fn connect(
+        lib: &'static Lib,
         id: &str,
         conf: Option<&str>,
         options: &[(&str, String)],
@@ -162,10 +221,10 @@ impl Cluster {
         let mut handle: rados_t = std::ptr::null_mut();
         // SAFETY: `handle` is a valid out-pointer; `id_c` a NUL-terminated string that librados
         // copies.
-        check(unsafe { rados_create(&mut handle, id_c.as_ptr()) })
+        check(unsafe { (lib.rados_create)(&mut handle, id_c.as_ptr()) })
             .map_err(|e| (ConnectStep::Create, e))?;
         // From here the handle is owned: every early return shuts it down in `Drop`.
-        let cluster = Cluster { handle };
+        let cluster = Cluster { handle, lib };
         let conf_c = match conf {
             Some(path) => Some(c_string(path).map_err(|e| (ConnectStep::ReadConf, e))?),
             None => None,
@@ -173,7 +232,7 @@ impl Cluster {
         let conf_ptr = conf_c.as_ref().map_or(std::ptr::null(), |c| c.as_ptr());
         // SAFETY: the handle is live and not yet connected; `conf_ptr` is NULL (default search)
         // or a NUL-terminated path that outlives the call.
-        match check(unsafe { rados_conf_read_file(cluster.handle, conf_ptr) }) {
+        match check(unsafe { (lib.rados_conf_read_file)(cluster.handle, conf_ptr) }) {
             // No file on the default search path: the options (mon_host, keyring) may suffice.
             Err(e) if conf.is_none() && e.0 == libc::ENOENT => {}
             Err(e) => return Err((ConnectStep::ReadConf, e)),
@@ -184,11 +243,12 @@ impl Cluster {
             let k = c_string(key).map_err(|e| (step(), e))?;
             let v = c_string(value).map_err(|e| (step(), e))?;
             // SAFETY: live, unconnected handle; both strings NUL-terminated and copied.
-            check(unsafe { rados_conf_set(cluster.handle, k.as_ptr(), v.as_ptr()) })
+            check(unsafe { (lib.rados_conf_set)(cluster.handle, k.as_ptr(), v.as_ptr()) })
                 .map_err(|e| (step(), e))?;
         }
         // SAFETY: live, configured handle; blocks for at most client_mount_timeout.
-        check(unsafe { rados_connect(cluster.handle) }).map_err(|e| (ConnectStep::Connect, e))?;
+        check(unsafe { (lib.rados_connect)(cluster.handle) })
+            .map_err(|e| (ConnectStep::Connect, e))?;
         Ok(cluster)
     }
 }
@@ -197,13 +257,14 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         // SAFETY: the handle came from rados_create and every ioctx made from it is gone (each
         // `Pool` holds an `Arc<Cluster>`). rados_shutdown also frees an unconnected handle.
-        unsafe { rados_shutdown(self.handle) }
+        unsafe { (self.lib.rados_shutdown)(self.handle) }
     }
 }
 
 /// An I/O context on one pool.
 pub struct Pool {
     handle: rados_ioctx_t,
+    lib: &'static Lib,
     _cluster: Arc<Cluster>,
 }
 
@@ -218,9 +279,12 @@ impl Pool {
         let name_c = c_string(name)?;
         let mut handle: rados_ioctx_t = std::ptr::null_mut();
         // SAFETY: connected cluster handle, NUL-terminated name, valid out-pointer.
-        check(unsafe { rados_ioctx_create(cluster.handle, name_c.as_ptr(), &mut handle) })?;
+        check(unsafe {
+            (cluster.lib.rados_ioctx_create)(cluster.handle, name_c.as_ptr(), &mut handle)
+        })?;
         Ok(Pool {
             handle,
+            lib: cluster.lib,
             _cluster: cluster,
         })
     }
@@ -230,7 +294,7 @@ impl Pool {
         let name_c = c_string(name)?;
         let mut order: c_int = 0;
         // SAFETY: live ioctx, NUL-terminated name, `order` a valid in/out pointer (0: default).
-        check(unsafe { rbd_create(self.handle, name_c.as_ptr(), size, &mut order) })?;
+        check(unsafe { (self.lib.rbd_create)(self.handle, name_c.as_ptr(), size, &mut order) })?;
         Ok(())
     }
 }
@@ -239,7 +303,7 @@ impl Drop for Pool {
     fn drop(&mut self) {
         // SAFETY: the ioctx came from rados_ioctx_create and no image opened on it is left (each
         // `Image` owns its `Pool`).
-        unsafe { rados_ioctx_destroy(self.handle) }
+        unsafe { (self.lib.rados_ioctx_destroy)(self.handle) }
     }
 }
 
@@ -290,6 +354,7 @@ pub struct ImageInfo {
 /// An open image and the requests in flight on it.
 pub struct Image {
     handle: rbd_image_t,
+    lib: &'static Lib,
     /// Signalled by librbd when a completion is ready.
     eventfd: c_int,
     /// Slot per request in flight; the slot index is each completion's argument.
@@ -323,13 +388,14 @@ impl Image {
         let name_c = c_string(name)?;
         let snap_c = snap.map(c_string).transpose()?;
         let snap_ptr = snap_c.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+        let lib = pool.lib;
         let mut handle: rbd_image_t = std::ptr::null_mut();
         // SAFETY: live ioctx, NUL-terminated name and snapshot (or NULL), valid out-pointer.
         check(unsafe {
             if read_only {
-                rbd_open_read_only(pool.handle, name_c.as_ptr(), &mut handle, snap_ptr)
+                (lib.rbd_open_read_only)(pool.handle, name_c.as_ptr(), &mut handle, snap_ptr)
             } else {
-                rbd_open(pool.handle, name_c.as_ptr(), &mut handle, snap_ptr)
+                (lib.rbd_open)(pool.handle, name_c.as_ptr(), &mut handle, snap_ptr)
             }
         })?;
         if !read_only && snap.is_none() {
@@ -338,10 +404,10 @@ impl Image {
             // refuses with EROFS or EBUSY. An image made without the exclusive-lock feature
             // answers EINVAL and cannot be guarded; it opens as before.
             // SAFETY: live image handle; RBD_LOCK_MODE_EXCLUSIVE is 0.
-            let r = unsafe { rbd_lock_acquire(handle, RBD_LOCK_MODE_EXCLUSIVE) };
+            let r = unsafe { (lib.rbd_lock_acquire)(handle, RBD_LOCK_MODE_EXCLUSIVE) };
             if r < 0 && r != -libc::EINVAL {
                 // SAFETY: the image was just opened and nothing is in flight on it.
-                unsafe { rbd_close(handle) };
+                unsafe { (lib.rbd_close)(handle) };
                 return Err(Errno(-r));
             }
         }
@@ -350,11 +416,12 @@ impl Image {
         if eventfd < 0 {
             let e = Errno::last();
             // SAFETY: the image was just opened and nothing is in flight on it.
-            unsafe { rbd_close(handle) };
+            unsafe { (lib.rbd_close)(handle) };
             return Err(e);
         }
         let image = Image {
             handle,
+            lib,
             eventfd,
             pending: (0..max_requests).map(|_| None).collect(),
             free: (0..max_requests).rev().collect(),
@@ -363,7 +430,9 @@ impl Image {
             _pool: pool,
         };
         // SAFETY: live image; the eventfd stays open until after rbd_close (see Drop).
-        check(unsafe { rbd_set_image_notification(image.handle, eventfd, EVENT_TYPE_EVENTFD) })?;
+        check(unsafe {
+            (lib.rbd_set_image_notification)(image.handle, eventfd, EVENT_TYPE_EVENTFD)
+        })?;
         Ok(image)
     }
 
@@ -372,7 +441,9 @@ impl Image {
         // SAFETY: all-zero bytes are a valid RbdImageInfo (integers and char arrays).
         let mut info: RbdImageInfo = unsafe { std::mem::zeroed() };
         // SAFETY: live image; `info` is a writable struct of the size passed.
-        check(unsafe { rbd_stat(self.handle, &mut info, std::mem::size_of::<RbdImageInfo>()) })?;
+        check(unsafe {
+            (self.lib.rbd_stat)(self.handle, &mut info, std::mem::size_of::<RbdImageInfo>())
+        })?;
         Ok(ImageInfo {
             size: info.size,
             object_size: info.obj_size,
@@ -465,27 +536,32 @@ impl Image {
         let mut comp: rbd_completion_t = std::ptr::null_mut();
         // SAFETY: valid out-pointer; the argument is the slot index smuggled as a pointer (never
         // dereferenced); no callback, completions are collected with rbd_poll_io_events.
-        check(unsafe { rbd_aio_create_completion(slot as *mut c_void, None, &mut comp) })?;
+        check(unsafe {
+            (self.lib.rbd_aio_create_completion)(slot as *mut c_void, None, &mut comp)
+        })?;
         // SAFETY: live image and fresh completion. For reads/writes `data..data+len` lies inside
         // the request's buffer (checked in `start`), which stays allocated and untouched by kura
         // until this completion is reaped (it is owned by `self.pending[slot]`, and `Drop` waits
         // for every completion).
+        let lib = self.lib;
         let ret = unsafe {
             match op {
-                AioOp::Read => rbd_aio_read2(self.handle, piece.offset, len, data.cast(), comp, 0),
+                AioOp::Read => {
+                    (lib.rbd_aio_read2)(self.handle, piece.offset, len, data.cast(), comp, 0)
+                }
                 AioOp::Write => {
-                    rbd_aio_write2(self.handle, piece.offset, len, data.cast(), comp, 0)
+                    (lib.rbd_aio_write2)(self.handle, piece.offset, len, data.cast(), comp, 0)
                 }
-                AioOp::Discard => rbd_aio_discard(self.handle, piece.offset, piece.len, comp),
+                AioOp::Discard => (lib.rbd_aio_discard)(self.handle, piece.offset, piece.len, comp),
                 AioOp::WriteZeroes => {
-                    rbd_aio_write_zeroes(self.handle, piece.offset, len, comp, 0, 0)
+                    (lib.rbd_aio_write_zeroes)(self.handle, piece.offset, len, comp, 0, 0)
                 }
-                AioOp::Flush => rbd_aio_flush(self.handle, comp),
+                AioOp::Flush => (lib.rbd_aio_flush)(self.handle, comp),
             }
         };
         if ret < 0 {
             // SAFETY: librbd refused the command, so it holds no reference to the completion.
-            unsafe { rbd_aio_release(comp) };
+            unsafe { (self.lib.rbd_aio_release)(comp) };
             return Err(Errno(-ret));
         }
         Ok(())
@@ -570,15 +646,15 @@ impl Image {
         loop {
             // SAFETY: live image; `comps` has room for REAP_BATCH completions.
             let n = check(unsafe {
-                rbd_poll_io_events(self.handle, comps.as_mut_ptr(), REAP_BATCH as c_int)
+                (self.lib.rbd_poll_io_events)(self.handle, comps.as_mut_ptr(), REAP_BATCH as c_int)
             })? as usize;
             for &comp in &comps[..n.min(REAP_BATCH)] {
                 // SAFETY: a completion librbd handed back as finished; it was created by
                 // `issue`, which set its argument to a slot index. It is released exactly once.
                 let (slot, ret) = unsafe {
-                    let slot = rbd_aio_get_arg(comp) as usize;
-                    let ret = rbd_aio_get_return_value(comp);
-                    rbd_aio_release(comp);
+                    let slot = (self.lib.rbd_aio_get_arg)(comp) as usize;
+                    let ret = (self.lib.rbd_aio_get_return_value)(comp);
+                    (self.lib.rbd_aio_release)(comp);
                     (slot, ret)
                 };
                 self.pieces_in_flight = self.pieces_in_flight.saturating_sub(1);
@@ -615,8 +691,24 @@ impl Drop for Image {
         }
         // SAFETY: nothing is in flight; the handle is closed once, then the eventfd it signals.
         unsafe {
-            rbd_close(self.handle);
+            (self.lib.rbd_close)(self.handle);
             libc::close(self.eventfd);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_library_or_symbol_is_an_error_naming_it() {
+        let e = open_library("libkura-no-such-library.so.9").unwrap_err();
+        assert!(e.contains("libkura-no-such-library.so.9"), "{e}");
+        // The C library is loaded in every process; it exports no librbd function.
+        let libc_handle = open_library("libc.so.6").expect("libc loads");
+        let e = symbol(&[libc_handle], "rbd_kura_no_such_function\0").unwrap_err();
+        assert!(e.contains("rbd_kura_no_such_function not found"), "{e}");
+        assert!(symbol(&[libc_handle], "malloc\0").is_ok());
     }
 }

@@ -5,16 +5,19 @@
 //! the genome pipeline run on a Ceph image like on any other device.
 //!
 //! - `options`: the spec and its checks (no Ceph call);
-//! - `ffi` (only with librbd): the hand-written librados/librbd declarations and owning handles,
-//!   all of the crate's unsafe code;
-//! - `device` (only with librbd): [`RbdDevice`], the `BlockDevice` on librbd's asynchronous API;
+//! - `ffi`: the hand-written librados/librbd declarations, loaded with `dlopen` on the first
+//!   `rbd:` open, and owning handles, all of the crate's unsafe code;
+//! - `device`: [`RbdDevice`], the `BlockDevice` on librbd's asynchronous API;
 //! - `error`: [`RbdError`];
 //! - [`testing`]: a throw-away cluster (`scripts/ceph/start.sh`) for tests and benches.
 //!
 //! No crate wraps librbd: `ceph` 3.x on crates.io binds librados only, and the RBD crates found
-//! are unmaintained, so the dozen functions kura needs are declared by hand against Debian's
-//! 16.2 headers. `build.rs` links them only where they are installed; elsewhere (or with
-//! `KURA_NO_RBD=1`) `rbd:` says kura was built without librbd.
+//! are unmaintained, so the two dozen functions kura needs are declared by hand against Debian's
+//! 16.2 headers. They are not linked: `librbd.so.1` and `librados.so.2` are loaded the first
+//! time an `rbd:` spec is opened, so a kura process that never opens one maps none of Ceph
+//! (about 8 MiB of resident memory in every process otherwise), and the same binary runs where
+//! librbd is not installed, where opening `rbd:` says which package to install. `KURA_NO_RBD=1`
+//! at build time leaves `rbd:` out altogether (the aarch64 cross build).
 
 #[cfg(not(kura_no_rbd))]
 mod device;
@@ -33,8 +36,19 @@ pub use options::RbdSpec;
 use kura_engine::registry::ReadOnly;
 use kura_engine::{BlockDevice, Kind, OpenError, Registry, Spec};
 
-/// True when this build links librbd (else `rbd:` opens fail with [`RbdError::NotBuilt`]).
+/// True when this build has `rbd:` (else `rbd:` opens fail with [`RbdError::NotBuilt`]).
 pub const BUILT_WITH_LIBRBD: bool = cfg!(not(kura_no_rbd));
+
+/// `Ok` when `rbd:` can be opened here: built in, and librbd and librados load (the first call
+/// loads them); else why not.
+pub fn librbd_available() -> Result<(), RbdError> {
+    #[cfg(not(kura_no_rbd))]
+    return ffi::library()
+        .map(|_| ())
+        .map_err(|detail| RbdError::Library { detail });
+    #[cfg(kura_no_rbd)]
+    return Err(RbdError::NotBuilt);
+}
 
 /// Adds `rbd:` to `registry`.
 pub fn register(registry: &mut Registry) {
@@ -97,7 +111,7 @@ mod tests {
         let mut reg = Registry::engine();
         register(&mut reg);
         let e = reg.open("rbd:rbd/x").err().expect("refused").to_string();
-        assert!(e.contains("built without librbd"), "{e}");
-        assert!(e.contains("librbd-dev librados-dev"), "{e}");
+        assert!(e.contains("built without rbd: support"), "{e}");
+        assert!(e.contains("KURA_NO_RBD"), "{e}");
     }
 }

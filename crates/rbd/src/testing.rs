@@ -235,10 +235,10 @@ pub fn all_clean(pg_stat: &str) -> bool {
 }
 
 /// Why a test cluster with `rbd:` on it cannot run here, if it cannot: the Ceph daemons and tools
-/// are not installed, or this build has no librbd.
+/// are not installed, or librbd cannot be loaded (or this build has no `rbd:`).
 pub fn missing() -> Option<&'static str> {
-    (!daemons_installed() || !crate::BUILT_WITH_LIBRBD)
-        .then_some("ceph-mon/ceph-osd/ceph-mgr/rbd or librbd-dev not installed")
+    (!daemons_installed() || crate::librbd_available().is_err())
+        .then_some("ceph-mon/ceph-osd/ceph-mgr/rbd or librbd1 not installed")
 }
 
 /// One named check on a shared cluster: it passes by returning and fails by panicking.
