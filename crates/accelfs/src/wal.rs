@@ -11,7 +11,7 @@ use crate::error::{FormatError, FsError};
 use crate::fsdevice::{BatchOp, FsDevice};
 use crate::journal::{self, blocks_needed, JournalArea, JournalSuper, Transaction};
 use kura_engine::IoBuf;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Block number → the newest committed contents of that block.
 pub type Images = BTreeMap<u64, Vec<u8>>;
@@ -124,6 +124,12 @@ impl Journal {
                 .range(start..start.saturating_add(count))
                 .next()
                 .is_some()
+    }
+
+    /// The blocks with committed contents newer than their home copy, in order; `None` when
+    /// there are more than `limit`.
+    pub fn image_blocks(&self, limit: usize) -> Option<BTreeSet<u64>> {
+        (self.pending.len() <= limit).then(|| self.pending.keys().copied().collect())
     }
 
     /// Blocks the largest transaction may hold.

@@ -23,12 +23,16 @@ use crate::fs::Fallocate;
 use crate::fsdevice::{BatchOp, FsDevice, StreamPart};
 use crate::inode::Kind;
 use kura_engine::{BufferPool, IoBuf};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
 
 /// A write is applied in steps of this many bytes, each its own metadata update, so that one
 /// huge write cannot outgrow a journal transaction.
 pub(crate) const WRITE_STEP: usize = 8 << 20;
+
+/// Most blocks `Mounted::unsettled` tracks; beyond, it becomes unknown until the next device
+/// read that looks at the journal under the disk lock makes it exact again.
+pub(crate) const UNSETTLED_MAX: usize = 1 << 16;
 
 /// Device commands (of `max_command_bytes`) a streaming read plans at once.
 const STREAM_WINDOW_COMMANDS: u64 = 256;
@@ -1030,7 +1034,14 @@ impl Mounted {
     /// contents sit in the journal (small fsync'd data is journaled, and its cached copy may have
     /// been evicted since) has a stale home copy, so reading it from the device would return old
     /// data. Such reads first checkpoint the journal. `runs` are (first device block, blocks).
+    ///
+    /// Runs outside the unsettled blocks (see [`Mounted::unsettle`]) cannot have an image, so
+    /// the disk lock is not taken for them: a commit holds it through its log write and flush,
+    /// and this thread holds the state lock, so every other thread would wait too.
     pub(super) fn before_device_reads(&mut self, runs: &[(u64, u64)]) -> Result<(), FsError> {
+        if self.unsettled.as_ref().is_some_and(|u| settled(u, runs)) {
+            return Ok(());
+        }
         let mut d = self.disk.lock();
         if runs
             .iter()
@@ -1039,7 +1050,23 @@ impl Mounted {
             let super::disk::Disk { dev, journal, .. } = &mut *d;
             journal.checkpoint(dev)?;
         }
+        // Holding the state lock and the disk lock exclusively: every commit prepared so far has
+        // written its log (its leader took the disk lock before letting the state lock go), so
+        // the journal's images are exactly the blocks whose home copy is old.
+        self.unsettled = d.journal.image_blocks(UNSETTLED_MAX);
         Ok(())
+    }
+
+    /// Records that these device blocks may get committed contents newer than their home copy
+    /// (a commit's log images), until the next exact look ([`Mounted::before_device_reads`]).
+    /// Called under the state lock when the commit is prepared, before its leader writes it.
+    pub(super) fn unsettle(&mut self, blocks: impl IntoIterator<Item = u64>) {
+        if let Some(u) = &mut self.unsettled {
+            u.extend(blocks);
+            if u.len() > UNSETTLED_MAX {
+                self.unsettled = None;
+            }
+        }
     }
 
     /// Writes dirty blocks evicted from the cache.
@@ -1149,6 +1176,17 @@ impl FetchPlan {
     }
 }
 
+/// Whether none of `runs` (first device block, blocks) holds a block of `unsettled`.
+fn settled(unsettled: &BTreeSet<u64>, runs: &[(u64, u64)]) -> bool {
+    !runs.iter().any(|&(start, count)| {
+        count > 0
+            && unsettled
+                .range(start..start.saturating_add(count))
+                .next()
+                .is_some()
+    })
+}
+
 /// Reads `runs` (first file block, first device block, blocks) at queue depth; returns each
 /// file block's contents.
 fn read_runs(
@@ -1227,4 +1265,116 @@ fn coalesce(mut blocks: Vec<(u64, IoBuf)>, bs: usize, max_bytes: usize) -> Vec<B
     }
     flush_run(&mut run, &mut out);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{FileSystem, MkfsOptions, MountOptions, OpenOptions};
+    use kura_engine::backend::common::QueueOptions;
+    use kura_engine::backend::mem::MemDevice;
+    use std::time::Duration;
+
+    const BLOCK: usize = 4096;
+
+    fn block(b: u8) -> Vec<u8> {
+        vec![b.wrapping_mul(37) | 1; BLOCK]
+    }
+
+    /// A 16-block file `/f`, committed, on a file system mounted again (nothing cached).
+    fn mounted_with_file() -> FileSystem {
+        let dev = MemDevice::new(64 << 20, QueueOptions::default());
+        let storage = dev.storage();
+        let opts = MountOptions {
+            cache_bytes: 256 << 10,
+            ..MountOptions::default()
+        };
+        let fs = FileSystem::format(Box::new(dev), MkfsOptions::default(), opts).expect("format");
+        let data: Vec<u8> = (0..16).flat_map(block).collect();
+        fs.write("/f", &data).expect("write");
+        fs.unmount().expect("unmount");
+        let dev = MemDevice::with_storage(storage, QueueOptions::default());
+        FileSystem::mount(Box::new(dev), opts).expect("mount")
+    }
+
+    /// Device block holding byte `offset` of file `ino` (the file system's blocks may be
+    /// larger than the 4 KiB pieces the tests write).
+    fn home(fs: &FileSystem, ino: u64, offset: u64) -> u64 {
+        let mut g = fs.lock();
+        let b = (offset / g.bs as u64) as u32;
+        let node = g.node(ino).expect("node");
+        node.map.lookup(b).expect("mapped").0
+    }
+
+    /// A read miss of blocks no commit logged is planned while another thread holds the disk
+    /// lock exclusively, as a group commit's leader does through its log write and flush: the
+    /// look at the journal does not wait for it while holding the state lock (which would stop
+    /// every other thread too). Were it to wait, it would finish only when the lock is let go,
+    /// after the generous wait below, and the test fails.
+    #[test]
+    fn a_read_miss_is_planned_while_a_commit_holds_the_disk_lock() {
+        let fs = mounted_with_file();
+        let f = fs.open("/f").expect("open");
+        let mut buf = vec![0u8; BLOCK];
+        // The first device read looks under the disk lock: the unsettled blocks are known (none).
+        f.read_at(0, &mut buf).expect("read block 0");
+        assert_eq!(buf, block(0));
+        assert_eq!(fs.lock().unsettled.as_ref().map(|u| u.len()), Some(0));
+        let home9 = home(&fs, f.ino(), 9 * BLOCK as u64);
+        let disk = fs.lock().disk();
+        let held = disk.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let looked = fs.lock().before_device_reads(&[(home9, 1)]).is_ok();
+                let _ = tx.send(looked);
+            });
+            let got = rx.recv_timeout(Duration::from_secs(60));
+            drop(held);
+            assert_eq!(got, Ok(true), "the read miss waited for the disk lock");
+        });
+        f.read_at(9 * BLOCK as u64, &mut buf).expect("read block 9");
+        assert_eq!(buf, block(9));
+        drop(f);
+        fs.unmount().expect("unmount");
+    }
+
+    /// Every block a commit logged is unsettled, so a device read of it looks at the journal
+    /// under the disk lock and checkpoints first; that look makes the set exact (empty) again.
+    #[test]
+    fn a_logged_block_is_unsettled_until_a_read_of_it_checkpoints_the_journal() {
+        let fs = mounted_with_file();
+        let f = fs
+            .open_with("/f", OpenOptions::new().read(true).write(true))
+            .expect("open");
+        let mut buf = vec![0u8; BLOCK];
+        f.read_at(0, &mut buf).expect("read block 0");
+        // A small write, fsync'd: its data goes into the log with the inode (format §7).
+        f.write_at(2 * BLOCK as u64, &block(100)).expect("write");
+        f.sync_all().expect("fsync");
+        let home2 = home(&fs, f.ino(), 2 * BLOCK as u64);
+        let mut g = fs.lock();
+        let logged = g
+            .disk()
+            .lock()
+            .journal
+            .image_blocks(usize::MAX)
+            .expect("every block");
+        assert!(
+            logged.contains(&home2),
+            "block 2's home {home2} not logged: {logged:?}"
+        );
+        let unsettled = g.unsettled.clone().expect("known");
+        assert!(
+            logged.is_subset(&unsettled),
+            "logged {logged:?}, unsettled {unsettled:?}"
+        );
+        g.before_device_reads(&[(home2, 1)]).expect("checkpoint");
+        assert!(!g.disk().lock().journal.has_image_in(home2, 1));
+        assert_eq!(g.unsettled.as_ref().map(|u| u.len()), Some(0));
+        drop(g);
+        f.read_at(2 * BLOCK as u64, &mut buf).expect("read block 2");
+        assert_eq!(buf, block(100));
+        drop(f);
+        fs.unmount().expect("unmount");
+    }
 }

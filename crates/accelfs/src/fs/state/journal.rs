@@ -164,6 +164,9 @@ impl Mounted {
         self.layout_changed.clear();
         let seq = self.running_seq;
         self.running_seq += 1;
+        // The leader writes these images to the log with the state lock released; until a
+        // checkpoint their home copies are older.
+        self.unsettle(images.iter().map(|&(target, _)| target));
         Ok(Prepared {
             images,
             data,

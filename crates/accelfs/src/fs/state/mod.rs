@@ -73,7 +73,9 @@
 //! A read (`FileSystem::read_file`) whose blocks are cached is a copy under the shared state
 //! lock, beside other such reads of the same or other files. Otherwise it is planned under the
 //! exclusive lock (`Mounted::read_begin`: cached blocks copied, a checkpoint first if the log
-//! holds a newer copy of a block to read), the state lock is released and the blocks are read
+//! holds a newer copy of a block to read; the disk lock is taken for that look only when a
+//! block to read is among `unsettled`, the blocks a commit may have logged, so a miss does not
+//! wait under the state lock for another thread's commit), the state lock is released and the blocks are read
 //! under the disk lock alone, and the state lock is taken again to copy out and cache them
 //! (`Mounted::read_finish`). That is valid only if the file did not change meanwhile: every
 //! change to a file's data or block map moves its data stamp (`data_versions`), and a block
@@ -157,6 +159,16 @@ pub(crate) struct Mounted {
     data_versions: HashMap<u64, u64>,
     /// Source of those stamps.
     data_clock: u64,
+    /// Device blocks whose home copy may be older than their newest committed contents: a
+    /// superset of the journal's images, added to under the state lock when a commit is
+    /// prepared (before its leader writes the log with the state lock released) and made exact
+    /// only while holding the state lock and the disk lock exclusively (`data.rs`,
+    /// [`Mounted::before_device_reads`]); `None` when unknown (at mount, or grown past
+    /// `data::UNSETTLED_MAX`). A device read of blocks outside it needs no look at the
+    /// journal, so a read miss is planned without waiting for the disk lock, which a commit
+    /// holds through its log write and flush while every other thread would wait on the state
+    /// lock this one holds.
+    unsettled: Option<BTreeSet<u64>>,
     // ---- the running transaction and group commit (`journal.rs`) ----
     /// Blocks the largest transaction may hold (the journal's, fixed at mount).
     max_transaction: usize,
@@ -217,6 +229,7 @@ impl Mounted {
             next_sequential: HashMap::new(),
             data_versions: HashMap::new(),
             data_clock: 0,
+            unsettled: None,
             max_transaction,
             running_seq: 1,
             durable_seq: 0,
