@@ -286,12 +286,16 @@ impl Mounted {
             return Some(0);
         }
         let n = (size - offset).min(out.len() as u64) as usize;
-        if n >= self.opts.bypass_bytes {
-            return None;
-        }
         let bs = self.bs as u64;
         let end = offset + n as u64;
         let (first, last) = ((offset / bs) as u32, ((end - 1) / bs) as u32);
+        // A large read is served here only when every block is cached (looked up before any
+        // copy, so a miss costs lookups, not copies): then its copy, milliseconds for a few
+        // MiB, runs beside other readers instead of holding the state lock exclusively. One
+        // with blocks to fetch goes to the device in big commands (`plan_direct`).
+        if n >= self.opts.bypass_bytes && !(first..=last).all(|b| self.cache.contains(ino, b)) {
+            return None;
+        }
         for b in first..=last {
             let buf = self.cache.peek(ino, b)?;
             let lo = (u64::from(b) * bs).max(offset);
@@ -1039,6 +1043,11 @@ impl Mounted {
     /// the disk lock is not taken for them: a commit holds it through its log write and flush,
     /// and this thread holds the state lock, so every other thread would wait too.
     pub(super) fn before_device_reads(&mut self, runs: &[(u64, u64)]) -> Result<(), FsError> {
+        // Nothing to read from the device (a large read found every block cached): nothing to
+        // look up, and no reason to wait for a commit.
+        if runs.iter().all(|&(_, count)| count == 0) {
+            return Ok(());
+        }
         if self.unsettled.as_ref().is_some_and(|u| settled(u, runs)) {
             return Ok(());
         }
@@ -1334,6 +1343,50 @@ mod tests {
         });
         f.read_at(9 * BLOCK as u64, &mut buf).expect("read block 9");
         assert_eq!(buf, block(9));
+        drop(f);
+        fs.unmount().expect("unmount");
+    }
+
+    /// A large read (over `bypass_bytes`) whose blocks are all cached is a copy under the shared
+    /// state lock: it completes while another thread holds the lock shared (as every cached
+    /// reader does), where the exclusive lock would wait for that reader to finish and the
+    /// read would not complete before the generous wait below.
+    #[test]
+    fn a_large_read_of_cached_blocks_runs_beside_other_readers() {
+        let fs = FileSystem::format(
+            Box::new(MemDevice::new(64 << 20, QueueOptions::default())),
+            MkfsOptions::default(),
+            MountOptions {
+                cache_bytes: 8 << 20,
+                ..MountOptions::default()
+            },
+        )
+        .expect("format");
+        let f = fs
+            .open_with("/f", OpenOptions::new().read(true).write(true).create(true))
+            .expect("create");
+        // Written in pieces below the bypass threshold, so every block lands in the cache.
+        let piece = 64 << 10;
+        let data: Vec<u8> = (0..1 << 20).map(|i: u32| (i * 7 % 251) as u8).collect();
+        for (k, chunk) in data.chunks(piece).enumerate() {
+            f.write_at((k * piece) as u64, chunk).expect("write");
+        }
+        let large = 512 << 10;
+        assert!(large >= MountOptions::default().bypass_bytes);
+        let held = fs.read_lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut out = vec![0u8; large];
+                let n = f.read_at(256 << 10, &mut out).expect("read");
+                let _ = tx.send((n, out));
+            });
+            let got = rx.recv_timeout(Duration::from_secs(60));
+            drop(held);
+            let (n, out) = got.expect("the large cached read waited for the exclusive lock");
+            assert_eq!(n, large);
+            assert!(out == data[256 << 10..(256 << 10) + large], "wrong bytes");
+        });
         drop(f);
         fs.unmount().expect("unmount");
     }

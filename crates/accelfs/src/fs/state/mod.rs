@@ -163,7 +163,7 @@ pub(crate) struct Mounted {
     /// superset of the journal's images, added to under the state lock when a commit is
     /// prepared (before its leader writes the log with the state lock released) and made exact
     /// only while holding the state lock and the disk lock exclusively (`data.rs`,
-    /// [`Mounted::before_device_reads`]); `None` when unknown (at mount, or grown past
+    /// [`Mounted::before_device_reads`]); `None` when unknown (grown past
     /// `data::UNSETTLED_MAX`). A device read of blocks outside it needs no look at the
     /// journal, so a read miss is planned without waiting for the disk lock, which a commit
     /// holds through its log write and flush while every other thread would wait on the state
@@ -208,6 +208,9 @@ impl Mounted {
     ) -> Result<Mounted, FsError> {
         let bs = sb.layout.block_size as usize;
         let max_transaction = journal.max_transaction_blocks();
+        // Recovery left nothing pending (or, read-only, serves what it found from memory), so
+        // the journal's images are known from the start.
+        let unsettled = journal.image_blocks(data::UNSETTLED_MAX);
         let mut m = Mounted {
             disk: SharedDisk::new(io, journal),
             sb,
@@ -229,7 +232,7 @@ impl Mounted {
             next_sequential: HashMap::new(),
             data_versions: HashMap::new(),
             data_clock: 0,
-            unsettled: None,
+            unsettled,
             max_transaction,
             running_seq: 1,
             durable_seq: 0,
