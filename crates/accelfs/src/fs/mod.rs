@@ -49,6 +49,10 @@ use striped::{ReadGuard, StripedRwLock, WriteGuard};
 /// Why a read-only mount refuses a change (the text of its [`FsError::ReadOnly`]).
 const READ_ONLY_MOUNT: &str = "mounted read-only";
 
+/// How many times a commit or an fdatasync that finds the disk lock held lets the state lock go
+/// to wait for it, before it waits holding the state lock (which cannot be kept back forever).
+const DISK_DEFERRALS: u32 = 4;
+
 /// Tunables of a mount.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MountOptions {
@@ -236,6 +240,9 @@ pub struct FsStats {
     pub cache: CacheStats,
     /// Journal transactions committed by this mount.
     pub commits: u64,
+    /// Times a commit or an fdatasync found another thread holding the disk lock (its writes
+    /// and flush) and waited for it with the state lock released, so other threads went on.
+    pub disk_waits: u64,
     /// What recovery did when this mount started.
     pub recovery: Recovery,
 }
@@ -259,6 +266,8 @@ struct Shared {
     /// taking another lock.
     commits_finished: Mutex<u64>,
     commit_finished: Condvar,
+    /// [`FsStats::disk_waits`].
+    disk_waits: std::sync::atomic::AtomicU64,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -369,6 +378,7 @@ impl FileSystem {
                 state: StripedRwLock::new(mounted),
                 commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
+                disk_waits: Default::default(),
             }),
         })
     }
@@ -404,6 +414,7 @@ impl FileSystem {
         }
         g.want_data(handle.map(|(ino, _)| ino));
         let need = g.running_seq();
+        let mut deferrals = 0;
         loop {
             if g.durable_seq() >= need {
                 return Ok(());
@@ -429,10 +440,24 @@ impl FileSystem {
                 g = self.lock();
                 continue;
             }
+            let disk = g.disk();
+            // Another thread's fdatasync (or a streaming read) may hold the disk lock through
+            // its writes and flush: wait for it with the state lock released, so other threads
+            // go on meanwhile, rather than in `disk.lock()` below holding it. A few times at
+            // most, then wait there as before, so a busy disk cannot keep this commit back.
+            if deferrals < DISK_DEFERRALS && disk.busy() {
+                deferrals += 1;
+                drop(g);
+                self.inner
+                    .disk_waits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                disk.wait_idle();
+                g = self.lock();
+                continue;
+            }
             let prepared = g.prepare_commit()?;
             g.set_commit_in_flight(true);
             let leader = Leader { fs: self };
-            let disk = g.disk();
             // The disk lock is taken before the state lock is released, so the transaction
             // reaches the log before anything prepared after it (lock order: state, disk).
             let mut d = disk.lock();
@@ -499,9 +524,25 @@ impl FileSystem {
     /// commit.
     pub(crate) fn sync_data_of(&self, ino: u64, generation: u32) -> Result<(), FsError> {
         let mut g = self.lock();
-        g.check_handle(ino, generation)?;
-        if g.nothing_to_commit() {
-            return Ok(());
+        let mut deferrals = 0;
+        loop {
+            g.check_handle(ino, generation)?;
+            if g.nothing_to_commit() {
+                return Ok(());
+            }
+            // As in `group_commit`: wait for a busy disk without holding the state lock.
+            let disk = g.disk();
+            if deferrals < DISK_DEFERRALS && disk.busy() {
+                deferrals += 1;
+                drop(g);
+                self.inner
+                    .disk_waits
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                disk.wait_idle();
+                g = self.lock();
+                continue;
+            }
+            break;
         }
         match g.sync_data_ops(ino)? {
             None => {
@@ -719,8 +760,22 @@ impl FileSystem {
         self.group_commit(None)
     }
 
+    /// [`FsStats::disk_waits`] without the state lock (a test polls it while a thread that
+    /// might hold the lock waits).
+    #[cfg(test)]
+    pub(crate) fn disk_waits(&self) -> u64 {
+        self.inner
+            .disk_waits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     pub fn statfs(&self) -> FsStats {
-        self.read_lock().stats()
+        let mut stats = self.read_lock().stats();
+        stats.disk_waits = self
+            .inner
+            .disk_waits
+            .load(std::sync::atomic::Ordering::Relaxed);
+        stats
     }
 
     /// Commits, checkpoints the journal and closes the file system; other handles then fail.

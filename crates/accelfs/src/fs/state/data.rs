@@ -1391,6 +1391,50 @@ mod tests {
         fs.unmount().expect("unmount");
     }
 
+    /// An fdatasync that finds another thread's flush holding the disk lock waits for it with
+    /// the state lock released: meanwhile another thread creates a file, which needs the state
+    /// lock exclusively. The wait is counted (`disk_waits`), which is how the test knows the
+    /// fdatasync has reached it.
+    #[test]
+    fn an_fdatasync_waits_for_a_busy_disk_without_the_state_lock() {
+        let fs = mounted_with_file();
+        let f = fs
+            .open_with("/f", OpenOptions::new().read(true).write(true))
+            .expect("open");
+        // An overwrite: no size or map change, so fdatasync writes the block home and flushes.
+        f.write_at(0, &block(200)).expect("overwrite");
+        let disk = fs.lock().disk();
+        let held = disk.lock();
+        std::thread::scope(|s| {
+            let syncing = s.spawn(|| f.sync_data());
+            let deadline = std::time::Instant::now() + Duration::from_secs(60);
+            while fs.disk_waits() == 0 && std::time::Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            if fs.disk_waits() != 1 {
+                drop(held);
+                panic!("the fdatasync waited for the disk holding the state lock");
+            }
+            let (tx, rx) = std::sync::mpsc::channel();
+            let creator = fs.clone();
+            s.spawn(move || {
+                let _ = tx.send(creator.create("/g").map(|_| ()));
+            });
+            let created = rx.recv_timeout(Duration::from_secs(60));
+            drop(held);
+            assert!(
+                matches!(created, Ok(Ok(()))),
+                "a create waited for the fdatasync's state lock: {created:?}"
+            );
+            syncing.join().expect("join").expect("fdatasync");
+        });
+        let mut buf = vec![0u8; BLOCK];
+        f.read_at(0, &mut buf).expect("read");
+        assert_eq!(buf, block(200));
+        drop(f);
+        fs.unmount().expect("unmount");
+    }
+
     /// Every block a commit logged is unsettled, so a device read of it looks at the journal
     /// under the disk lock and checkpoints first; that look makes the set exact (empty) again.
     #[test]

@@ -29,7 +29,7 @@ use crate::error::FsError;
 use crate::fsdevice::{BatchOp, FsDevice};
 use crate::wal::Journal;
 use std::ops::{Deref, DerefMut};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// Most sibling queues a mount opens: beyond this many threads doing I/O at once, the extra
 /// ones share the mount's own queue (each queue pins its own kernel resources).
@@ -155,6 +155,19 @@ impl SharedDisk {
             disk: self.0.disk(),
             _gate: gate,
         }
+    }
+
+    /// Whether another thread holds the disk lock now (exclusively or shared): a caller holding
+    /// the state lock that would otherwise wait for it there (stopping every other thread)
+    /// can let the state lock go and [`SharedDisk::wait_idle`] instead.
+    pub(crate) fn busy(&self) -> bool {
+        matches!(self.0.gate.try_write(), Err(TryLockError::WouldBlock))
+    }
+
+    /// Waits until the present holders of the disk lock let it go. Taken without the state
+    /// lock (lock order: state, disk; this holds neither afterwards).
+    pub(crate) fn wait_idle(&self) {
+        drop(self.0.gate.write());
     }
 
     /// Takes the disk lock shared, with a queue of its own when the device has more than one

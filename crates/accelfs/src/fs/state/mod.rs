@@ -302,6 +302,7 @@ impl Mounted {
             free_inodes: self.alloc.free_inode_count(),
             cache: self.cache.stats(),
             commits: self.commits,
+            disk_waits: 0,
             recovery: self.recovery,
         }
     }
