@@ -65,7 +65,10 @@
 //! first). A thread that must wait for the device without blocking the others takes the disk
 //! lock while holding the state lock (exclusively), then releases the state lock and does its
 //! I/O under the disk lock alone: a group commit's log write and flush
-//! (`FileSystem::group_commit`), and fdatasync's data write and flush. Taking the disk lock
+//! (`FileSystem::group_commit`), and fdatasync's data write and flush. Both first check that
+//! the disk lock is free; when another thread holds it they let the state lock go, wait for
+//! the disk lock to be let go (`SharedDisk::wait_idle`) and start again (a few times at most,
+//! then they wait holding it, so a busy disk cannot keep them back). Taking the disk lock
 //! before releasing the state lock is what keeps the order of the journal: work prepared later
 //! under the state lock (another commit, a checkpoint, a direct write, a device read that first
 //! checks for a newer log image) reaches the device after it.
