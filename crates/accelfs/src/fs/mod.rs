@@ -388,6 +388,29 @@ impl FileSystem {
         self.inner.state.write()
     }
 
+    /// When another thread holds the disk lock (a commit's or an fdatasync's writes and flush)
+    /// and `deferrals` is below [`DISK_DEFERRALS`]: lets the state lock go, waits for the disk
+    /// lock to be let go, takes the state lock again and says so (`true`), so other threads go
+    /// on meanwhile. Otherwise gives the guard back untouched (`false`); the caller then waits
+    /// for the disk lock holding the state lock, as the order of the journal needs.
+    fn wait_for_busy_disk<'a>(
+        &'a self,
+        g: WriteGuard<'a, Mounted>,
+        deferrals: &mut u32,
+    ) -> (WriteGuard<'a, Mounted>, bool) {
+        let disk = g.disk();
+        if *deferrals >= DISK_DEFERRALS || !disk.busy() {
+            return (g, false);
+        }
+        *deferrals += 1;
+        drop(g);
+        self.inner
+            .disk_waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        disk.wait_idle();
+        (self.lock(), true)
+    }
+
     /// Takes the state lock shared: for what only looks at the mounted state (`&Mounted`).
     /// Never held while taking the lock exclusively (that would wait for itself).
     fn read_lock(&self) -> ReadGuard<'_, Mounted> {
@@ -440,21 +463,15 @@ impl FileSystem {
                 g = self.lock();
                 continue;
             }
-            let disk = g.disk();
             // Another thread's fdatasync (or a streaming read) may hold the disk lock through
-            // its writes and flush: wait for it with the state lock released, so other threads
-            // go on meanwhile, rather than in `disk.lock()` below holding it. A few times at
-            // most, then wait there as before, so a busy disk cannot keep this commit back.
-            if deferrals < DISK_DEFERRALS && disk.busy() {
-                deferrals += 1;
-                drop(g);
-                self.inner
-                    .disk_waits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                disk.wait_idle();
-                g = self.lock();
+            // its writes and flush: wait for it with the state lock released, rather than in
+            // `disk.lock()` below holding it.
+            let waited;
+            (g, waited) = self.wait_for_busy_disk(g, &mut deferrals);
+            if waited {
                 continue;
             }
+            let disk = g.disk();
             let prepared = g.prepare_commit()?;
             g.set_commit_in_flight(true);
             let leader = Leader { fs: self };
@@ -531,18 +548,11 @@ impl FileSystem {
                 return Ok(());
             }
             // As in `group_commit`: wait for a busy disk without holding the state lock.
-            let disk = g.disk();
-            if deferrals < DISK_DEFERRALS && disk.busy() {
-                deferrals += 1;
-                drop(g);
-                self.inner
-                    .disk_waits
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                disk.wait_idle();
-                g = self.lock();
-                continue;
+            let waited;
+            (g, waited) = self.wait_for_busy_disk(g, &mut deferrals);
+            if !waited {
+                break;
             }
-            break;
         }
         match g.sync_data_ops(ino)? {
             None => {
