@@ -1160,9 +1160,10 @@ impl Shared {
                 self.segment_pages,
                 self.inline_threshold,
             );
+            let mut values = tree::ValueWindows::default();
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
-                    let value = value.load(self.dev(), self.segment_bytes)?;
+                    let value = values.load(value, self.dev(), self.segment_bytes)?;
                     out.add(&key, lsn, value)?;
                 }
             }

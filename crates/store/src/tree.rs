@@ -188,6 +188,64 @@ impl Val<'_> {
     }
 }
 
+/// Bytes of a run's value area one merge read fetches: with block rounding the read stays
+/// within the 256 KiB buffer a read queue keeps.
+const VALUE_WINDOW: u64 = 248 << 10;
+
+/// Windows held at most; past this many input runs a merge starts over (it reads again).
+const MAX_WINDOWS: usize = 64;
+
+/// The separated values a merge reads, one window of each input run's value area at a time.
+/// A merge visits a run's keys in ascending order, and a run's values lie one below the
+/// other from its segment's end down ([`RunBuilder::add_separated`]), so one read of up to
+/// [`VALUE_WINDOW`] bytes ending at a value holds the values of the keys after it. Reading
+/// each value on its own cost one device round trip per version and was most of a merge's
+/// time. Every value is still checked against its pointer's CRC.
+#[derive(Default)]
+pub(crate) struct ValueWindows {
+    /// (slot, seg_seq) -> the window's first byte within the segment and its bytes.
+    windows: std::collections::HashMap<(u64, u64), (u64, Vec<u8>)>,
+}
+
+impl ValueWindows {
+    /// Like [`Val::load`], through the windows.
+    pub(crate) fn load(
+        &mut self,
+        val: Val<'_>,
+        dev: Dev<'_>,
+        segment_bytes: u64,
+    ) -> Result<Option<Vec<u8>>, StoreError> {
+        let Val::Pointer(h, p) = val else {
+            return val.load(dev, segment_bytes);
+        };
+        let seg = h.meta.run;
+        let windows = &mut self.windows;
+        let value = h
+            .run
+            .read_value(seg.slot, segment_bytes, &p, &mut |at, len| {
+                let end = at + len as u64;
+                if let Some((start, bytes)) = windows.get(&(seg.slot, seg.seg_seq)) {
+                    if at >= *start && end <= *start + bytes.len() as u64 {
+                        let from = (at - start) as usize;
+                        return Ok(bytes[from..from + len].to_vec());
+                    }
+                }
+                // `read_value` has checked that the value lies within the segment; the window
+                // may reach below the value area into the run's pages, which is harmless.
+                let start = end.saturating_sub(VALUE_WINDOW.max(len as u64));
+                let bytes = dev.bytes(seg.slot, start, (end - start) as usize)?;
+                let from = (at - start) as usize;
+                let value = bytes[from..from + len].to_vec();
+                if windows.len() >= MAX_WINDOWS {
+                    windows.clear();
+                }
+                windows.insert((seg.slot, seg.seg_seq), (start, bytes));
+                Ok(value)
+            })?;
+        Ok(Some(value))
+    }
+}
+
 type Item<'a> = Result<(Vec<u8>, u64, Val<'a>), StoreError>;
 type Source<'a> = Peekable<Box<dyn Iterator<Item = Item<'a>> + 'a>>;
 
