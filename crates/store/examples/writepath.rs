@@ -2,8 +2,8 @@
 //! scrambled order (as db_bench's fillrandom) into a store on a buffered `file:` image, then a
 //! sync; prints the put rate and the store's statistics.
 //!
-//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE]`
-//! (defaults 200000 puts, 1024-byte values, 4 MiB memtable). IMAGE is created (1 GiB, sparse).
+//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE] [L1_RUNS]`
+//! (defaults 200000 puts, 1024-byte values, 4 MiB memtable, the store's default L1 runs). IMAGE is created (1 GiB, sparse).
 
 use kura_store::{Store, StoreError, StoreOptions};
 use std::time::Instant;
@@ -16,16 +16,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let image = args
         .next()
-        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE]")?;
+        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE] [L1_RUNS]")?;
     let mut num = |d: u64| args.next().and_then(|a| a.parse().ok()).unwrap_or(d);
     let (n, v, mem) = (num(200_000), num(1024) as usize, num(4 << 20) as usize);
     let f = std::fs::File::create(&image)?;
     f.set_len(1 << 30)?;
     drop(f);
     let dev = kura_engine::open(&format!("file:{image}?direct=0"))?;
+    let defaults = StoreOptions::default();
     let opts = StoreOptions {
         memtable_bytes: mem,
-        ..StoreOptions::default()
+        l1_runs: num(defaults.l1_runs as u64) as usize,
+        ..defaults
     };
     let store = Store::create(dev, &opts)?;
     let value = vec![0x5au8; v];
