@@ -11,7 +11,7 @@
 //! which a tool and minimap2 differ are listed, so a reader can look at them.
 
 use crate::genome::GenomeBenchArgs;
-use crate::genome_peers::{build_index, run_mapper, Index, Measured, Tool};
+use crate::genome_peers::{build_index, run_mapper, which, Index, Measured, Tool};
 use crate::stats::Spread;
 use anyhow::{bail, Context};
 use kura_genome::paths::MG1655;
@@ -436,7 +436,7 @@ pub fn run(args: &GenomeBenchArgs) -> anyhow::Result<()> {
         .filter(|r| r.tool != Tool::Minimap2)
         .map(|r| agreement(r.tool.name(), &r.summary, &minimap2))
         .collect();
-    if which_samtools().is_none() {
+    if which("samtools").is_none() {
         skipped
             .push("samtools is not installed (apt-get install samtools): no flagstat/stats".into());
     }
@@ -473,15 +473,11 @@ const PLOT: &str = include_str!("../../../scripts/plot_genome_real.py");
 
 /// `samtools ARGS sam`'s standard output, or `None` without samtools or when it fails.
 fn samtools(args: &[&str], sam: &Path) -> Option<String> {
-    which_samtools()?;
+    which("samtools")?;
     let out = Command::new("samtools").args(args).arg(sam).output().ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
-fn which_samtools() -> Option<PathBuf> {
-    crate::genome_peers::which("samtools")
 }
 
 /// The `SN` lines of `samtools stats` output: name (without its colon) and value.
