@@ -10,6 +10,8 @@
 use crate::pack::AMBIGUOUS;
 use std::fmt;
 
+mod diagonal;
+
 /// Alignment scores; defaults are minimap2's short-read preset (`-A2 -B8 -O12 -E2`, end bonus 10).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Scoring {
@@ -278,6 +280,7 @@ pub struct Aligner {
     narrow: Rows<i16>,
     wide: Rows<i32>,
     trace: Vec<u8>,
+    relaxation: diagonal::Relaxation,
 }
 
 impl Aligner {
@@ -327,6 +330,23 @@ impl Aligner {
             )
         }?;
         Some(self.traceback(read, reference, best, lo, width))
+    }
+
+    /// [`Self::align`] for a read whose seeds all sit on `diagonal`: the same alignment, found
+    /// without filling the band when a cheaper pass proves the ungapped path on that diagonal is
+    /// what the fill would return (the usual case for reads with only substitutions).
+    pub fn align_on_diagonal(
+        &mut self,
+        read: &[u8],
+        reference: &[u8],
+        diagonal: usize,
+        band: usize,
+        sc: &Scoring,
+    ) -> Option<Alignment> {
+        if let Some(a) = self.relaxation.prove(read, reference, diagonal, band, sc) {
+            return Some(a);
+        }
+        self.align(read, reference, diagonal as isize, band, sc)
     }
 
     fn traceback(
@@ -793,6 +813,94 @@ mod tests {
                 prop_assert_eq!(Some(w), oracle(&read, &reference, diag, band, &sc));
             }
         }
+    }
+
+    /// Reads drawn on one diagonal with substitutions only (the shortcut's case), sometimes an
+    /// indel or a low-complexity reference (where it must give way to the fill).
+    fn one_diagonal_case() -> impl Strategy<Value = (Vec<u8>, Vec<u8>, usize, usize)> {
+        (
+            proptest::collection::vec(base(), 160..400),
+            0usize..40,
+            30usize..150,
+            proptest::collection::vec((0usize..200, 0u8..8, 0u8..5), 0..10),
+            0usize..20,
+            0u8..4,
+        )
+            .prop_map(|(mut reference, start, len, edits, band, repeat)| {
+                if repeat == 0 {
+                    // A tandem repeat: other diagonals of the band match as well as the read's.
+                    let unit = reference[..3].to_vec();
+                    for (k, b) in reference.iter_mut().enumerate() {
+                        *b = unit[k % 3];
+                    }
+                }
+                // Mostly substitutions: kinds 0-5 substitute, 6 inserts, 7 deletes.
+                let edits: Vec<(usize, u8, u8)> = edits
+                    .into_iter()
+                    .map(|(at, kind, b)| (at, if kind < 6 { 0 } else { kind - 4 }, b))
+                    .collect();
+                let read = mutate(&reference, start, len, &edits);
+                (reference, read, start, band)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn one_diagonal_shortcut_is_the_fill_whenever_it_answers((reference, read, start, band) in one_diagonal_case()) {
+            let sc = Scoring::default();
+            let mut al = Aligner::new();
+            let want = oracle(&read, &reference, start as isize, band, &sc);
+            if let Some(got) = al.relaxation.prove(&read, &reference, start, band, &sc) {
+                prop_assert_eq!(Some(got), want.clone());
+            }
+            prop_assert_eq!(al.align_on_diagonal(&read, &reference, start, band, &sc), want);
+        }
+    }
+
+    #[test]
+    fn one_diagonal_shortcut_answers_for_substitutions_and_declines_gaps() {
+        let mut x = 99u64;
+        let mut next = || {
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            x >> 33
+        };
+        let sc = Scoring::default();
+        let mut al = Aligner::new();
+        let (mut answered, mut declined_gapped) = (0, 0);
+        for _ in 0..200 {
+            let reference: Vec<u8> = (0..400).map(|_| (next() % 4) as u8).collect();
+            let start = 20 + (next() % 100) as usize;
+            // Four substitutions, spread over the read: beyond the two the ungapped check in
+            // `map` accepts, and far from a reason to open a gap.
+            let mut read = reference[start..start + 150].to_vec();
+            for k in 0..4 {
+                let at = 10 + 35 * k + (next() % 10) as usize;
+                read[at] = (read[at] + 1 + (next() % 3) as u8) % 4;
+            }
+            let want = oracle(&read, &reference, start as isize, 16, &sc);
+            if let Some(got) = al.relaxation.prove(&read, &reference, start, 16, &sc) {
+                assert_eq!(Some(got), want);
+                answered += 1;
+            }
+            // The same read with a deletion in its middle aligns with a gap: no shortcut.
+            read.remove(75);
+            read.remove(75);
+            let gapped = oracle(&read, &reference, start as isize, 16, &sc).unwrap();
+            assert!(gapped.deleted > 0 || gapped.inserted > 0);
+            if al
+                .relaxation
+                .prove(&read, &reference, start, 16, &sc)
+                .is_none()
+            {
+                declined_gapped += 1;
+            }
+        }
+        assert!(answered >= 190, "shortcut answered {answered} of 200");
+        assert_eq!(declined_gapped, 200);
     }
 
     #[test]

@@ -495,6 +495,11 @@ impl<'a> Mapper<'a> {
         };
         let aln: Alignment = match ungapped {
             Some(a) => a,
+            // Seeds on one diagonal: the fill's answer, usually without filling.
+            None if g.dmin == g.dmax && diag >= 0 => {
+                s.aligner
+                    .align_on_diagonal(read, &s.window, diag as usize, band, sc)?
+            }
             None => s.aligner.align(read, &s.window, diag as isize, band, sc)?,
         };
         Some(Hit {
