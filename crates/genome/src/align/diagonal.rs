@@ -5,13 +5,17 @@
 //! clipping and tie-breaking), and then builds that path without filling anything.
 //!
 //! The proof is a relaxation of the banded fill: every alignment the fill can score that leaves the
-//! diagonal, or lies on another one, maps to a path of the relaxation that scores at least as much,
-//! because any gap (either kind, any length) becomes one jump to any column of the band at the
-//! price of the shortest gap. When the best of those paths still ends strictly below the
-//! diagonal's own best end, no cell that the fill's choice of end or its traceback reads can hold
-//! anything but the diagonal's path, so the fill's answer is that path. Otherwise the caller fills
-//! the band as before. Each row of the relaxation is a few operations per column with no
-//! left-to-right dependency, so it vectorises fully, unlike the fill's gap recurrence.
+//! diagonal, or lies on another one, maps to a path of the relaxation that scores at least as much.
+//! Insertions (read bases against no reference, a step down the band to the previous row's next
+//! column) are kept exactly, per column; a deletion of any length becomes a jump from the
+//! previous row's best cell to any column at the price of the shortest gap. When the best of
+//! those paths still ends strictly below the diagonal's own best end, no cell that the fill's
+//! choice of end or its traceback reads can hold anything but the diagonal's path, so the fill's
+//! answer is that path. Otherwise the caller fills the band as before. Each row of the relaxation
+//! is a few operations per column, all on the previous row, so it vectorises fully, unlike the
+//! fill's left-to-right deletion recurrence. (Relaxing insertions the same way made a pair of
+//! adjacent mismatches tie with "insert both bases, land back on the diagonal", and the proof
+//! failed on a third of the reads it was meant for.)
 //!
 //! Why the strict inequality is enough: if a path with a gap reached a cell of the diagonal's
 //! route with a score at or above the route's, following the diagonal from there to the route's
@@ -33,8 +37,12 @@ pub(super) struct Relaxation {
     profile: Vec<i16>,
     /// Best path ending at this column that stayed on its diagonal since it started.
     pure: Vec<i16>,
-    /// Upper bound on every path ending at this column with at least one gap.
+    /// Upper bound on every path with at least one gap whose last step aligned a base here.
     gapped: Vec<i16>,
+    /// Upper bound on every path whose last step inserted a read base here (vertical gap).
+    inserting: Vec<i16>,
+    /// The next row's `inserting`, built from this row's cells one column to the right.
+    inserting_next: Vec<i16>,
 }
 
 impl Relaxation {
@@ -85,11 +93,16 @@ impl Relaxation {
                 NEG
             }
         }));
-        self.gapped.clear();
-        self.gapped.resize(width, NEG);
+        for v in [
+            &mut self.gapped,
+            &mut self.inserting,
+            &mut self.inserting_next,
+        ] {
+            v.clear();
+            v.resize(width, NEG);
+        }
         let on = band;
         let mut row_top = 0i16;
-        let mut inserting = NEG;
         // Largest end score of any path but the diagonal's own, and the diagonal's best end:
         // (score, row, first aligned row).
         let mut others = i32::from(NEG);
@@ -101,25 +114,40 @@ impl Relaxation {
             let from = x * stride + diag + i - 1;
             let row = &self.profile[from..from + width];
             let before = self.pure[on];
-            // A gap of any kind out of any cell of the previous row, or an insertion run going on.
-            let jump = row_top.saturating_sub(open).max(inserting);
-            inserting = row_top
-                .saturating_sub(open)
-                .max(inserting.saturating_sub(ext));
-            for ((p, g), &s) in self.pure.iter_mut().zip(&mut self.gapped).zip(row) {
-                *p = p.saturating_add(s).max(s.saturating_sub(clip));
-                *g = (*g).max(jump).saturating_add(s);
+            // Inserting read base i at column c comes from cell (i - 1, c + 1); the last column
+            // has nothing to its right, so its entry stays "no path" in both buffers.
+            let above = self
+                .pure
+                .iter()
+                .zip(&self.gapped)
+                .zip(&self.inserting)
+                .skip(1);
+            for (next, ((&p, &g), &f)) in self.inserting_next.iter_mut().zip(above) {
+                *next = p
+                    .max(g)
+                    .max(f)
+                    .saturating_sub(open)
+                    .max(f.saturating_sub(ext));
             }
+            // A deletion of any length out of the previous row's best cell, to any column.
+            let jump = row_top.saturating_sub(open);
+            let cells = self
+                .pure
+                .iter_mut()
+                .zip(&mut self.gapped)
+                .zip(&self.inserting);
+            for (((p, g), &f), &s) in cells.zip(row) {
+                *p = p.saturating_add(s).max(s.saturating_sub(clip));
+                *g = (*g).max(f).max(jump).saturating_add(s);
+            }
+            std::mem::swap(&mut self.inserting, &mut self.inserting_next);
             let top = |v: &[i16]| v.iter().fold(NEG, |a, &b| a.max(b));
             let pure_elsewhere = top(&self.pure[..on]).max(top(&self.pure[on + 1..]));
             let on_diag = self.pure[on];
-            row_top = pure_elsewhere
-                .max(on_diag)
-                .max(top(&self.gapped))
-                .max(inserting);
-            let gapped_end = top(&self.gapped)
-                .max(inserting)
-                .max(row_top.saturating_sub(open));
+            let gapped = top(&self.gapped).max(top(&self.inserting));
+            row_top = pure_elsewhere.max(on_diag).max(gapped);
+            // Cells whose best path ends in a deletion score at most the row's best less a gap.
+            let gapped_end = gapped.max(row_top.saturating_sub(open));
             let clip_here = if i == m { 0 } else { i32::from(clip) };
             others = others.max(i32::from(pure_elsewhere.max(gapped_end)) - clip_here);
             // The fill starts afresh only when that beats the diagonal strictly (ties continue).
