@@ -22,6 +22,11 @@ const MAX_RESCUE_SPAN: u64 = 4000;
 const MAX_EXTRA_BAND: usize = 64;
 /// Reads per unit of work handed to a thread.
 const CHUNK: usize = 256;
+/// Most positions a repetitive minimizer may have and still seed a read whose seeds are mostly
+/// repetitive (minimap2's short-read preset filters at 1000).
+const REPEAT_MAX_OCC: usize = 1000;
+/// Most anchors such a read may collect from its repetitive minimizers.
+const REPEAT_MAX_ANCHORS: usize = 2000;
 /// Mismatches an ungapped alignment may have and still skip the banded aligner.
 const UNGAPPED_MAX_MISMATCHES: u32 = 2;
 /// MAPQ points per mismatch's worth of score between the best and second-best alignment: a read
@@ -161,6 +166,34 @@ struct Group {
     dmin: i64,
     dmax: i64,
     anchors: u32,
+    /// The diagonal holding the most of the group's anchors (the first such), and their number.
+    peak: i64,
+    peak_anchors: u32,
+}
+
+/// Appends the anchors of minimizer `mz` at its reference positions `hits` (each position
+/// shifted left by one with the strand in bit 0).
+fn push_anchors<'h>(
+    anchors: &mut Vec<Anchor>,
+    mz: &Minimizer,
+    hits: impl Iterator<Item = &'h u64>,
+    m: i64,
+    k: i64,
+) {
+    for &v in hits {
+        let gpos = (v >> 1) as i64;
+        let reverse = mz.rev != (v & 1 == 1);
+        let qpos = if reverse {
+            m - k - i64::from(mz.pos)
+        } else {
+            i64::from(mz.pos)
+        };
+        anchors.push(Anchor {
+            reverse,
+            diag: gpos - qpos,
+            qpos: qpos as u32,
+        });
+    }
 }
 
 /// Per-thread buffers reused from read to read.
@@ -171,6 +204,8 @@ struct Scratch {
     rc: Vec<u8>,
     mins: Vec<Minimizer>,
     anchors: Vec<Anchor>,
+    /// (occurrences, index in `mins`) of the read's minimizers above the cutoff.
+    repetitive: Vec<(usize, usize)>,
     groups: Vec<Group>,
     window: Vec<u8>,
 }
@@ -394,41 +429,61 @@ impl<'a> Mapper<'a> {
         s.mins.clear();
         minimizers(&s.fwd, self.index.params(), &mut s.mins);
         s.anchors.clear();
-        for mz in &s.mins {
+        s.repetitive.clear();
+        for (i, mz) in s.mins.iter().enumerate() {
             let hits = self.index.get(mz.hash);
             if hits.len() > self.max_occ {
+                s.repetitive.push((hits.len(), i));
                 continue;
             }
-            for &v in hits.iter() {
-                let gpos = (v >> 1) as i64;
-                let reverse = mz.rev != (v & 1 == 1);
-                let qpos = if reverse {
-                    m as i64 - k - i64::from(mz.pos)
-                } else {
-                    i64::from(mz.pos)
-                };
-                s.anchors.push(Anchor {
-                    reverse,
-                    diag: gpos - qpos,
-                    qpos: qpos as u32,
-                });
+            push_anchors(&mut s.anchors, mz, hits.iter(), m as i64, k);
+        }
+        // A read from a repeat copy keeps few seeds under the cutoff, often only ones shared with
+        // another copy, and would be placed on it with full confidence. When most of its seeds
+        // are repetitive, the rarest of them seed too (bounded, so a read of a satellite cannot
+        // make the work unbounded), so the copies compete and the MAPQ says so.
+        if s.repetitive.len() * 2 >= s.mins.len() && !s.repetitive.is_empty() {
+            s.repetitive.sort_unstable();
+            for &(occ, i) in &s.repetitive {
+                if occ > REPEAT_MAX_OCC || s.anchors.len() + occ > REPEAT_MAX_ANCHORS {
+                    break;
+                }
+                let mz = &s.mins[i];
+                push_anchors(
+                    &mut s.anchors,
+                    mz,
+                    self.index.get(mz.hash).iter(),
+                    m as i64,
+                    k,
+                );
             }
         }
         s.anchors.sort_unstable();
         s.groups.clear();
         let band = self.opts.band as i64;
+        // Anchors on the diagonal being counted, for each group's peak.
+        let mut run = 0u32;
         for a in &s.anchors {
             match s.groups.last_mut() {
                 Some(g) if g.reverse == a.reverse && a.diag - g.dmax <= band => {
+                    run = if a.diag == g.dmax { run + 1 } else { 1 };
                     g.dmax = a.diag;
                     g.anchors += 1;
+                    if run > g.peak_anchors {
+                        (g.peak, g.peak_anchors) = (a.diag, run);
+                    }
                 }
-                _ => s.groups.push(Group {
-                    reverse: a.reverse,
-                    dmin: a.diag,
-                    dmax: a.diag,
-                    anchors: 1,
-                }),
+                _ => {
+                    run = 1;
+                    s.groups.push(Group {
+                        reverse: a.reverse,
+                        dmin: a.diag,
+                        dmax: a.diag,
+                        anchors: 1,
+                        peak: a.diag,
+                        peak_anchors: 1,
+                    });
+                }
             }
         }
         let mut out = Candidates::default();
@@ -461,6 +516,13 @@ impl<'a> Mapper<'a> {
         }
         s.groups = groups;
         rank(&mut out, m, &self.opts.scoring, name_hash(&read.name));
+        // Confidence rests on the unique seeds: a read most of whose minimizers are repetitive
+        // may come from a copy that none of its seeds tell apart (minimap2 scales its MAPQ by the
+        // same fraction).
+        if let Some(best) = out.hits.first_mut() {
+            let unique = s.mins.len() - s.repetitive.len();
+            best.mapq = (usize::from(best.mapq) * unique / s.mins.len().max(1)) as u8;
+        }
         out
     }
 
@@ -469,8 +531,16 @@ impl<'a> Mapper<'a> {
         let reference = self.index.reference();
         // A group smeared over many diagonals (a tandem repeat) is aligned around its centre with
         // a bounded band, so one odd read cannot make the aligner's work quadratic.
-        let spread = (((g.dmax - g.dmin) / 2) as usize).min(MAX_EXTRA_BAND);
-        let centre = g.dmin + (g.dmax - g.dmin) / 2;
+        let half = ((g.dmax - g.dmin) / 2) as usize;
+        let spread = half.min(MAX_EXTRA_BAND);
+        // A group wider than the band can cover (a tandem array, seeds from every copy) is
+        // aligned around its densest diagonal, where the read matches its copy best, rather than
+        // around the middle of the array.
+        let centre = if half > MAX_EXTRA_BAND {
+            g.peak
+        } else {
+            g.dmin + (g.dmax - g.dmin) / 2
+        };
         let band = self.opts.band + spread;
         let probe = (centre + m as i64 / 2).clamp(0, reference.total_len() as i64 - 1) as u64;
         let (ci, _) = reference.locate(probe)?;
