@@ -171,6 +171,13 @@ struct Group {
     peak_anchors: u32,
 }
 
+impl Group {
+    /// Whether the group spans more diagonals than the widened band around one centre covers.
+    fn is_wide(&self) -> bool {
+        ((self.dmax - self.dmin) / 2) as usize > MAX_EXTRA_BAND
+    }
+}
+
 /// Appends the anchors of minimizer `mz` at its reference positions `hits` (each position
 /// shifted left by one with the strand in bit 0).
 fn push_anchors<'h>(
@@ -207,6 +214,8 @@ struct Scratch {
     /// (occurrences, index in `mins`) of the read's minimizers above the cutoff.
     repetitive: Vec<(usize, usize)>,
     groups: Vec<Group>,
+    /// (contig, position, strand) of the hits aligned from wide groups.
+    in_arrays: Vec<(usize, u64, bool)>,
     window: Vec<u8>,
 }
 
@@ -507,15 +516,26 @@ impl<'a> Mapper<'a> {
             .filter(|g| g.anchors == best_anchors)
             .count() as u32;
         let groups = std::mem::take(&mut s.groups);
+        s.in_arrays.clear();
         for g in &groups[..keep] {
             if let Some(h) = self.extend(s, g, m) {
                 if h.score >= self.opts.min_score {
+                    if g.is_wide() {
+                        s.in_arrays.push((h.contig, h.pos, h.reverse));
+                    }
                     out.hits.push(h);
                 }
             }
         }
         s.groups = groups;
         rank(&mut out, m, &self.opts.scoring, name_hash(&read.name));
+        // A placement inside a seed group wider than its alignment window (a tandem array) had
+        // rivals in the same group that were never aligned: it cannot be told apart from them.
+        if let Some(best) = out.hits.first_mut() {
+            if s.in_arrays.contains(&(best.contig, best.pos, best.reverse)) {
+                best.mapq = 0;
+            }
+        }
         // Confidence rests on the unique seeds: a read most of whose minimizers are repetitive
         // may come from a copy that none of its seeds tell apart (minimap2 scales its MAPQ by the
         // same fraction).
@@ -536,7 +556,7 @@ impl<'a> Mapper<'a> {
         // A group wider than the band can cover (a tandem array, seeds from every copy) is
         // aligned around its densest diagonal, where the read matches its copy best, rather than
         // around the middle of the array.
-        let centre = if half > MAX_EXTRA_BAND {
+        let centre = if g.is_wide() {
             g.peak
         } else {
             g.dmin + (g.dmax - g.dmin) / 2
