@@ -659,26 +659,36 @@ fn rank(c: &mut Candidates, m: usize, sc: &Scoring, tie_hash: u64) {
 fn pair_up(a: &Candidates, b: &Candidates, window: InsertWindow) -> PairMapping {
     let best_a = a.hits.first().map_or(0, |h| h.score);
     let best_b = b.hits.first().map_or(0, |h| h.score);
-    let mut chosen: Option<(i32, usize, usize)> = None;
+    // Among equally scored proper pairs (mates in a repeat), the insert nearest the middle of
+    // the window is the likelier one; the pair stays ambiguous (MAPQ 0) all the same.
+    let middle = window.min / 2 + window.max / 2;
+    let mut chosen: Option<(i32, u64, usize, usize)> = None;
     let mut equal_pairs = 0u32;
     for (i, x) in a.hits.iter().enumerate() {
         for (j, y) in b.hits.iter().enumerate() {
-            if !is_proper(x, y, window) {
+            let Some(insert) = insert(x, y).filter(|v| (window.min..=window.max).contains(v))
+            else {
                 continue;
-            }
+            };
             let sum = x.score + y.score;
+            let off = insert.abs_diff(middle);
             match chosen {
-                Some((s, _, _)) if sum < s => {}
-                Some((s, _, _)) if sum == s => equal_pairs += 1,
+                Some((s, _, _, _)) if sum < s => {}
+                Some((s, o, _, _)) if sum == s => {
+                    equal_pairs += 1;
+                    if off < o {
+                        chosen = Some((sum, off, i, j));
+                    }
+                }
                 _ => {
-                    chosen = Some((sum, i, j));
+                    chosen = Some((sum, off, i, j));
                     equal_pairs = 1;
                 }
             }
         }
     }
     match chosen {
-        Some((sum, i, j)) if sum >= best_a + best_b - PAIR_PENALTY => {
+        Some((sum, _, i, j)) if sum >= best_a + best_b - PAIR_PENALTY => {
             let pick = |c: &Candidates, n: usize| {
                 let mut h = c.hits[n].clone();
                 // A placement other than the mate's own best, or one of several equally good
@@ -704,15 +714,16 @@ fn pair_up(a: &Candidates, b: &Candidates, window: InsertWindow) -> PairMapping 
 
 /// Same contig, opposite strands, forward mate leftmost, outer distance inside the window.
 pub fn is_proper(x: &Hit, y: &Hit, window: InsertWindow) -> bool {
+    insert(x, y).is_some_and(|insert| (window.min..=window.max).contains(&insert))
+}
+
+/// Outer distance of two mates on one contig facing each other, forward mate leftmost.
+fn insert(x: &Hit, y: &Hit) -> Option<u64> {
     if x.contig != y.contig || x.reverse == y.reverse {
-        return false;
+        return None;
     }
     let (f, r) = if x.reverse { (y, x) } else { (x, y) };
-    if f.pos > r.end() {
-        return false;
-    }
-    let insert = r.end() - f.pos;
-    (window.min..=window.max).contains(&insert)
+    r.end().checked_sub(f.pos)
 }
 
 fn estimate_window<'h>(
