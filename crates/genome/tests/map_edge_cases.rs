@@ -17,17 +17,21 @@ fn read(name: &str, seq: &[u8]) -> Read {
     }
 }
 
-#[test]
-fn degenerate_reads_are_unmapped() {
-    let g = mapsim::genome(71, &[50_000], 0);
-    let idx = mapsim::index(&g);
-    let mapper = Mapper::new(
-        &idx,
+fn one_thread(idx: &Index) -> Mapper<'_> {
+    Mapper::new(
+        idx,
         MapOptions {
             threads: 1,
             ..MapOptions::default()
         },
-    );
+    )
+}
+
+#[test]
+fn degenerate_reads_are_unmapped() {
+    let g = mapsim::genome(71, &[50_000], 0);
+    let idx = mapsim::index(&g);
+    let mapper = one_thread(&idx);
     let short = &g.contigs[0].1[1000..1010];
     for r in [
         read("empty", b""),
@@ -43,13 +47,7 @@ fn degenerate_reads_are_unmapped() {
 fn lowercase_long_and_overhanging_reads_map() {
     let g = mapsim::genome(73, &[60_000, 40_000], 0);
     let idx = mapsim::index(&g);
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            ..MapOptions::default()
-        },
-    );
+    let mapper = one_thread(&idx);
     let c0 = &g.contigs[0].1;
     let lower: Vec<u8> = c0[5000..5150].iter().map(u8::to_ascii_lowercase).collect();
     let h = mapper.map_read(&read("lower", &lower)).hit.expect("maps");
@@ -88,13 +86,7 @@ fn identical_copies_get_mapq_zero_and_are_spread() {
         p.push_contig(n, s).expect("valid");
     }
     let idx = Index::build(p, IndexParams::default(), 1).expect("builds");
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            ..MapOptions::default()
-        },
-    );
+    let mapper = one_thread(&idx);
     let mut on_contig = [0usize; 2];
     for i in 0..40 {
         let r = read(&format!("rep{i}"), &segment[i * 40..i * 40 + 150]);
@@ -118,13 +110,7 @@ fn tandem_repeat_reads_are_ambiguous_not_slow() {
     let tandem: Vec<u8> = unit.iter().cycle().take(3000).copied().collect();
     g.contigs[0].1[20_000..23_000].copy_from_slice(&tandem);
     let idx = mapsim::index(&g);
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            ..MapOptions::default()
-        },
-    );
+    let mapper = one_thread(&idx);
     let r = read("tandem", &tandem[100..250]);
     let t = std::time::Instant::now();
     let m = mapper.map_read(&r);
@@ -166,13 +152,7 @@ fn read_of_a_diverged_tandem_copy_lands_on_its_copy() {
         .collect();
     g.contigs[0].1[20_000..24_000].copy_from_slice(&array);
     let idx = mapsim::index(&g);
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            ..MapOptions::default()
-        },
-    );
+    let mapper = one_thread(&idx);
     // Reads copied exactly from near the array's ends, far from its middle: each aligns without
     // an error at its own copy and with many a period away.
     let mut placed = 0;

@@ -246,18 +246,6 @@ fn equally_good_pairs_take_the_insert_nearest_the_window_middle() {
             ..MapOptions::default()
         },
     );
-    let revcomp = |s: &[u8]| -> Vec<u8> {
-        s.iter()
-            .rev()
-            .map(|&b| match b {
-                b'A' => b'T',
-                b'C' => b'G',
-                b'G' => b'C',
-                b'T' => b'A',
-                x => x,
-            })
-            .collect()
-    };
     let contig = &g.contigs[0].1;
     let mut near = 0;
     // Different names: ties among single-end placements are broken by a hash of the name, so
@@ -272,7 +260,7 @@ fn equally_good_pairs_take_the_insert_nearest_the_window_middle() {
             };
             let b = Read {
                 name,
-                seq: revcomp(&segment[25..175]),
+                seq: mapsim::revcomp(&segment[25..175]),
                 qual: Vec::new(),
             };
             (a, b)

@@ -87,7 +87,8 @@ pub struct Truth {
     pub reverse: bool,
 }
 
-fn revcomp(s: &[u8]) -> Vec<u8> {
+/// Reverse complement of ASCII bases (anything but ACGT becomes N).
+pub fn revcomp(s: &[u8]) -> Vec<u8> {
     s.iter()
         .rev()
         .map(|&b| match b {
