@@ -992,8 +992,9 @@ impl FileSystem {
     /// writes land in the cache under the state lock. A large write's whole blocks go to the
     /// device holding only the disk lock (shared, on a queue of its own), one step
     /// ([`state::WRITE_STEP`]) at a time: each step maps its holes under the state lock, takes
-    /// the disk lock, releases the state lock and writes. The size grows when the last step
-    /// is done, so no reader sees the new range before its data is on the device.
+    /// the disk lock, releases the state lock and writes. A step that fills holes takes the
+    /// disk lock exclusively, so no reader fetches a newly mapped block (stale device data)
+    /// before its data is on the device, whatever the file's size is meanwhile.
     pub(crate) fn write_file(
         &self,
         ino: u64,
@@ -1015,17 +1016,24 @@ impl FileSystem {
         while done < data.len() {
             let step = (data.len() - done).min(state::WRITE_STEP);
             g.make_transaction_room()?;
-            let ops =
+            let (ops, fills_holes) =
                 g.write_step_plan(ino, offset + done as u64, &data[done..done + step], true)?;
             done += step;
             if ops.is_empty() {
                 continue;
             }
             let disk = g.disk();
-            let mut queue = disk.io();
-            drop(g);
-            let result = queue.batch(ops);
-            drop(queue);
+            let result = if fills_holes {
+                // Newly mapped blocks hold stale device data until this lands: readers, which
+                // fetch holding the disk lock shared, wait for it (see `write_step_plan`).
+                let mut d = disk.lock();
+                drop(g);
+                d.dev.batch(ops)
+            } else {
+                let mut queue = disk.io();
+                drop(g);
+                queue.batch(ops)
+            };
             g = self.lock();
             result?;
             if let Some(generation) = generation {

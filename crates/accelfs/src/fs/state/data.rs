@@ -614,7 +614,7 @@ impl Mounted {
         data: &[u8],
         large: bool,
     ) -> Result<(), FsError> {
-        let ops = self.write_step_plan(ino, offset, data, large)?;
+        let (ops, _) = self.write_step_plan(ino, offset, data, large)?;
         if !ops.is_empty() {
             self.disk.lock().dev.batch(ops)?;
         }
@@ -626,14 +626,19 @@ impl Mounted {
     /// writes of a large write's whole blocks (the journal already checkpointed if it held an
     /// image of one of them); the caller issues them holding the disk lock, taken before it
     /// releases the state lock, so that they reach the device before anything planned later
-    /// (a commit whose metadata points at them, a read of them).
+    /// (a commit whose metadata points at them, a read of them). The flag says whether any of
+    /// them fills a hole: such a block is mapped from now on but holds whatever was on the
+    /// device (another file's old data) until the write lands, so the caller must hold the disk
+    /// lock exclusively for them (a reader takes it shared to fetch, and would otherwise read
+    /// the block before the write reached it; the size does not protect it, since another
+    /// writer or a truncation may grow the file over it meanwhile).
     pub(crate) fn write_step_plan(
         &mut self,
         ino: u64,
         offset: u64,
         data: &[u8],
         large: bool,
-    ) -> Result<Vec<BatchOp>, FsError> {
+    ) -> Result<(Vec<BatchOp>, bool), FsError> {
         self.data_changed(ino);
         let bs = self.bs as u64;
         let first = (offset / bs) as u32;
@@ -641,6 +646,7 @@ impl Mounted {
         let fresh = self.map_holes(ino, first, last)?;
         let map = self.node(ino)?.map.clone();
         let mut direct: Vec<(u64, Vec<&[u8]>)> = Vec::new();
+        let mut fills_holes = false;
         for b in first..=last {
             let block_start = u64::from(b) * bs;
             let lo = block_start.max(offset);
@@ -649,6 +655,7 @@ impl Mounted {
             let within = (lo - block_start) as usize;
             let whole = src.len() == self.bs;
             if large && whole {
+                fills_holes |= fresh.contains(&b);
                 self.cache.remove(ino, b);
                 let (p, _) = map.lookup(b).ok_or_else(|| {
                     corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
@@ -705,9 +712,9 @@ impl Mounted {
                 .flat_map(|o| o.block..o.block + (o.buf.len() / self.bs) as u64)
                 .collect();
             self.before_direct_writes(&targets)?;
-            return Ok(ops);
+            return Ok((ops, fills_holes));
         }
-        Ok(Vec::new())
+        Ok((Vec::new(), false))
     }
 
     /// Allocates device blocks for every hole in file blocks `first..=last`; returns the file
