@@ -91,9 +91,12 @@
 //! released (so none of its blocks can be freed, reused and rewritten by another file
 //! meanwhile: that needs the disk lock exclusively). A large write (`FileSystem::write_file`)
 //! maps each step's holes under the state lock and writes its whole blocks under the disk lock
-//! alone (shared, taken before the state lock is released); the size grows after the last
-//! step, and the blocks it overwrites leave the cache before the state lock is released, so no
-//! shared reader sees the range before its data.
+//! alone (taken before the state lock is released): shared when it only overwrites mapped
+//! blocks (a reader then gets the old or the new version of the file's own block; the blocks
+//! leave the cache before the state lock is released), exclusive when it fills holes, whose
+//! newly mapped blocks hold another file's old data until the write lands (a reader planning
+//! after it fetches holding the disk lock shared, so it waits; the file's size does not
+//! protect the range, since another writer or a truncation may grow the file over it).
 //! Still under the exclusive state lock: writes into the cache, appends (`File::append`, which
 //! must read the size and write atomically), dirty blocks evicted to make room, checkpoints,
 //! inline commits when a transaction grows too big, slow symbolic links and loading metadata
