@@ -4,8 +4,21 @@
 
 mod mapsim;
 
+use kura_genome::index::Index;
 use kura_genome::map::{InsertWindow, MapError, MapOptions, Mapper, Read};
 use kura_genome::sam;
+
+/// One thread, proper pairs within 0-1000 bp (no estimate from the batch).
+fn fixed_window(idx: &Index) -> Mapper<'_> {
+    Mapper::new(
+        idx,
+        MapOptions {
+            threads: 1,
+            insert: Some(InsertWindow { min: 0, max: 1000 }),
+            ..MapOptions::default()
+        },
+    )
+}
 
 #[test]
 fn pairs_are_proper_and_consistent() {
@@ -96,14 +109,7 @@ fn same_strand_or_distant_mates_are_not_proper() {
     let g = mapsim::genome(29, &[300_000], 0);
     let idx = mapsim::index(&g);
     let reads = mapsim::reads(&g, 31, 40, 150, 0.0, 0.0);
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            insert: Some(InsertWindow { min: 0, max: 1000 }),
-            ..MapOptions::default()
-        },
-    );
+    let mapper = fixed_window(&idx);
     let first: Vec<Read> = reads.iter().step_by(2).map(|r| r.0.clone()).collect();
     let second: Vec<Read> = reads
         .iter()
@@ -238,14 +244,7 @@ fn equally_good_pairs_take_the_insert_nearest_the_window_middle() {
     contig[100_000..100_200].copy_from_slice(&segment);
     contig[100_600..100_800].copy_from_slice(&segment);
     let idx = mapsim::index(&g);
-    let mapper = Mapper::new(
-        &idx,
-        MapOptions {
-            threads: 1,
-            insert: Some(InsertWindow { min: 0, max: 1000 }),
-            ..MapOptions::default()
-        },
-    );
+    let mapper = fixed_window(&idx);
     let contig = &g.contigs[0].1;
     let mut near = 0;
     // Different names: ties among single-end placements are broken by a hash of the name, so
