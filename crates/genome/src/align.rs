@@ -149,6 +149,12 @@ impl Alignment {
     }
 }
 
+/// Whether aligning `a` to `b` counts in NM: different bases, or either ambiguous.
+#[inline]
+fn mismatched(a: u8, b: u8) -> bool {
+    a != b || a >= AMBIGUOUS || b >= AMBIGUOUS
+}
+
 #[inline]
 fn pair_score(a: u8, b: u8, sc: &Scoring) -> i32 {
     if a >= AMBIGUOUS || b >= AMBIGUOUS {
@@ -173,7 +179,7 @@ pub fn align_ungapped(
     let mut mismatches = 0;
     for (&a, &b) in read.iter().zip(r) {
         score += pair_score(a, b, sc);
-        mismatches += u32::from(a != b || a >= AMBIGUOUS || b >= AMBIGUOUS);
+        mismatches += u32::from(mismatched(a, b));
     }
     Some(Alignment {
         score,
@@ -397,7 +403,7 @@ impl Aligner {
                 from => {
                     ops.push(CigarOp::Match);
                     let (a, b) = (read[i - 1], reference[j - 1]);
-                    mismatches += u32::from(a != b || a >= AMBIGUOUS || b >= AMBIGUOUS);
+                    mismatches += u32::from(mismatched(a, b));
                     i -= 1;
                     if from == FROM_CLIP {
                         ops.extend(std::iter::repeat_n(CigarOp::SoftClip, i));

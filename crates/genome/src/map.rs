@@ -531,17 +531,16 @@ impl<'a> Mapper<'a> {
         rank(&mut out, m, &self.opts.scoring, name_hash(&read.name));
         // A placement inside a seed group wider than its alignment window (a tandem array) had
         // rivals in the same group that were never aligned: it cannot be told apart from them.
+        // Otherwise confidence rests on the unique seeds: a read most of whose minimizers are
+        // repetitive may come from a copy that none of its seeds tell apart (minimap2 scales its
+        // MAPQ by the same fraction).
         if let Some(best) = out.hits.first_mut() {
             if s.in_arrays.contains(&(best.contig, best.pos, best.reverse)) {
                 best.mapq = 0;
+            } else {
+                let unique = s.mins.len() - s.repetitive.len();
+                best.mapq = (usize::from(best.mapq) * unique / s.mins.len().max(1)) as u8;
             }
-        }
-        // Confidence rests on the unique seeds: a read most of whose minimizers are repetitive
-        // may come from a copy that none of its seeds tell apart (minimap2 scales its MAPQ by the
-        // same fraction).
-        if let Some(best) = out.hits.first_mut() {
-            let unique = s.mins.len() - s.repetitive.len();
-            best.mapq = (usize::from(best.mapq) * unique / s.mins.len().max(1)) as u8;
         }
         out
     }

@@ -23,7 +23,9 @@
 //! bounds. So on the route the fill's diagonal source (or its fresh start) is the unique maximum,
 //! and its end cell is the unique best of its row.
 
-use super::{finish, pair_score, score_bound, Alignment, CigarOp, Scoring, NARROW_LIMIT};
+use super::{
+    finish, mismatched, pair_score, score_bound, Alignment, CigarOp, Scoring, NARROW_LIMIT,
+};
 use crate::pack::AMBIGUOUS;
 
 /// "No path" in the relaxation's 16-bit lanes; real scores stay far above it (see `prove`).
@@ -176,7 +178,7 @@ impl Relaxation {
         let mismatches = aligned
             .iter()
             .zip(against)
-            .filter(|&(&a, &b)| a != b || a >= AMBIGUOUS || b >= AMBIGUOUS)
+            .filter(|&(&a, &b)| mismatched(a, b))
             .count() as u32;
         Some(finish(
             score,
