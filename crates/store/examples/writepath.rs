@@ -2,8 +2,10 @@
 //! scrambled order (as db_bench's fillrandom) into a store on a buffered `file:` image, then a
 //! sync; prints the put rate and the store's statistics.
 //!
-//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE] [L1_RUNS]`
-//! (defaults 200000 puts, 1024-byte values, 4 MiB memtable, the store's default L1 runs). IMAGE is created (1 GiB, sparse).
+//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES]`
+//! (defaults 200000 puts, 1024-byte values, 4 MiB memtable, the store's default L1 runs, a
+//! 1024 MiB image, one pass). IMAGE is created sparse. With PASSES > 1 the same N keys are
+//! written again in each pass (db_bench's overwrite after its load).
 
 use kura_store::{Store, StoreError, StoreOptions};
 use std::time::Instant;
@@ -16,30 +18,37 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let image = args
         .next()
-        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE] [L1_RUNS]")?;
+        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES]")?;
     let mut num = |d: u64| args.next().and_then(|a| a.parse().ok()).unwrap_or(d);
     let (n, v, mem) = (num(200_000), num(1024) as usize, num(4 << 20) as usize);
-    let f = std::fs::File::create(&image)?;
-    f.set_len(1 << 30)?;
-    drop(f);
-    let dev = kura_engine::open(&format!("file:{image}?direct=0"))?;
     let defaults = StoreOptions::default();
     let opts = StoreOptions {
         memtable_bytes: mem,
         l1_runs: num(defaults.l1_runs as u64) as usize,
         ..defaults
     };
+    let (image_mib, passes) = (num(1024), num(1));
+    let f = std::fs::File::create(&image)?;
+    f.set_len(image_mib << 20)?;
+    drop(f);
+    let dev = kura_engine::open(&format!("file:{image}?direct=0"))?;
     let store = Store::create(dev, &opts)?;
     let value = vec![0x5au8; v];
     let t = Instant::now();
-    for i in 0..n {
-        store.put(&key(i), &value, false)?;
+    for _ in 0..passes {
+        for i in 0..n {
+            if let Err(e) = store.put(&key(i), &value, false) {
+                eprintln!("put {i}: {e}\n{:?}", store.stats());
+                return Err(e.into());
+            }
+        }
     }
     store.sync()?;
     let secs = t.elapsed().as_secs_f64();
     println!(
-        "{n} puts of {v} B: {secs:.3} s, {:.0} ops/s",
-        n as f64 / secs
+        "{} puts of {v} B: {secs:.3} s, {:.0} ops/s",
+        n * passes,
+        (n * passes) as f64 / secs
     );
     println!("{:?}", store.stats());
     store.close().map_err(|e: StoreError| e.into())

@@ -27,6 +27,26 @@ fn probes_for(bits_per_key: u32) -> u8 {
         .clamp(1, u32::from(MAX_PROBES)) as u8
 }
 
+/// A run's value area as [`RunBuilder::take_values`] hands it over.
+pub struct ValueArea {
+    /// The area's first page in the segment.
+    pub first_page: u32,
+    buffer: Vec<u8>,
+    start: usize,
+}
+
+impl ValueArea {
+    /// The bytes to write at `first_page` (empty when the run has no separated value).
+    pub fn bytes(&self) -> &[u8] {
+        &self.buffer[self.start..]
+    }
+
+    /// The buffer, for the next run's builder ([`RunBuilder::reusing`]).
+    pub fn into_buffer(self) -> Vec<u8> {
+        self.buffer
+    }
+}
+
 /// Builds one run in memory, page by page.
 pub struct RunBuilder {
     seg_seq: u64,
@@ -35,8 +55,10 @@ pub struct RunBuilder {
     /// Byte offset of the lowest value in the value area (the segment size when it is empty):
     /// values are packed from the segment's end downward, and run pages must stay below it.
     value_low: u64,
-    /// Values in the value area: offset in the segment and bytes.
-    values: Vec<(u64, Vec<u8>)>,
+    /// The segment's image for the value area: values are copied to their offsets as they are
+    /// added; what lies below `value_low` is stale (a reused buffer) and never written.
+    /// Empty until the first separated value.
+    area: Vec<u8>,
     /// Bytes of the index entries of the finished leaves.
     index_bytes: usize,
     pages: Vec<u8>,
@@ -62,12 +84,19 @@ impl RunBuilder {
     /// A run for the segment `seg`: values placed with [`RunBuilder::add_separated`] get
     /// pointers naming it.
     pub fn for_segment(seg: SegRef, segment_pages: u32) -> Self {
+        Self::reusing(seg, segment_pages, Vec::new())
+    }
+
+    /// Like [`RunBuilder::for_segment`], placing values in `area`, the buffer an earlier
+    /// builder gave back ([`ValueArea::into_buffer`]): a merge writing many runs then
+    /// allocates (and the kernel zeroes) one segment-sized buffer, not one per run.
+    pub fn reusing(seg: SegRef, segment_pages: u32, area: Vec<u8>) -> Self {
         RunBuilder {
             seg_seq: seg.seg_seq,
             slot: seg.slot,
             segment_pages,
             value_low: u64::from(segment_pages) * PAGE_SIZE as u64,
-            values: Vec::new(),
+            area,
             index_bytes: 0,
             pages: Vec::new(),
             leaf: Vec::new(),
@@ -143,7 +172,20 @@ impl RunBuilder {
         &mut self,
         key: Vec<u8>,
         lsn: u64,
-        value: Vec<u8>,
+        value: &[u8],
+    ) -> Result<(), FormatError> {
+        let crc = kura_engine::crc32c::crc32c(value);
+        self.add_separated_with_crc(key, lsn, value, crc)
+    }
+
+    /// [`RunBuilder::add_separated`] for a value whose CRC32C the caller has: a merge copying
+    /// a value it has just checked against its old pointer's CRC.
+    pub fn add_separated_with_crc(
+        &mut self,
+        key: Vec<u8>,
+        lsn: u64,
+        value: &[u8],
+        crc: u32,
     ) -> Result<(), FormatError> {
         let len = value.len() as u64;
         let low = self
@@ -162,30 +204,42 @@ impl RunBuilder {
             },
             offset: narrow_u32(low)?,
             len: narrow_u32(len)?,
-            crc: kura_engine::crc32c::crc32c(&value),
+            crc,
         };
         self.add(LeafEntry {
             key,
             lsn,
             value: LeafValue::Pointer(pointer),
         })?;
+        let segment_bytes = self.segment_pages as usize * PAGE_SIZE;
+        if self.area.len() != segment_bytes {
+            self.area.resize(segment_bytes, 0);
+        }
+        self.area[low as usize..(low + len) as usize].copy_from_slice(value);
         self.value_low = low;
-        self.values.push((low, value));
         Ok(())
     }
 
-    /// The value area to write: its first page and its bytes up to the segment's end (empty
-    /// when no value was separated). Taken before [`RunBuilder::finish`].
-    pub fn take_values(&mut self) -> (u32, Vec<u8>) {
-        let first = self.page_room();
-        let base = u64::from(first) * PAGE_SIZE as u64;
-        let end = u64::from(self.segment_pages) * PAGE_SIZE as u64;
-        let mut area = vec![0u8; (end - base) as usize];
-        for (offset, value) in self.values.drain(..) {
-            let at = (offset - base) as usize;
-            area[at..at + value.len()].copy_from_slice(&value);
+    /// The value area to write: from its first page to the segment's end (empty when no value
+    /// was separated). Taken before [`RunBuilder::finish`].
+    pub fn take_values(&mut self) -> ValueArea {
+        let first_page = self.page_room();
+        let base = first_page as usize * PAGE_SIZE;
+        let mut buffer = std::mem::take(&mut self.area);
+        if buffer.is_empty() {
+            return ValueArea {
+                first_page,
+                buffer,
+                start: 0,
+            };
         }
-        (first, area)
+        // Below the lowest value, within its page: stale bytes of a reused buffer.
+        buffer[base..self.value_low as usize].fill(0);
+        ValueArea {
+            first_page,
+            buffer,
+            start: base,
+        }
     }
 
     /// Adds the next entry; entries must come sorted by key, then by LSN descending.
@@ -413,6 +467,20 @@ impl Run {
         pointer: &ValuePointer,
         read: &mut ReadBytes<'_>,
     ) -> Result<Vec<u8>, StoreError> {
+        let start = self.value_offset(slot, segment_bytes, pointer)?;
+        let value = read(start, pointer.len as usize)?;
+        self.check_value(pointer, &value)?;
+        Ok(value)
+    }
+
+    /// Where in the segment (slot `slot`, `segment_bytes` long) the value `pointer` names
+    /// starts, after checking that it names this run's value area.
+    pub fn value_offset(
+        &self,
+        slot: u64,
+        segment_bytes: u64,
+        pointer: &ValuePointer,
+    ) -> Result<u64, StoreError> {
         let start = u64::from(pointer.offset);
         let end = start + u64::from(pointer.len);
         let below = u64::from(self.footer.total_pages) * PAGE_SIZE as u64;
@@ -431,10 +499,17 @@ impl Run {
                 },
             ));
         }
-        let first = (start / PAGE_SIZE as u64) as u32;
-        let value = read(start, pointer.len as usize)?;
-        pointer.check(&value).map_err(self.corrupt(first))?;
-        Ok(value)
+        Ok(start)
+    }
+
+    /// Checks `value`, read where [`Run::value_offset`] says `pointer` points, against the
+    /// pointer's CRC.
+    pub fn check_value(&self, pointer: &ValuePointer, value: &[u8]) -> Result<(), StoreError> {
+        let first = pointer.offset / PAGE_SIZE as u32;
+        pointer
+            .check(value)
+            .map_err(self.corrupt(first))
+            .map(|_| ())
     }
 
     /// The first leaf whose largest key is at or above `key` (where the versions of `key` would

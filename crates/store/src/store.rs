@@ -87,6 +87,12 @@ const LEVEL_FANOUT: usize = 10;
 /// short sessions (one `kura kv put` each) would otherwise fill the device with log segments of
 /// a small memtable, and replay at open would grow without bound.
 const MAX_LOG_SEGMENTS: u64 = 8;
+/// Flushes go on during a merge until level 0 holds this many times `l0_runs` runs; past that,
+/// writers wait for the merge (reads look in every level-0 run, so it must stay bounded).
+const L0_STOP_FACTOR: usize = 5;
+/// Free slots a flush during a merge leaves beyond the merge's inputs: the flush's own run
+/// and the log's next segments.
+const FLUSH_ROOM_SLOTS: u64 = 4;
 /// Unsynced groups gather in memory up to this many payload bytes before they are written.
 const LOG_BUFFER: usize = 32 << 10;
 
@@ -168,6 +174,8 @@ pub struct StoreStats {
     pub immutable_bytes: u64,
     /// Memtable flushes into level-0 runs.
     pub flushes: u64,
+    /// Of those, flushes done in the middle of a merge (so the writers did not wait for it).
+    pub flushes_in_merges: u64,
     /// Commit groups that waited for the background worker: the memtable was full while the
     /// previous one still waited for its flush.
     pub write_stalls: u64,
@@ -275,7 +283,11 @@ struct Shared {
     bg: Mutex<Bg>,
     /// Set while `bg` holds an error not yet reported, so writers need not lock `bg` to look.
     bg_failed: AtomicBool,
+    /// Whether a full memtable waits for its flush (`View::imm` is set): what a merge checks
+    /// after every key, without taking the view's lock.
+    imm_waiting: AtomicBool,
     stalls: AtomicU64,
+    flushes_in_merges: AtomicU64,
     /// Wakes the worker.
     bg_wake: Condvar,
     /// Tells stalled writers the worker finished a step.
@@ -466,6 +478,17 @@ impl Store {
         self.shared.compact()
     }
 
+    /// Does the background work due now in this thread: flushes a full memtable and runs
+    /// every merge due, so afterwards no level is over its limit. Writers go on meanwhile (and
+    /// may make more work due). For tests and measurements that look at the tree's shape;
+    /// reports a background failure not yet reported.
+    pub fn settle(&self) -> Result<(), StoreError> {
+        self.shared.report()?;
+        let result = self.shared.background_step();
+        self.shared.bg_done.notify_all();
+        result
+    }
+
     /// Makes every write so far durable; reports a background failure not yet reported.
     pub fn sync(&self) -> Result<(), StoreError> {
         self.shared.sync()
@@ -563,7 +586,9 @@ impl Shared {
             work: Mutex::new(vec![None; MAX_LEVELS]),
             bg: Mutex::new(Bg::default()),
             bg_failed: AtomicBool::new(false),
+            imm_waiting: AtomicBool::new(false),
             stalls: AtomicU64::new(0),
+            flushes_in_merges: AtomicU64::new(0),
             bg_wake: Condvar::new(),
             bg_done: Condvar::new(),
             queue: Mutex::new(Queue::default()),
@@ -909,6 +934,7 @@ impl Shared {
             let full = std::mem::take(&mut view.mem);
             view.mem.see(visible);
             view.imm = Some((Arc::new(full), start));
+            self.imm_waiting.store(true, Ordering::Release);
         }
         lock(&self.bg).kicked = true;
         self.bg_wake.notify_all();
@@ -1016,7 +1042,7 @@ impl Shared {
             let mut out = Output::new(self.dev(), 0, self.segment_pages, self.inline_threshold);
             for (key, versions) in imm.range(None, None, false) {
                 for (lsn, value) in versions.iter().rev() {
-                    out.add(key, *lsn, value.clone())?;
+                    out.add(key, *lsn, value.as_deref(), None)?;
                 }
             }
             out.finish()?
@@ -1074,6 +1100,7 @@ impl Shared {
             let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
             if flushed {
                 view.imm = None;
+                self.imm_waiting.store(false, Ordering::Release);
             }
             view.tree = Arc::new(tree);
         }
@@ -1087,10 +1114,10 @@ impl Shared {
         Ok(())
     }
 
-    /// Merges levels over their limits into the next, from level 0 down: all of level 0 with
-    /// all of level 1 (at most `l1_runs` segments; merging only the overlapped level-1 runs
-    /// would leave a small run per flush on keys written in order, and each run takes a
-    /// segment); from a deeper level, one run (the next after the last one taken there, in key
+    /// Merges a level over its limit into the next, the one furthest over it first: all of
+    /// level 0 with all of level 1 (at most `l1_runs` segments; merging only the overlapped
+    /// level-1 runs would leave a small run per flush on keys written in order, and each run
+    /// takes a segment); from a deeper level, one run (the next after the last one taken there, in key
     /// order) with the runs of the next level it overlaps. One merge a call; false when no
     /// level is over its limit. `compact_after` holds, per level, the largest key of the last
     /// run passed down from it: the next one taken there is the one after it (wrapping), so
@@ -1098,15 +1125,24 @@ impl Shared {
     fn compact_one(&self, compact_after: &mut [Option<Vec<u8>>]) -> Result<bool, StoreError> {
         {
             let tree = Arc::clone(&self.read_view().tree);
-            let due = (0..MAX_LEVELS - 1).find(|&l| {
-                let limit = if l == 0 {
+            // The level furthest over its limit goes first (RocksDB's score): flushes go on
+            // during merges, so level 0 is often over its limit again when a merge ends, and
+            // taking it first every time would leave level 1 to grow without bound, with every
+            // level-0 merge rewriting all of it.
+            let limit = |l: usize| {
+                if l == 0 {
                     self.l0_runs
                 } else {
                     self.l1_runs
                         .saturating_mul(LEVEL_FANOUT.saturating_pow(l as u32 - 1))
-                };
-                tree.levels[l].len() > limit
-            });
+                }
+            };
+            let due = (0..MAX_LEVELS - 1)
+                .filter(|&l| tree.levels[l].len() > limit(l))
+                .max_by(|&a, &b| {
+                    let over = |l: usize| tree.levels[l].len() as f64 / limit(l) as f64;
+                    over(a).total_cmp(&over(b)).then(b.cmp(&a))
+                });
             let Some(level) = due else {
                 return Ok(false);
             };
@@ -1161,32 +1197,94 @@ impl Shared {
                 self.inline_threshold,
             );
             let mut values = tree::ValueWindows::default();
+            let input_runs = picked.runs().count() as u64;
+            let mut may_flush = true;
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
                     let value = values.load(value, self.dev(), self.segment_bytes)?;
-                    out.add(&key, lsn, value)?;
+                    let (bytes, crc) = value.parts();
+                    out.add(&key, lsn, bytes, crc)?;
+                }
+                if may_flush && self.imm_waiting.load(Ordering::Acquire) {
+                    may_flush = self.flush_during_merge(input_runs)?;
                 }
             }
             out.finish()?
         };
-        let mut next = tree.clone();
-        let mut handles = Some(handles);
-        for (l, r) in inputs {
-            let replacement: Vec<Arc<RunHandle>> = match handles.take_if(|_| *l == last) {
-                Some(new) => new.into_iter().map(Arc::new).collect(),
-                None => Vec::new(),
-            };
-            next.levels[*l].splice(r.clone(), replacement);
-        }
-        let dropped: Vec<Arc<RunHandle>> = picked.runs().cloned().collect();
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
         }
+        // Flushes during the merge put new runs in front of level 0; nothing else changed the
+        // tree, since only the holder of the `work` lock does.
+        let current = Arc::clone(&self.read_view().tree);
+        let flushed_meanwhile = current.levels[0].len().saturating_sub(tree.levels[0].len());
+        let mut next = Tree::clone(&current);
+        let mut handles = Some(handles);
+        for (l, r) in inputs {
+            let shift = if *l == 0 { flushed_meanwhile } else { 0 };
+            let now = r.start + shift..r.end + shift;
+            let same = next.levels[*l].get(now.clone()).is_some_and(|runs| {
+                runs.iter()
+                    .zip(&tree.levels[*l][r.clone()])
+                    .all(|(a, b)| Arc::ptr_eq(a, b))
+            });
+            if !same {
+                return Err(StoreError::Stopped(format!(
+                    "internal: level {l} changed under a merge of its runs"
+                )));
+            }
+            let replacement: Vec<Arc<RunHandle>> = match handles.take_if(|_| *l == last) {
+                Some(new) => new.into_iter().map(Arc::new).collect(),
+                None => Vec::new(),
+            };
+            next.levels[*l].splice(now, replacement);
+        }
+        let dropped: Vec<Arc<RunHandle>> = picked.runs().cloned().collect();
         let start = io.log_start;
         self.install(&mut io, next, start, written, &dropped, false)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Called by a merge of `input_runs` runs after a key while a full memtable waits: flushes
+    /// it if level 0 stays below [`L0_STOP_FACTOR`] times its merge limit and the device
+    /// keeps room for the merges to come. So a writer waits for a merge only when level 0 is
+    /// that far behind (RocksDB's stop trigger) or space is short, not for every merge that
+    /// happens to run when the memtable fills.
+    ///
+    /// Room: every merge writes its output (at most a slot per input run) before its inputs
+    /// are freed. This merge needs up to `input_runs` more slots; the next merge of level 0
+    /// takes every level-0 run (the flush's included) and all of level 1, and needs as many.
+    /// The flush asks for both together, plus its own run and [`FLUSH_ROOM_SLOTS`], free now:
+    /// the larger of the two alone was tried, and an overwrite of 96 MiB on a 288 MiB device
+    /// then ran out of slots in the next level-0 merge (runs take whole segments, so the
+    /// slots the data takes are not a fixed multiple of its bytes). While level 0 itself is
+    /// being merged, its runs and level 1's are counted twice, which only makes it stricter.
+    ///
+    /// False once it declined: level 0 only grows and free slots only shrink until the merge
+    /// ends, so the merge stops asking.
+    fn flush_during_merge(&self, input_runs: u64) -> Result<bool, StoreError> {
+        let view = self.read_view();
+        if view.imm.is_none() {
+            return Ok(true);
+        }
+        let l0 = view.tree.levels[0].len();
+        let next_l0_merge = (l0 + view.tree.levels[1].len()) as u64;
+        drop(view);
+        let free = {
+            let space = lock(&self.space);
+            space.superblock().slot_count - space.used()
+        };
+        if l0 + 1 >= self.l0_runs * L0_STOP_FACTOR
+            || free < input_runs + next_l0_merge + 1 + FLUSH_ROOM_SLOTS
+        {
+            return Ok(false);
+        }
+        self.flush_imm()?;
+        self.flushes_in_merges.fetch_add(1, Ordering::Relaxed);
+        self.bg_done.notify_all();
+        Ok(true)
     }
 
     fn compact(&self) -> Result<(), StoreError> {
@@ -1268,6 +1366,7 @@ impl Shared {
             immutable_bytes: view.imm.as_ref().map_or(0, |(imm, _)| imm.bytes()) as u64,
             flushes: self.flushes.load(Ordering::Relaxed),
             write_stalls: self.stalls.load(Ordering::Relaxed),
+            flushes_in_merges: self.flushes_in_merges.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
             user_bytes: self.user_bytes.load(Ordering::Relaxed),

@@ -207,42 +207,64 @@ pub(crate) struct ValueWindows {
     windows: std::collections::HashMap<(u64, u64), (u64, Vec<u8>)>,
 }
 
+/// A version's value as [`ValueWindows::load`] hands it to an [`Output`].
+pub(crate) enum Loaded<'w> {
+    Tombstone,
+    /// An inline value.
+    Owned(Vec<u8>),
+    /// A separated value inside a window, checked against this CRC.
+    Window(&'w [u8], u32),
+}
+
+impl Loaded<'_> {
+    /// The value's bytes (`None` for a tombstone) and its CRC32C when already known.
+    pub(crate) fn parts(&self) -> (Option<&[u8]>, Option<u32>) {
+        match self {
+            Loaded::Tombstone => (None, None),
+            Loaded::Owned(v) => (Some(v), None),
+            Loaded::Window(v, crc) => (Some(v), Some(*crc)),
+        }
+    }
+}
+
 impl ValueWindows {
-    /// Like [`Val::load`], through the windows.
-    pub(crate) fn load(
-        &mut self,
+    /// Like [`Val::load`], through the windows, without copying a separated value out of its
+    /// window.
+    pub(crate) fn load<'w>(
+        &'w mut self,
         val: Val<'_>,
         dev: Dev<'_>,
         segment_bytes: u64,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        let Val::Pointer(h, p) = val else {
-            return val.load(dev, segment_bytes);
+    ) -> Result<Loaded<'w>, StoreError> {
+        let (h, p) = match val {
+            Val::Pointer(h, p) => (h, p),
+            Val::Bytes(v) => return Ok(Loaded::Owned(v)),
+            Val::Tombstone => return Ok(Loaded::Tombstone),
         };
         let seg = h.meta.run;
-        let windows = &mut self.windows;
-        let value = h
-            .run
-            .read_value(seg.slot, segment_bytes, &p, &mut |at, len| {
-                let end = at + len as u64;
-                if let Some((start, bytes)) = windows.get(&(seg.slot, seg.seg_seq)) {
-                    if at >= *start && end <= *start + bytes.len() as u64 {
-                        let from = (at - start) as usize;
-                        return Ok(bytes[from..from + len].to_vec());
-                    }
-                }
-                // `read_value` has checked that the value lies within the segment; the window
-                // may reach below the value area into the run's pages, which is harmless.
-                let start = end.saturating_sub(VALUE_WINDOW.max(len as u64));
-                let bytes = dev.bytes(seg.slot, start, (end - start) as usize)?;
-                let from = (at - start) as usize;
-                let value = bytes[from..from + len].to_vec();
-                if windows.len() >= MAX_WINDOWS {
-                    windows.clear();
-                }
-                windows.insert((seg.slot, seg.seg_seq), (start, bytes));
-                Ok(value)
-            })?;
-        Ok(Some(value))
+        let at = h.run.value_offset(seg.slot, segment_bytes, &p)?;
+        let len = p.len as usize;
+        let end = at + len as u64;
+        let key = (seg.slot, seg.seg_seq);
+        let hit = self
+            .windows
+            .get(&key)
+            .is_some_and(|(start, bytes)| at >= *start && end <= *start + bytes.len() as u64);
+        if !hit {
+            // `value_offset` has checked that the value lies within the segment; the window
+            // may reach below the value area into the run's pages, which is harmless.
+            let start = end.saturating_sub(VALUE_WINDOW.max(len as u64));
+            let bytes = dev.bytes(seg.slot, start, (end - start) as usize)?;
+            if self.windows.len() >= MAX_WINDOWS {
+                self.windows.clear();
+            }
+            self.windows.insert(key, (start, bytes));
+        }
+        let (start, bytes) = &self.windows[&key];
+        let from = (at - start) as usize;
+        let value = &bytes[from..from + len];
+        h.run.check_value(&p, value)?;
+        Ok(Loaded::Window(value, p.crc))
     }
 }
 
@@ -463,6 +485,8 @@ pub(crate) struct Output<'a> {
     segment_pages: u32,
     inline_threshold: usize,
     current: Option<(SegRef, RunBuilder)>,
+    /// The value-area buffer of the last finished run, for the next.
+    spare_area: Vec<u8>,
     done: Vec<RunHandle>,
     allocated: Vec<SegRef>,
     /// Device bytes written so far.
@@ -483,20 +507,23 @@ impl<'a> Output<'a> {
             segment_pages,
             inline_threshold,
             current: None,
+            spare_area: Vec::new(),
             done: Vec::new(),
             allocated: Vec::new(),
             written: 0,
         }
     }
 
-    /// Adds the next version (keys ascending, LSNs descending within a key).
+    /// Adds the next version (keys ascending, LSNs descending within a key): `value` `None`
+    /// for a tombstone, with the value's CRC32C when the caller has it.
     pub(crate) fn add(
         &mut self,
         key: &[u8],
         lsn: u64,
-        value: Option<Vec<u8>>,
+        value: Option<&[u8]>,
+        crc: Option<u32>,
     ) -> Result<(), StoreError> {
-        let (inline, separated) = match &value {
+        let (inline, separated) = match value {
             None => (0, 0),
             Some(v) if v.len() <= self.inline_threshold => (v.len(), 0),
             Some(v) => (ValuePointer::ENCODED_LEN, v.len()),
@@ -513,7 +540,8 @@ impl<'a> Output<'a> {
             None => {
                 let seg = lock(self.space).allocate()?;
                 self.allocated.push(seg);
-                let b = RunBuilder::for_segment(seg, self.segment_pages);
+                let area = std::mem::take(&mut self.spare_area);
+                let b = RunBuilder::reusing(seg, self.segment_pages, area);
                 if !b.fits(key.len(), inline, separated, BITS_PER_KEY) {
                     return Err(StoreError::Refused(FormatError::TooLarge {
                         what: "version in an empty run",
@@ -525,11 +553,14 @@ impl<'a> Output<'a> {
             }
         };
         let added = match value {
-            Some(v) if separated > 0 => builder.add_separated(key.to_vec(), lsn, v),
+            Some(v) if separated > 0 => match crc {
+                Some(crc) => builder.add_separated_with_crc(key.to_vec(), lsn, v, crc),
+                None => builder.add_separated(key.to_vec(), lsn, v),
+            },
             value => builder.add(LeafEntry {
                 key: key.to_vec(),
                 lsn,
-                value: value.map_or(LeafValue::Tombstone, LeafValue::Inline),
+                value: value.map_or(LeafValue::Tombstone, |v| LeafValue::Inline(v.to_vec())),
             }),
         };
         added.map_err(StoreError::Refused)
@@ -539,16 +570,17 @@ impl<'a> Output<'a> {
         let Some((seg, mut b)) = self.current.take() else {
             return Ok(());
         };
-        let (first_value_page, area) = b.take_values();
+        let area = b.take_values();
         let (pages, footer) = b.finish(BITS_PER_KEY).map_err(StoreError::Refused)?;
         {
             let mut space = lock(self.space);
             space.segs.write(seg.slot, 0, &pages)?;
-            if !area.is_empty() {
-                space.segs.write(seg.slot, first_value_page, &area)?;
+            if !area.bytes().is_empty() {
+                space.segs.write(seg.slot, area.first_page, area.bytes())?;
             }
         }
-        self.written += (pages.len() + area.len()) as u64;
+        self.written += (pages.len() + area.bytes().len()) as u64;
+        self.spare_area = area.into_buffer();
         let run = Run::open(
             seg.seg_seq,
             footer.total_pages,

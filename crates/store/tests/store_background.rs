@@ -20,6 +20,8 @@ struct GateState {
     parked: usize,
     /// The worker's writes panic instead (a bug in a flush or merge, simulated).
     panic: bool,
+    /// Reads are parked too (on the readers' sibling queues, which hold no store lock).
+    reads: bool,
 }
 
 #[derive(Default)]
@@ -61,8 +63,12 @@ impl<D: BlockDevice> BlockDevice for Gated<D> {
         format!("gated({})", self.dev.describe())
     }
     fn submit(&mut self, req: Request) -> Result<(), Rejected> {
-        if req.op == Opcode::Write && std::thread::current().name() == Some("kura-store-bg") {
+        if std::thread::current().name() == Some("kura-store-bg") {
             let mut s = self.gate.state.lock().expect("gate");
+            if req.op != Opcode::Write && !(s.reads && req.op == Opcode::Read) {
+                drop(s);
+                return self.dev.submit(req);
+            }
             if s.panic {
                 drop(s);
                 panic!("simulated bug in the store's background write");
@@ -93,6 +99,16 @@ impl<D: BlockDevice> BlockDevice for Gated<D> {
     }
     fn stats(&self, out: &mut Vec<DriveStats>) {
         self.dev.stats(out)
+    }
+    fn new_queue(&self) -> Option<Result<Box<dyn BlockDevice>, kura_engine::OpenError>> {
+        let sibling = match self.dev.new_queue()? {
+            Ok(dev) => dev,
+            Err(e) => return Some(Err(e)),
+        };
+        Some(Ok(Box::new(Gated {
+            dev: sibling,
+            gate: Arc::clone(&self.gate),
+        })))
     }
 }
 
@@ -160,6 +176,77 @@ fn writes_complete_while_a_merge_is_in_progress() {
     for i in 0..2000 {
         let round = if i < 200 { 1 } else { 0 };
         assert_eq!(store.get(&key(i)).expect("get"), Some(value(i, round)));
+    }
+}
+
+#[test]
+fn a_full_memtable_is_flushed_in_the_middle_of_a_merge() {
+    // Session 1: about 20 level-0 runs (level 0 may hold 100).
+    let dev = ram_disk(96, 4096);
+    let storage = dev.storage();
+    let first = StoreOptions {
+        memtable_bytes: 16 << 10,
+        l0_runs: 100,
+        ..options()
+    };
+    let store = Store::create(Box::new(dev), &first).expect("create");
+    for i in 0..3000 {
+        store.put(&key(i), &value(i, 0), false).expect("put");
+    }
+    let runs = store.stats().runs_per_level[0];
+    store.close().expect("close");
+    assert!((9..40).contains(&runs), "{runs} level-0 runs");
+
+    // Session 2: level 0 is over its limit (8) but below the stop (5 x 8), so the worker
+    // merges it, and the gate parks the merge at its first read of an input run, before it
+    // has merged a key. Meanwhile the memtable fills and becomes the immutable one.
+    let gate = Arc::new(Gate::default());
+    {
+        let mut s = gate.state.lock().expect("gate");
+        s.hold = true;
+        s.reads = true;
+    }
+    let dev = Gated {
+        dev: MemDevice::with_storage(storage.clone(), QueueOptions::default()),
+        gate: Arc::clone(&gate),
+    };
+    let second = StoreOptions {
+        memtable_bytes: 16 << 10,
+        l0_runs: 8,
+        ..options()
+    };
+    let store = Store::open_with(Box::new(dev), &second).expect("reopen");
+    gate.wait_parked();
+    let mut written = 0;
+    while store.stats().immutable_bytes == 0 {
+        store
+            .put(&key(written), &value(written, 1), false)
+            .expect("put");
+        written += 1;
+        assert!(written < 3000, "the memtable never filled");
+    }
+    gate.set_hold(false);
+    // Waits for the merge under way, then does whatever else is due.
+    store.settle().expect("settle");
+    let stats = store.stats();
+    // The merge had 3000 keys to go when the memtable filled: it flushed it on the way
+    // instead of leaving it (and the writers) waiting until its end.
+    assert!(stats.flushes_in_merges >= 1, "{stats:?}");
+    assert_eq!(stats.runs_per_level[0], 1, "{stats:?}");
+    store.close().expect("close");
+
+    let store = Store::open_with(
+        Box::new(MemDevice::with_storage(storage, QueueOptions::default())),
+        &second,
+    )
+    .expect("reopen");
+    for i in 0..3000 {
+        let round = if i < written { 1 } else { 0 };
+        assert_eq!(
+            store.get(&key(i)).expect("get"),
+            Some(value(i, round)),
+            "{i}"
+        );
     }
 }
 

@@ -82,6 +82,8 @@ fn fifty_thousand_keys_through_a_small_memtable() {
             model.insert(key(i), value(i, 1));
         }
     }
+    // Flushes go on while a merge runs, so how far the merges got is up to the schedule.
+    store.settle().expect("settle");
     let stats = store.stats();
     assert!(stats.flushes >= 20, "{stats:?}");
     assert!(stats.compactions >= 2, "{stats:?}");
@@ -101,7 +103,7 @@ fn fifty_thousand_keys_through_a_small_memtable() {
         .filter(|i| !i.is_multiple_of(7))
         .take(10_000)
         .collect();
-    for round in 2..10 {
+    for round in 2.. {
         for chunk in hot.chunks(100) {
             let mut batch = WriteBatch::new();
             for &i in chunk {
@@ -110,14 +112,18 @@ fn fifty_thousand_keys_through_a_small_memtable() {
             }
             store.write(batch, false).expect("overwrite round");
         }
+        let stats = store.stats();
+        let written = stats.log_bytes_written + stats.run_bytes_written;
+        if round >= 9 && written > 2 * (stats.slot_count << SHIFT) {
+            break;
+        }
+        assert!(
+            round < 60,
+            "wrote {written} bytes to a {}-slot device in {round} rounds",
+            stats.slot_count
+        );
     }
     let stats = store.stats();
-    let written = stats.log_bytes_written + stats.run_bytes_written;
-    assert!(
-        written > stats.slot_count << SHIFT,
-        "wrote {written} bytes to a {}-slot device",
-        stats.slot_count
-    );
     assert!(stats.slots_used < stats.slot_count, "{stats:?}");
     assert!(stats.write_amplification() > 1.0);
     store.compact().expect("compact");
