@@ -13,7 +13,10 @@
 //! inside run writes, manifest checkpoints, manifest segment switches and freed-then-reused
 //! log and run segments.
 //!
-//! `KURA_STORE_CRASH_POINTS` sets the cut points per block size (default 260, two block sizes: 520 in all).
+//! A third run records a workload of 600 keys through a 16 KiB memtable, whose merges last long
+//! enough that memtables are flushed in the middle of them, and cuts that recording the same way.
+//!
+//! `KURA_STORE_CRASH_POINTS` sets the cut points per recording (default 260, three recordings: 780 in all).
 
 mod common;
 
@@ -37,11 +40,51 @@ struct History {
     synced: Vec<(usize, usize)>,
 }
 
+/// What a workload does: how many keys, operations and memtable bytes, and how often it
+/// compacts everything.
+struct Shape {
+    keys: usize,
+    ops: u64,
+    memtable_bytes: usize,
+    compact_every: u64,
+    /// Large values (40-200 KB, so frames span pages and segments fill) on 1 put in this many.
+    large_one_in: f64,
+    /// The RAM disk's size.
+    disk_mib: u64,
+}
+
+/// The workload of the module doc: 30 keys, 260 operations.
+const SMALL: Shape = Shape {
+    keys: 30,
+    ops: 260,
+    memtable_bytes: 32 << 10,
+    compact_every: 100,
+    large_one_in: 20.0,
+    disk_mib: 16,
+};
+
+/// Many keys and small values through a 16 KiB memtable: merges take long enough that the
+/// writer fills the memtable while one runs, so memtables are flushed in the middle of merges.
+const MERGE_FLUSHES: Shape = Shape {
+    keys: 600,
+    ops: 1500,
+    memtable_bytes: 16 << 10,
+    compact_every: 0,
+    large_one_in: 0.0,
+    // Room for level-0 merges beside the tree, which a flush inside a merge asks for.
+    disk_mib: 64,
+};
+
+fn key_name(k: usize) -> Vec<u8> {
+    format!("k{k:03}").into_bytes()
+}
+
 fn run_workload(
     block_size: u32,
     seed: u64,
-) -> (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History) {
-    let dev = ram_disk(16, block_size);
+    shape: &Shape,
+) -> (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History, u64) {
+    let dev = ram_disk(shape.disk_mib, block_size);
     let base = dev.storage().lock().expect("storage").clone();
     let fault = FaultDevice::new(
         Box::new(dev),
@@ -51,7 +94,8 @@ fn run_workload(
         },
     );
     let control = fault.control();
-    let store = Store::create(Box::new(fault), &small_memtable(32 << 10)).expect("create");
+    let store =
+        Store::create(Box::new(fault), &small_memtable(shape.memtable_bytes)).expect("create");
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut state = State::new();
     let mut history = History {
@@ -59,7 +103,7 @@ fn run_workload(
         submitted_at: vec![0],
         synced: vec![(0, 0)],
     };
-    for op in 0..260 {
+    for op in 0..shape.ops {
         let sync = rng.gen_bool(0.3);
         let mut batch = WriteBatch::new();
         let ops = if rng.gen_bool(0.2) {
@@ -68,13 +112,13 @@ fn run_workload(
             1
         };
         for _ in 0..ops {
-            let key = format!("k{:02}", rng.gen_range(0..30)).into_bytes();
+            let key = key_name(rng.gen_range(0..shape.keys));
             if rng.gen_bool(0.25) {
                 batch.delete(&key);
                 state.remove(&key);
             } else {
                 // Mostly small values, a few large ones so frames span pages and segments fill.
-                let len = if rng.gen_bool(0.05) {
+                let len = if shape.large_one_in > 0.0 && rng.gen_bool(1.0 / shape.large_one_in) {
                     rng.gen_range(40_000..200_000)
                 } else {
                     rng.gen_range(1..3000)
@@ -86,7 +130,7 @@ fn run_workload(
         }
         let submitted = control.trace().len();
         store.write(batch, sync).expect("write");
-        if op % 100 == 99 {
+        if shape.compact_every > 0 && op % shape.compact_every == shape.compact_every - 1 {
             store.compact().expect("compact");
         }
         history.states.push(state.clone());
@@ -103,7 +147,7 @@ fn run_workload(
         "the workload should flush and compact often: {stats:?}"
     );
     store.close().expect("close");
-    (base, control.trace(), history)
+    (base, control.trace(), history, stats.flushes_in_merges)
 }
 
 fn contents(store: &Store, keys: &[Vec<u8>]) -> State {
@@ -113,8 +157,17 @@ fn contents(store: &Store, keys: &[Vec<u8>]) -> State {
 }
 
 fn crash_at_every_cut(block_size: u32, points: usize) {
-    let (base, trace, history) = run_workload(block_size, u64::from(block_size));
-    let keys: Vec<Vec<u8>> = (0..30).map(|k| format!("k{k:02}").into_bytes()).collect();
+    let recorded = run_workload(block_size, u64::from(block_size), &SMALL);
+    check_every_cut(block_size, points, recorded, &SMALL);
+}
+
+fn check_every_cut(
+    block_size: u32,
+    points: usize,
+    (base, trace, history, _): (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History, u64),
+    shape: &Shape,
+) {
+    let keys: Vec<Vec<u8>> = (0..shape.keys).map(key_name).collect();
     assert!(
         history.synced.len() > 40,
         "the workload synced {} times",
@@ -162,13 +215,13 @@ fn crash_at_every_cut(block_size: u32, points: usize) {
         }
         // One more synced batch on the recovered store, then a clean reopen.
         let mut batch = WriteBatch::new();
-        batch.put(b"k00", b"after the crash");
-        batch.delete(b"k01");
+        batch.put(b"k000", b"after the crash");
+        batch.delete(b"k001");
         store.write(batch, true).expect("write after recovery");
         store.close().expect("close");
         let mut expected = got;
-        expected.insert(b"k00".to_vec(), b"after the crash".to_vec());
-        expected.remove(b"k01".as_slice());
+        expected.insert(b"k000".to_vec(), b"after the crash".to_vec());
+        expected.remove(b"k001".as_slice());
         let after = contents(&reopen_bs(&storage, block_size), &keys);
         assert!(
             after == expected,
@@ -233,4 +286,20 @@ fn every_cut_point_recovers_a_prefix_with_4k_blocks() {
 #[test]
 fn every_cut_point_recovers_a_prefix_with_512_byte_blocks() {
     crash_at_every_cut(512, points());
+}
+
+/// Cuts inside memtable flushes made in the middle of a merge, and inside the merge that then
+/// installs its output beside them. Whether a flush falls inside a merge depends on the
+/// schedule of the writer and the store's worker, so the workload is recorded again (another
+/// seed) until one did; the cut checks on that recording are the same as above.
+#[test]
+fn every_cut_point_recovers_a_prefix_with_flushes_inside_merges() {
+    for attempt in 0..20u64 {
+        let recorded = run_workload(4096, 7 + attempt, &MERGE_FLUSHES);
+        if recorded.3 > 0 {
+            check_every_cut(4096, points(), recorded, &MERGE_FLUSHES);
+            return;
+        }
+    }
+    panic!("no recording in 20 had a memtable flushed inside a merge");
 }
