@@ -173,21 +173,6 @@ pub(crate) enum Val<'a> {
     Tombstone,
 }
 
-impl Val<'_> {
-    /// The value bytes (`None` for a tombstone), reading a separated value.
-    pub(crate) fn load(
-        self,
-        dev: Dev<'_>,
-        segment_bytes: u64,
-    ) -> Result<Option<Vec<u8>>, StoreError> {
-        match self {
-            Val::Bytes(v) => Ok(Some(v)),
-            Val::Pointer(h, p) => read_value(h, &p, dev, segment_bytes).map(Some),
-            Val::Tombstone => Ok(None),
-        }
-    }
-}
-
 /// Bytes of a run's value area one merge read fetches: with block rounding the read stays
 /// within the 256 KiB buffer a read queue keeps.
 const VALUE_WINDOW: u64 = 248 << 10;
@@ -228,7 +213,7 @@ impl Loaded<'_> {
 }
 
 impl ValueWindows {
-    /// Like [`Val::load`], through the windows, without copying a separated value out of its
+    /// A version's value through the windows, without copying a separated value out of its
     /// window.
     pub(crate) fn load<'w>(
         &'w mut self,
@@ -266,6 +251,67 @@ impl ValueWindows {
         h.run.check_value(&p, value)?;
         Ok(Loaded::Window(value, p.crc))
     }
+}
+
+/// Separated values closer than this in one run are fetched by one read, the bytes between
+/// them read and dropped.
+const SCAN_READ_GAP: u64 = 4 << 10;
+
+/// The values of a walk's entries (`None` for a tombstone), separated values fetched together:
+/// the values of a run's neighbouring keys lie side by side in its value area, so the values
+/// of one run that a scan meets are read in reads of up to [`VALUE_WINDOW`] bytes instead of
+/// one device round trip each. Every value is checked against its pointer's CRC.
+pub(crate) fn load_all(
+    vals: Vec<Val<'_>>,
+    dev: Dev<'_>,
+    segment_bytes: u64,
+) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+    let mut out: Vec<Option<Vec<u8>>> = Vec::with_capacity(vals.len());
+    // (slot, seg_seq, offset, index in `out`) of every separated value.
+    let mut wanted = Vec::new();
+    let mut pointers = Vec::new();
+    for (i, val) in vals.into_iter().enumerate() {
+        match val {
+            Val::Bytes(v) => out.push(Some(v)),
+            Val::Tombstone => out.push(None),
+            Val::Pointer(h, p) => {
+                let seg = h.meta.run;
+                let at = h.run.value_offset(seg.slot, segment_bytes, &p)?;
+                wanted.push((seg.slot, seg.seg_seq, at, i));
+                pointers.push((h, p));
+                out.push(None);
+            }
+        }
+    }
+    // Pointers in the order of `wanted` before sorting.
+    let mut order: Vec<usize> = (0..wanted.len()).collect();
+    order.sort_by_key(|&w| (wanted[w].0, wanted[w].1, wanted[w].2));
+    let mut next = 0;
+    while next < order.len() {
+        let (slot, seq, start, _) = wanted[order[next]];
+        let mut end = start + u64::from(pointers[order[next]].1.len);
+        let mut last = next + 1;
+        while let Some(&w) = order.get(last) {
+            let (s, q, at, _) = wanted[w];
+            let value_end = at + u64::from(pointers[w].1.len);
+            if (s, q) != (slot, seq) || at > end + SCAN_READ_GAP || value_end - start > VALUE_WINDOW
+            {
+                break;
+            }
+            end = end.max(value_end);
+            last += 1;
+        }
+        let bytes = dev.bytes(slot, start, (end - start) as usize)?;
+        for &w in &order[next..last] {
+            let (h, p) = &pointers[w];
+            let from = (wanted[w].2 - start) as usize;
+            let value = &bytes[from..from + p.len as usize];
+            h.run.check_value(p, value)?;
+            out[wanted[w].3] = Some(value.to_vec());
+        }
+        next = last;
+    }
+    Ok(out)
 }
 
 type Item<'a> = Result<(Vec<u8>, u64, Val<'a>), StoreError>;
