@@ -52,12 +52,11 @@ pub struct StoreOptions {
     /// Level 0 is merged into level 1 once it holds more runs than this.
     pub l0_runs: usize,
     /// Level 1 passes a run down once it holds more runs than this; each deeper level holds ten
-    /// times as many as the one above. A run takes one segment. 0 (the default): twice what
-    /// level 0 holds when it is merged (`l0_runs` memtables), 2 to 10 runs. A level-0 merge
-    /// rewrites all of level 1, so a small level 1 makes writes cheaper; but measured with
-    /// `kura bench kv` (4 MiB memtable, 8 MiB segments), read-mostly workloads slowed as it
-    /// shrank (YCSB-B over RocksDB 1.34-1.40x at 2 runs, 1.40-1.43x at 5, 1.53-1.71x at 10)
-    /// while overwrite sped up (0.84-0.87x, 0.81x, 0.56-0.58x), so this sits in between.
+    /// times as many as the one above. A run takes one segment. A level-0 merge rewrites all
+    /// of level 1, so a smaller level 1 makes writes cheaper, but measured with `kura bench kv`
+    /// (4 MiB memtable, 8 MiB segments) read-mostly workloads slowed as it shrank (YCSB-B over
+    /// RocksDB 1.34-1.40x at 2 runs, 1.40-1.43x at 5, 1.53-1.71x at 10) while overwrite sped
+    /// up (0.84-0.87x, 0.81x, 0.56-0.58x); the default stays at 10.
     pub l1_runs: usize,
     /// The memory budget in bytes: memtables, the page cache of run pages and the runs' bloom
     /// filters and footers together. With a budget the memtable limit is at most a quarter of
@@ -79,7 +78,7 @@ impl Default for StoreOptions {
             max_group_bytes: 1 << 20,
             memtable_bytes: 16 << 20,
             l0_runs: 4,
-            l1_runs: 0,
+            l1_runs: 10,
             memory_budget: 0,
         }
     }
@@ -623,12 +622,7 @@ impl Shared {
             memtable_bytes,
             memory_budget: opts.memory_budget,
             l0_runs: opts.l0_runs.max(1),
-            l1_runs: match opts.l1_runs {
-                0 => (2 * opts.l0_runs.max(1) as u64 * memtable_bytes as u64)
-                    .div_ceil(sb.segment_size())
-                    .clamp(2, 10) as usize,
-                runs => runs,
-            },
+            l1_runs: opts.l1_runs.max(1),
             max_log_segments: MAX_LOG_SEGMENTS.min(sb.slot_count / 4).max(1) as usize,
             segment_bytes: sb.segment_size(),
             segment_pages: sb.segment_pages(),
