@@ -1136,11 +1136,12 @@ impl Shared {
     }
 
     /// Merges a level over its limit into the next, the one furthest over it first: all of
-    /// level 0 with all of level 1 (at most `l1_runs` segments; merging only the overlapped
-    /// level-1 runs would leave a small run per flush on keys written in order, and each run
-    /// takes a segment); from a deeper level, one run (the next after the last one taken there, in key
-    /// order) with the runs of the next level it overlaps. One merge a call; false when no
-    /// level is over its limit. `compact_after` holds, per level, the largest key of the last
+    /// level 0 (so its half-filled flush runs are packed into full ones) with the level-1 runs
+    /// its key range meets and one more on each side: all of them for random keys, the last
+    /// one for keys written in order, whose merged runs then go in beside level 1 without
+    /// rewriting the rest of it; from a deeper level,
+    /// one run (the next after the last one taken there, in key order) with the runs of the
+    /// next level it overlaps. One merge a call; false when no level is over its limit. `compact_after` holds, per level, the largest key of the last
     /// run passed down from it: the next one taken there is the one after it (wrapping), so
     /// every part of a level is merged down in turn.
     fn compact_one(&self, compact_after: &mut [Option<Vec<u8>>]) -> Result<bool, StoreError> {
@@ -1183,11 +1184,17 @@ impl Shared {
             let (Some(lo), Some(hi)) = (lo, hi) else {
                 return Ok(false);
             };
-            let below = if level == 0 {
-                0..tree.levels[1].len()
-            } else {
-                tree::overlapping(&tree.levels[level + 1], lo, hi)
-            };
+            let next_level = &tree.levels[level + 1];
+            let mut below = tree::overlapping(next_level, lo, hi);
+            if level == 0 {
+                // Also the level-1 run on each side: level-0 runs of keys written in order
+                // meet no level-1 run, and small flushes (short sessions) would otherwise
+                // each leave a small run in level 1, a segment apiece.
+                below = tree::widen(
+                    next_level,
+                    below.start.saturating_sub(1)..(below.end + 1).min(next_level.len()),
+                );
+            }
             compact_after[level] = Some(hi.clone());
             self.merge_runs(&tree, &[(level, picked), (level + 1, below)])?;
             Ok(true)
@@ -1276,7 +1283,8 @@ impl Shared {
     ///
     /// Room: every merge writes its output (at most a slot per input run) before its inputs
     /// are freed. This merge needs up to `input_runs` more slots; the next merge of level 0
-    /// takes every level-0 run (the flush's included) and all of level 1, and needs as many.
+    /// takes every level-0 run (the flush's included) and the level-1 runs they meet (at most
+    /// all of level 1, counted here), and needs as many.
     /// The flush asks for both together, plus its own run and [`FLUSH_ROOM_SLOTS`], free now:
     /// the larger of the two alone was tried, and an overwrite of 96 MiB on a 288 MiB device
     /// then ran out of slots in the next level-0 merge (runs take whole segments, so the
