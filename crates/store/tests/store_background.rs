@@ -9,7 +9,7 @@ mod common;
 
 use common::{options, ram_disk};
 use kura_engine::backend::common::QueueOptions;
-use kura_engine::backend::mem::MemDevice;
+use kura_engine::backend::mem::{MemDevice, MemStorage};
 use kura_engine::{BlockDevice, Completion, DriveStats, Geometry, Opcode, Rejected, Request};
 use kura_store::{Store, StoreOptions};
 use std::sync::{Arc, Condvar, Mutex};
@@ -120,10 +120,10 @@ fn value(i: u32, round: u32) -> Vec<u8> {
     format!("value {i} round {round}").repeat(3).into_bytes()
 }
 
-#[test]
-fn writes_complete_while_a_merge_is_in_progress() {
-    // Session 1: level 0 may hold many runs, so several flushes leave runs there.
-    let dev = ram_disk(48, 4096);
+/// A `disk_mib` RAM disk holding a store of `keys` keys (round 0) written through a 16 KiB
+/// memtable with level 0 allowed 100 runs, so the flushes leave many runs there; and how many.
+fn level_zero_store(disk_mib: u64, keys: u32) -> (MemStorage, u32) {
+    let dev = ram_disk(disk_mib, 4096);
     let storage = dev.storage();
     let first = StoreOptions {
         memtable_bytes: 16 << 10,
@@ -131,10 +131,36 @@ fn writes_complete_while_a_merge_is_in_progress() {
         ..options()
     };
     let store = Store::create(Box::new(dev), &first).expect("create");
-    for i in 0..2000 {
+    for i in 0..keys {
         store.put(&key(i), &value(i, 0), false).expect("put");
     }
+    let runs = store.stats().runs_per_level[0];
     store.close().expect("close");
+    (storage, runs)
+}
+
+/// Reopens `storage` with `opts` and checks every one of `keys` keys: round 1 below
+/// `rewritten`, round 0 above.
+fn check_after_reopen(storage: MemStorage, opts: &StoreOptions, keys: u32, rewritten: u32) {
+    let store = Store::open_with(
+        Box::new(MemDevice::with_storage(storage, QueueOptions::default())),
+        opts,
+    )
+    .expect("reopen");
+    for i in 0..keys {
+        let round = if i < rewritten { 1 } else { 0 };
+        assert_eq!(
+            store.get(&key(i)).expect("get"),
+            Some(value(i, round)),
+            "{i}"
+        );
+    }
+}
+
+#[test]
+fn writes_complete_while_a_merge_is_in_progress() {
+    // Session 1: level 0 may hold many runs, so several flushes leave runs there.
+    let (storage, _) = level_zero_store(48, 2000);
 
     // Session 2: level 0 over its new limit, so the worker starts by merging it; the gate
     // parks the merge at its first write.
@@ -166,35 +192,24 @@ fn writes_complete_while_a_merge_is_in_progress() {
     store.close().expect("close");
 
     let store = Store::open_with(
-        Box::new(MemDevice::with_storage(storage, QueueOptions::default())),
+        Box::new(MemDevice::with_storage(
+            storage.clone(),
+            QueueOptions::default(),
+        )),
         &second,
     )
     .expect("reopen");
     let after = store.stats();
     assert_eq!(after.runs_per_level[0], 0, "{stats:?} {after:?}");
     assert!(after.runs_per_level[1] > 0, "{after:?}");
-    for i in 0..2000 {
-        let round = if i < 200 { 1 } else { 0 };
-        assert_eq!(store.get(&key(i)).expect("get"), Some(value(i, round)));
-    }
+    drop(store);
+    check_after_reopen(storage, &second, 2000, 200);
 }
 
 #[test]
 fn a_full_memtable_is_flushed_in_the_middle_of_a_merge() {
     // Session 1: about 20 level-0 runs (level 0 may hold 100).
-    let dev = ram_disk(96, 4096);
-    let storage = dev.storage();
-    let first = StoreOptions {
-        memtable_bytes: 16 << 10,
-        l0_runs: 100,
-        ..options()
-    };
-    let store = Store::create(Box::new(dev), &first).expect("create");
-    for i in 0..3000 {
-        store.put(&key(i), &value(i, 0), false).expect("put");
-    }
-    let runs = store.stats().runs_per_level[0];
-    store.close().expect("close");
+    let (storage, runs) = level_zero_store(96, 3000);
     assert!((9..40).contains(&runs), "{runs} level-0 runs");
 
     // Session 2: level 0 is over its limit (8) but below the stop (5 x 8), so the worker
@@ -234,20 +249,7 @@ fn a_full_memtable_is_flushed_in_the_middle_of_a_merge() {
     assert!(stats.flushes_in_merges >= 1, "{stats:?}");
     assert_eq!(stats.runs_per_level[0], 1, "{stats:?}");
     store.close().expect("close");
-
-    let store = Store::open_with(
-        Box::new(MemDevice::with_storage(storage, QueueOptions::default())),
-        &second,
-    )
-    .expect("reopen");
-    for i in 0..3000 {
-        let round = if i < written { 1 } else { 0 };
-        assert_eq!(
-            store.get(&key(i)).expect("get"),
-            Some(value(i, round)),
-            "{i}"
-        );
-    }
+    check_after_reopen(storage, &second, 3000, written);
 }
 
 #[test]
