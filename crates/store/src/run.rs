@@ -9,8 +9,8 @@
 use crate::error::StoreError;
 use crate::format::frame::ValuePointer;
 use crate::format::page::{
-    bloom_add, bloom_hash, bloom_may_contain, decode_filter, decode_leaf, encode_filter,
-    encode_index, encode_leaf, index_child, leaf_find, Footer, IndexEntry, LeafEntry, LeafFind,
+    bloom_add, bloom_hash, bloom_may_contain, decode_filter, encode_filter, encode_index,
+    encode_leaf, index_child, leaf_find, Footer, IndexEntry, LeafEntry, LeafFind, LeafReader,
     LeafValue, PagePlace, ENTRY_ROOM, FILTER_BYTES_PER_PAGE, MAX_PROBES,
 };
 use crate::format::{FormatError, SegRef, MAX_KEY, PAGE_SIZE};
@@ -544,7 +544,9 @@ impl Run {
             to,
             reverse,
             page: None,
-            leaf: Vec::new(),
+            leaf: None,
+            rest: 0,
+            last: None,
             done: false,
         }
     }
@@ -599,10 +601,14 @@ pub struct RunIter<'a> {
     from: Option<Vec<u8>>,
     to: Option<Vec<u8>>,
     reverse: bool,
-    /// The leaf whose entries are in `leaf`; `None` before the first.
+    /// The leaf being walked; `None` before the first.
     page: Option<u32>,
-    /// The rest of the current leaf, the next entry last.
-    leaf: Vec<LeafEntry>,
+    leaf: Option<LeafReader>,
+    /// Entries of `leaf` not yet visited: the next is `rest - 1` in reverse walks, else
+    /// `len - rest`.
+    rest: usize,
+    /// The index in `leaf` of the entry visited last, whose key the next must follow.
+    last: Option<usize>,
     done: bool,
 }
 
@@ -635,30 +641,52 @@ impl RunIter<'_> {
                 value: page.into(),
             }));
         }
-        let mut entries = decode_leaf(&(self.read)(page)?, self.run.place(page))
+        let leaf = LeafReader::new((self.read)(page)?, self.run.place(page))
             .map_err(self.run.corrupt(page))?;
-        if !self.reverse {
-            entries.reverse();
-        }
-        self.leaf = entries;
+        self.rest = leaf.len();
+        self.leaf = Some(leaf);
+        self.last = None;
         self.page = Some(page);
         Ok(true)
     }
 
     fn step(&mut self) -> Result<Option<LeafEntry>, StoreError> {
         loop {
-            let Some(e) = self.leaf.pop() else {
+            let Some(leaf) = self.leaf.as_ref().filter(|_| self.rest > 0) else {
                 if !self.load()? {
                     return Ok(None);
                 }
                 continue;
             };
-            let below_from = self.from.as_ref().is_some_and(|f| e.key < *f);
-            let above_to = self.to.as_ref().is_some_and(|t| e.key >= *t);
+            let page = self.page.unwrap_or_default();
+            let i = if self.reverse {
+                self.rest - 1
+            } else {
+                leaf.len() - self.rest
+            };
+            self.rest -= 1;
+            let (key, lsn) = leaf.key(i).map_err(self.run.corrupt(page))?;
+            if let Some(prev) = self.last {
+                let (prev_key, prev_lsn) = leaf.key(prev).map_err(self.run.corrupt(page))?;
+                let (a, b) = if self.reverse {
+                    ((key, Reverse(lsn)), (prev_key, Reverse(prev_lsn)))
+                } else {
+                    ((prev_key, Reverse(prev_lsn)), (key, Reverse(lsn)))
+                };
+                if a >= b {
+                    return Err(self.run.corrupt(page)(FormatError::BadField {
+                        what: "leaf entry order",
+                        value: lsn,
+                    }));
+                }
+            }
+            self.last = Some(i);
+            let below_from = self.from.as_deref().is_some_and(|f| key < f);
+            let above_to = self.to.as_deref().is_some_and(|t| key >= t);
             match (self.reverse, below_from, above_to) {
                 (false, true, _) | (true, _, true) => continue,
                 (false, _, true) | (true, true, _) => return Ok(None),
-                _ => return Ok(Some(e)),
+                _ => return leaf.entry(i).map(Some).map_err(self.run.corrupt(page)),
             }
         }
     }

@@ -289,6 +289,46 @@ pub fn decode_leaf(page: &[u8], place: PagePlace) -> Result<Vec<LeafEntry>, Form
     Ok(out)
 }
 
+/// A leaf page's entries taken one at a time, for walks: a short scan touches a few entries of
+/// each run's leaf, so only those are parsed and copied (the header and CRC are checked once,
+/// when the reader is made; each entry's offsets when it is read). Order is the caller's to
+/// check between the entries it visits ([`LeafReader::key`] gives keys without copying).
+pub struct LeafReader {
+    page: std::sync::Arc<[u8]>,
+    count: u16,
+    end: u16,
+}
+
+impl LeafReader {
+    pub fn new(page: std::sync::Arc<[u8]>, place: PagePlace) -> Result<Self, FormatError> {
+        let (count, end) = check_header(&page, PageKind::Leaf, place)?;
+        Entries::new(&page, count, end)?;
+        Ok(LeafReader { page, count, end })
+    }
+
+    pub fn len(&self) -> usize {
+        self.count as usize
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    fn raw(&self, i: usize) -> Result<&[u8], FormatError> {
+        Entries::new(&self.page, self.count, self.end)?.get(i)
+    }
+
+    /// The key and LSN of entry `i` (below [`LeafReader::len`]), not copied.
+    pub fn key(&self, i: usize) -> Result<(&[u8], u64), FormatError> {
+        leaf_key(self.raw(i)?)
+    }
+
+    /// Entry `i` (below [`LeafReader::len`]).
+    pub fn entry(&self, i: usize) -> Result<LeafEntry, FormatError> {
+        parse_leaf_entry(self.raw(i)?)
+    }
+}
+
 /// The key and LSN of a raw leaf entry, without copying.
 fn leaf_key(raw: &[u8]) -> Result<(&[u8], u64), FormatError> {
     let mut r = Reader::new("leaf entry", raw);
