@@ -139,6 +139,11 @@ impl RunBuilder {
         Ok(())
     }
 
+    /// The first key added, if any.
+    pub fn first_key(&self) -> Option<&[u8]> {
+        self.smallest.as_deref()
+    }
+
     /// Whether one more entry of `key_len` key bytes, holding `inline` value bytes in its leaf
     /// and `separated` bytes in the value area, surely fits in the segment with everything the
     /// run still has to write (index and filter pages at `bits_per_key`, footer). Generous:
@@ -384,6 +389,7 @@ fn narrow_u32(v: u64) -> Result<u32, FormatError> {
 pub type ReadBytes<'a> = dyn FnMut(u64, usize) -> Result<Vec<u8>, StoreError> + 'a;
 
 /// An open run: its footer and its bloom filter, the part of a run kept in memory.
+#[derive(Clone)]
 pub struct Run {
     seg_seq: u64,
     footer: Footer,

@@ -97,6 +97,7 @@ const L0_STOP_FACTOR: usize = 5;
 /// Free slots a flush during a merge leaves beyond the merge's inputs: the flush's own run
 /// and the log's next segments.
 const FLUSH_ROOM_SLOTS: u64 = 4;
+
 /// A scan gathers this many entries before it fetches their separated values together.
 const SCAN_BATCH: usize = 256;
 /// Unsynced groups gather in memory up to this many payload bytes before they are written.
@@ -188,6 +189,9 @@ pub struct StoreStats {
     /// Compactions (merges of one level into the next, or of everything by
     /// [`Store::compact`]).
     pub compactions: u64,
+    /// Installs of part of a merge's output before the merge ended, each freeing the inputs
+    /// the merge had passed.
+    pub merge_steps: u64,
     /// Runs per level now (level 0 first).
     pub runs_per_level: [u32; MAX_LEVELS],
     /// Encoded bytes of the operations written by users (keys, values, op headers).
@@ -294,6 +298,7 @@ struct Shared {
     imm_waiting: AtomicBool,
     stalls: AtomicU64,
     flushes_in_merges: AtomicU64,
+    merge_steps: AtomicU64,
     /// Wakes the worker.
     bg_wake: Condvar,
     /// Tells stalled writers the worker finished a step.
@@ -340,6 +345,46 @@ fn cache_pages(budget: usize, memtable_bytes: usize, index_bytes: usize) -> usiz
         budget => budget.saturating_sub(2 * memtable_bytes + index_bytes),
     };
     bytes / PAGE_SIZE
+}
+/// A merge's inputs in its output level not yet replaced by its output, in key order, and
+/// where they sit in that level (the merge's runs installed so far lie just before them).
+struct Unmerged {
+    at: usize,
+    runs: Vec<Arc<RunHandle>>,
+}
+
+impl Unmerged {
+    fn span(&self) -> Range<usize> {
+        self.at..self.at + self.runs.len()
+    }
+
+    /// How many of the runs left hold only keys below `key`.
+    fn passed(&self, key: &[u8]) -> usize {
+        self.runs
+            .iter()
+            .take_while(|h| h.meta.largest.as_slice() < key)
+            .count()
+    }
+}
+
+/// Fails (stopping the store) unless `level` of `tree` holds exactly `runs` at `span`: only
+/// the merge holding the `work` lock changes those runs.
+fn check_unchanged(
+    tree: &Tree,
+    level: usize,
+    span: Range<usize>,
+    runs: &[Arc<RunHandle>],
+) -> Result<(), StoreError> {
+    let same = tree.levels[level].get(span).is_some_and(|now| {
+        now.len() == runs.len() && now.iter().zip(runs).all(|(a, b)| Arc::ptr_eq(a, b))
+    });
+    if same {
+        Ok(())
+    } else {
+        Err(StoreError::Stopped(format!(
+            "internal: level {level} changed under a merge of its runs"
+        )))
+    }
 }
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -595,6 +640,7 @@ impl Shared {
             imm_waiting: AtomicBool::new(false),
             stalls: AtomicU64::new(0),
             flushes_in_merges: AtomicU64::new(0),
+            merge_steps: AtomicU64::new(0),
             bg_wake: Condvar::new(),
             bg_done: Condvar::new(),
             queue: Mutex::new(Queue::default()),
@@ -1204,8 +1250,14 @@ impl Shared {
     /// Merges the runs `inputs` names (a range of runs per level, the output level's last) into
     /// new runs that take the place of the output level's range, keeping the versions live
     /// snapshots need and dropping tombstones when nothing lies below the output level.
+    ///
+    /// The output level's inputs are freed as the merge passes them: once a finished output
+    /// run is followed by a key above an input's largest, the finished runs are installed in
+    /// front of the inputs left and that input is freed ([`Shared::install_merged_part`]). So
+    /// the merge needs free slots for about its other inputs' data, not for all of its output
+    /// on top of all of its input.
     fn merge_runs(&self, tree: &Tree, inputs: &[(usize, Range<usize>)]) -> Result<(), StoreError> {
-        let Some((last, _)) = inputs.last().cloned() else {
+        let Some((last, last_range)) = inputs.last().cloned() else {
             return Ok(());
         };
         let mut picked = Tree::default();
@@ -1214,6 +1266,11 @@ impl Shared {
         }
         let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
         let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
+        let mut unmerged = Unmerged {
+            at: last_range.start,
+            runs: picked.levels[last].clone(),
+        };
+        let other_inputs = (picked.runs().count() - unmerged.runs.len()) as u64;
         let (handles, written) = {
             // A merge reads each input page once: it does not fill the page cache.
             let sources = tree::sources(&[], &picked, None, None, false, self.dev(), false);
@@ -1225,7 +1282,7 @@ impl Shared {
                 self.inline_threshold,
             );
             let mut values = tree::ValueWindows::default();
-            let input_runs = picked.runs().count() as u64;
+            let mut installed_bytes = 0;
             let mut may_flush = true;
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
@@ -1233,11 +1290,22 @@ impl Shared {
                     let (bytes, crc) = value.parts();
                     out.add(&key, lsn, bytes, crc)?;
                 }
+                if let Some(below) = out.finished_below() {
+                    if unmerged.passed(below) > 0 {
+                        let below = below.to_vec();
+                        let runs = out.take_finished()?;
+                        let bytes = out.written - installed_bytes;
+                        self.install_merged_part(last, &mut unmerged, runs, &below, bytes)?;
+                        installed_bytes = out.written;
+                    }
+                }
                 if may_flush && self.imm_waiting.load(Ordering::Acquire) {
+                    let input_runs = other_inputs + unmerged.runs.len() as u64;
                     may_flush = self.flush_during_merge(input_runs)?;
                 }
             }
-            out.finish()?
+            let (handles, written) = out.finish()?;
+            (handles, written - installed_bytes)
         };
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
@@ -1248,30 +1316,71 @@ impl Shared {
         let current = Arc::clone(&self.read_view().tree);
         let flushed_meanwhile = current.levels[0].len().saturating_sub(tree.levels[0].len());
         let mut next = Tree::clone(&current);
-        let mut handles = Some(handles);
-        for (l, r) in inputs {
+        let mut dropped: Vec<Arc<RunHandle>> = Vec::new();
+        for (l, r) in inputs.iter().filter(|(l, _)| *l != last) {
             let shift = if *l == 0 { flushed_meanwhile } else { 0 };
             let now = r.start + shift..r.end + shift;
-            let same = next.levels[*l].get(now.clone()).is_some_and(|runs| {
-                runs.iter()
-                    .zip(&tree.levels[*l][r.clone()])
-                    .all(|(a, b)| Arc::ptr_eq(a, b))
-            });
-            if !same {
-                return Err(StoreError::Stopped(format!(
-                    "internal: level {l} changed under a merge of its runs"
-                )));
-            }
-            let replacement: Vec<Arc<RunHandle>> = match handles.take_if(|_| *l == last) {
-                Some(new) => new.into_iter().map(Arc::new).collect(),
-                None => Vec::new(),
-            };
-            next.levels[*l].splice(now, replacement);
+            check_unchanged(&next, *l, now.clone(), &tree.levels[*l][r.clone()])?;
+            dropped.extend(next.levels[*l].splice(now, Vec::new()));
         }
-        let dropped: Vec<Arc<RunHandle>> = picked.runs().cloned().collect();
+        check_unchanged(&next, last, unmerged.span(), &unmerged.runs)?;
+        next.levels[last].splice(unmerged.span(), handles.into_iter().map(Arc::new));
+        dropped.extend(unmerged.runs);
         let start = io.log_start;
         self.install(&mut io, next, start, written, &dropped, false)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Installs the merge's finished output `runs` (every version of every key below `below`
+    /// is in them or in runs installed before) in front of the output level's inputs left,
+    /// dropping the inputs whose keys all lie below `below` and raising the smallest key of
+    /// the one `below` falls in to `below` (format section 5: its entries below that are in
+    /// the new runs). The freed inputs' slots are free for the rest of the merge.
+    fn install_merged_part(
+        &self,
+        last: usize,
+        unmerged: &mut Unmerged,
+        runs: Vec<RunHandle>,
+        below: &[u8],
+        written: u64,
+    ) -> Result<(), StoreError> {
+        let passed = unmerged.passed(below);
+        let new_runs = runs.len();
+        let mut left = unmerged.runs[passed..].to_vec();
+        if let Some(first) = left.first_mut() {
+            if first.meta.smallest.as_slice() < below {
+                let mut meta = first.meta.clone();
+                meta.smallest = below.to_vec();
+                *first = Arc::new(RunHandle {
+                    meta,
+                    run: first.run.clone(),
+                });
+            }
+        }
+        let mut replacement: Vec<Arc<RunHandle>> = runs.into_iter().map(Arc::new).collect();
+        replacement.extend(left.iter().cloned());
+        let mut io = lock(&self.io);
+        let current = Arc::clone(&self.read_view().tree);
+        let refused = match &io.stopped {
+            Some(e) => Err(StoreError::Stopped(e.to_string())),
+            None => check_unchanged(&current, last, unmerged.span(), &unmerged.runs),
+        };
+        if let Err(e) = refused {
+            let mut space = lock(&self.space);
+            for h in &replacement[..new_runs] {
+                space.free(h.meta.run.slot);
+            }
+            return Err(e);
+        }
+        let mut next = Tree::clone(&current);
+        next.levels[last].splice(unmerged.span(), replacement);
+        let dropped = unmerged.runs[..passed].to_vec();
+        let start = io.log_start;
+        self.install(&mut io, next, start, written, &dropped, false)?;
+        unmerged.at += new_runs;
+        unmerged.runs = left;
+        self.merge_steps.fetch_add(1, Ordering::Relaxed);
         Ok(())
     }
 
@@ -1396,6 +1505,7 @@ impl Shared {
             flushes: self.flushes.load(Ordering::Relaxed),
             write_stalls: self.stalls.load(Ordering::Relaxed),
             flushes_in_merges: self.flushes_in_merges.load(Ordering::Relaxed),
+            merge_steps: self.merge_steps.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
             user_bytes: self.user_bytes.load(Ordering::Relaxed),

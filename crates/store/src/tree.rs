@@ -86,7 +86,11 @@ impl Tree {
                 &mut page_reader(dev, meta.run, false),
             )?;
             let f = run.footer();
-            if f.entries != meta.entries || f.smallest != meta.smallest || f.largest != meta.largest
+            // The manifest's smallest key may lie above the run's first (see `live_from`).
+            if f.entries != meta.entries
+                || meta.smallest < f.smallest
+                || meta.smallest > f.largest
+                || f.largest != meta.largest
             {
                 return Err(corrupt_manifest(
                     "run footer disagreeing with the manifest",
@@ -336,6 +340,18 @@ pub(crate) fn mem_source<'a>(
     (Box::new(it) as Box<dyn Iterator<Item = Item<'a>> + 'a>).peekable()
 }
 
+/// Where a walk from `from` starts in run `h`: not below the run's live lower bound. A merge
+/// that frees its inputs as it goes leaves the input it is inside of with a lower bound
+/// (`RunMeta::smallest`) above the run's first key; the entries below it are superseded by
+/// the merge's runs already installed.
+fn live_from<'a>(h: &'a RunHandle, from: Option<&'a [u8]>) -> Option<&'a [u8]> {
+    let live = h.meta.smallest.as_slice();
+    if live <= h.run.footer().smallest.as_slice() {
+        return from;
+    }
+    Some(from.map_or(live, |f| f.max(live)))
+}
+
 fn entry_item(h: &RunHandle, e: Result<LeafEntry, StoreError>) -> Item<'_> {
     let e = e?;
     let v = match e.value {
@@ -364,7 +380,7 @@ pub(crate) fn runs_source<'a>(
         let h: &'a RunHandle = h;
         h.run
             .iter(
-                from.map(<[u8]>::to_vec),
+                live_from(h, from).map(<[u8]>::to_vec),
                 to.map(<[u8]>::to_vec),
                 reverse,
                 read,
@@ -644,6 +660,29 @@ impl<'a> Output<'a> {
         };
         self.done.push(RunHandle { meta, run });
         Ok(())
+    }
+
+    /// When runs were finished since the last [`Output::take_finished`]: the first key of the
+    /// run being written. Every version of every key below it is in the finished runs.
+    pub(crate) fn finished_below(&self) -> Option<&[u8]> {
+        if self.done.is_empty() {
+            return None;
+        }
+        self.current.as_ref().and_then(|(_, b)| b.first_key())
+    }
+
+    /// The runs finished so far (a run is finished when the next version did not fit it),
+    /// made durable and no longer this output's to give back: the caller names them in the
+    /// manifest.
+    pub(crate) fn take_finished(&mut self) -> Result<Vec<RunHandle>, StoreError> {
+        if self.done.is_empty() {
+            return Ok(Vec::new());
+        }
+        lock(self.space).segs.flush()?;
+        let done = std::mem::take(&mut self.done);
+        self.allocated
+            .retain(|seg| !done.iter().any(|h| h.meta.run.slot == seg.slot));
+        Ok(done)
     }
 
     /// The runs written, made durable (empty when nothing was added).

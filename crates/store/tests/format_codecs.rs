@@ -441,6 +441,9 @@ fn newer_major_versions_are_refused() {
     page[8..12].copy_from_slice(&crc.to_le_bytes());
     assert_eq!(
         Superblock::decode(&page),
-        Err(FormatError::UnsupportedVersion { major: 2, minor: 0 })
+        Err(FormatError::UnsupportedVersion {
+            major: 2,
+            minor: kura_store::format::superblock::MINOR
+        })
     );
 }

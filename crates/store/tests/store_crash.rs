@@ -15,8 +15,14 @@
 //!
 //! A third run records a workload of 600 keys through a 16 KiB memtable, whose merges last long
 //! enough that memtables are flushed in the middle of them, and cuts that recording the same way.
+//! A fourth writes a few MiB through a 64 KiB memtable, so merges pass several level-1 runs and
+//! install their output in steps, freeing the runs passed before they end.
 //!
-//! `KURA_STORE_CRASH_POINTS` sets the cut points per recording (default 260, three recordings: 780 in all).
+//! Every recovered store is also scanned whole: the scan must list exactly what the gets find,
+//! in order, so a level whose runs overlap or a run read below its live lower bound fails.
+//!
+//! `KURA_STORE_CRASH_POINTS` sets the cut points per recording (default 260, four recordings:
+//! 1,040 in all).
 
 mod common;
 
@@ -24,7 +30,7 @@ use common::{ram_disk, reopen, small_memtable};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
-use kura_store::{Store, WriteBatch};
+use kura_store::{Store, StoreStats, WriteBatch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -75,15 +81,32 @@ const MERGE_FLUSHES: Shape = Shape {
     disk_mib: 64,
 };
 
+/// A few MiB of keys through a 64 KiB memtable: level 1 spans several 1 MiB runs, so each
+/// level-0 merge passes some of them and installs its finished runs in steps, freeing the
+/// runs it passed before it ends.
+const MERGE_STEPS: Shape = Shape {
+    keys: 2500,
+    ops: 3000,
+    memtable_bytes: 64 << 10,
+    compact_every: 0,
+    large_one_in: 0.0,
+    disk_mib: 32,
+};
+
 fn key_name(k: usize) -> Vec<u8> {
-    format!("k{k:03}").into_bytes()
+    format!("k{k:04}").into_bytes()
 }
 
 fn run_workload(
     block_size: u32,
     seed: u64,
     shape: &Shape,
-) -> (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History, u64) {
+) -> (
+    Vec<u8>,
+    Vec<kura_engine::fault::TraceEvent>,
+    History,
+    StoreStats,
+) {
     let dev = ram_disk(shape.disk_mib, block_size);
     let base = dev.storage().lock().expect("storage").clone();
     let fault = FaultDevice::new(
@@ -147,13 +170,27 @@ fn run_workload(
         "the workload should flush and compact often: {stats:?}"
     );
     store.close().expect("close");
-    (base, control.trace(), history, stats.flushes_in_merges)
+    eprintln!("recorded: {stats:?}");
+    (base, control.trace(), history, stats)
 }
 
+/// What gets of `keys` find, which a scan of the whole store must list too, in key order and
+/// each key once (a level whose runs overlap, or a run read below its live bound, shows here).
 fn contents(store: &Store, keys: &[Vec<u8>]) -> State {
-    keys.iter()
+    let got: State = keys
+        .iter()
         .filter_map(|k| store.get(k).expect("get").map(|v| (k.clone(), v)))
-        .collect()
+        .collect();
+    let scanned = store.scan(None, None, usize::MAX, false).expect("scan");
+    let listed: Vec<(&Vec<u8>, &Vec<u8>)> = scanned.iter().map(|p| (&p.0, &p.1)).collect();
+    let expected: Vec<(&Vec<u8>, &Vec<u8>)> = got.iter().collect();
+    assert!(
+        listed == expected,
+        "a scan lists {} pairs where gets find {}",
+        listed.len(),
+        expected.len()
+    );
+    got
 }
 
 fn crash_at_every_cut(block_size: u32, points: usize) {
@@ -164,7 +201,12 @@ fn crash_at_every_cut(block_size: u32, points: usize) {
 fn check_every_cut(
     block_size: u32,
     points: usize,
-    (base, trace, history, _): (Vec<u8>, Vec<kura_engine::fault::TraceEvent>, History, u64),
+    (base, trace, history, _): (
+        Vec<u8>,
+        Vec<kura_engine::fault::TraceEvent>,
+        History,
+        StoreStats,
+    ),
     shape: &Shape,
 ) {
     let keys: Vec<Vec<u8>> = (0..shape.keys).map(key_name).collect();
@@ -215,13 +257,13 @@ fn check_every_cut(
         }
         // One more synced batch on the recovered store, then a clean reopen.
         let mut batch = WriteBatch::new();
-        batch.put(b"k000", b"after the crash");
-        batch.delete(b"k001");
+        batch.put(&key_name(0), b"after the crash");
+        batch.delete(&key_name(1));
         store.write(batch, true).expect("write after recovery");
         store.close().expect("close");
         let mut expected = got;
-        expected.insert(b"k000".to_vec(), b"after the crash".to_vec());
-        expected.remove(b"k001".as_slice());
+        expected.insert(key_name(0), b"after the crash".to_vec());
+        expected.remove(&key_name(1));
         let after = contents(&reopen_bs(&storage, block_size), &keys);
         assert!(
             after == expected,
@@ -296,10 +338,23 @@ fn every_cut_point_recovers_a_prefix_with_512_byte_blocks() {
 fn every_cut_point_recovers_a_prefix_with_flushes_inside_merges() {
     for attempt in 0..20u64 {
         let recorded = run_workload(4096, 7 + attempt, &MERGE_FLUSHES);
-        if recorded.3 > 0 {
+        if recorded.3.flushes_in_merges > 0 {
             check_every_cut(4096, points(), recorded, &MERGE_FLUSHES);
             return;
         }
     }
     panic!("no recording in 20 had a memtable flushed inside a merge");
+}
+
+/// Cuts inside merges that install part of their output and free the inputs they passed
+/// before they end, and in the flushes and merges after such a step.
+#[test]
+fn every_cut_point_recovers_a_prefix_with_merges_freeing_inputs_as_they_go() {
+    let recorded = run_workload(4096, 11, &MERGE_STEPS);
+    assert!(
+        recorded.3.merge_steps >= 3,
+        "the workload's merges should install parts of their output: {:?}",
+        recorded.3
+    );
+    check_every_cut(4096, points(), recorded, &MERGE_STEPS);
 }

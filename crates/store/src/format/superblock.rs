@@ -10,7 +10,7 @@ const MAGIC: [u8; 8] = *b"KURAKVS\0";
 const CRC_AT: usize = 8;
 /// Version this build writes; it reads any 1.x.
 pub const MAJOR: u16 = 1;
-pub const MINOR: u16 = 0;
+pub const MINOR: u16 = 1;
 /// Bytes of the page the fields use; the rest is reserved.
 const USED: usize = 112;
 
