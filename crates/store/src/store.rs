@@ -1251,11 +1251,14 @@ impl Shared {
     /// new runs that take the place of the output level's range, keeping the versions live
     /// snapshots need and dropping tombstones when nothing lies below the output level.
     ///
-    /// The output level's inputs are freed as the merge passes them: once a finished output
-    /// run is followed by a key above an input's largest, the finished runs are installed in
-    /// front of the inputs left and that input is freed ([`Shared::install_merged_part`]). So
-    /// the merge needs free slots for about its other inputs' data, not for all of its output
-    /// on top of all of its input.
+    /// When free slots run short, the output level's inputs are freed as the merge passes
+    /// them: once a finished output run is followed by a key above an input's largest, and
+    /// fewer slots are free than the rest of the merge could write (a run per input left) plus
+    /// [`FLUSH_ROOM_SLOTS`], the finished runs are installed in front of the inputs left and
+    /// the passed ones are freed ([`Shared::install_merged_part`]). So the merge needs free
+    /// slots for about its other inputs' data, not for all of its output on top of all of its
+    /// input. With room to spare it installs once, at its end: each step is a device flush and
+    /// a manifest checkpoint under the writers' lock.
     fn merge_runs(&self, tree: &Tree, inputs: &[(usize, Range<usize>)]) -> Result<(), StoreError> {
         let Some((last, last_range)) = inputs.last().cloned() else {
             return Ok(());
@@ -1291,7 +1294,8 @@ impl Shared {
                     out.add(&key, lsn, bytes, crc)?;
                 }
                 if let Some(below) = out.finished_below() {
-                    if unmerged.passed(below) > 0 {
+                    let left = other_inputs + unmerged.runs.len() as u64;
+                    if unmerged.passed(below) > 0 && self.free_slots() < left + FLUSH_ROOM_SLOTS {
                         let below = below.to_vec();
                         let runs = out.take_finished()?;
                         let bytes = out.written - installed_bytes;
@@ -1330,6 +1334,11 @@ impl Shared {
         self.install(&mut io, next, start, written, &dropped, false)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    fn free_slots(&self) -> u64 {
+        let space = lock(&self.space);
+        space.superblock().slot_count - space.used()
     }
 
     /// Installs the merge's finished output `runs` (every version of every key below `below`
@@ -1410,10 +1419,7 @@ impl Shared {
         let l0 = view.tree.levels[0].len();
         let next_l0_merge = (l0 + view.tree.levels[1].len()) as u64;
         drop(view);
-        let free = {
-            let space = lock(&self.space);
-            space.superblock().slot_count - space.used()
-        };
+        let free = self.free_slots();
         if l0 + 1 >= self.l0_runs * L0_STOP_FACTOR
             || free < input_runs + next_l0_merge + 1 + FLUSH_ROOM_SLOTS
         {
