@@ -1301,11 +1301,11 @@ impl Shared {
                         let bytes = out.written - installed_bytes;
                         self.install_merged_part(last, &mut unmerged, runs, &below, bytes)?;
                         installed_bytes = out.written;
+                        may_flush = true;
                     }
                 }
                 if may_flush && self.imm_waiting.load(Ordering::Acquire) {
-                    let input_runs = other_inputs + unmerged.runs.len() as u64;
-                    may_flush = self.flush_during_merge(input_runs)?;
+                    may_flush = self.flush_during_merge(other_inputs)?;
                 }
             }
             let (handles, written) = out.finish()?;
@@ -1393,36 +1393,33 @@ impl Shared {
         Ok(())
     }
 
-    /// Called by a merge of `input_runs` runs after a key while a full memtable waits: flushes
-    /// it if level 0 stays below [`L0_STOP_FACTOR`] times its merge limit and the device
-    /// keeps room for the merges to come. So a writer waits for a merge only when level 0 is
-    /// that far behind (RocksDB's stop trigger) or space is short, not for every merge that
-    /// happens to run when the memtable fills.
+    /// Called by a merge after a key while a full memtable waits: flushes it if level 0 stays
+    /// below [`L0_STOP_FACTOR`] times its merge limit and the device keeps room for the merges
+    /// to come. So a writer waits for a merge only when level 0 is that far behind (RocksDB's
+    /// stop trigger) or space is short, not for every merge that happens to run when the
+    /// memtable fills.
     ///
-    /// Room: every merge writes its output (at most a slot per input run) before its inputs
-    /// are freed. This merge needs up to `input_runs` more slots; the next merge of level 0
-    /// takes every level-0 run (the flush's included) and the level-1 runs they meet (at most
-    /// all of level 1, counted here), and needs as many.
-    /// The flush asks for both together, plus its own run and [`FLUSH_ROOM_SLOTS`], free now:
-    /// the larger of the two alone was tried, and an overwrite of 96 MiB on a 288 MiB device
-    /// then ran out of slots in the next level-0 merge (runs take whole segments, so the
-    /// slots the data takes are not a fixed multiple of its bytes). While level 0 itself is
-    /// being merged, its runs and level 1's are counted twice, which only makes it stricter.
+    /// Room: a merge holds its `other_inputs` (its inputs outside the output level) until it
+    /// ends, and when slots are short it frees the output level's inputs as it passes them
+    /// ([`Shared::merge_runs`]), so from now on it needs at most a slot per other input, the
+    /// run it is writing and a finished one not installed yet. The next level-0 merge needs
+    /// as much for level 0 (a slot per run at most, the flush's included). The flush asks for
+    /// the larger of the two, its own run and [`FLUSH_ROOM_SLOTS`] twice (log segments the
+    /// writers fill during this merge and during the next), free now. Before merges freed
+    /// their inputs as they went, it had to ask for this merge's whole output and the next
+    /// level-0 merge's (all of level 1) together.
     ///
-    /// False once it declined: level 0 only grows and free slots only shrink until the merge
-    /// ends, so the merge stops asking.
-    fn flush_during_merge(&self, input_runs: u64) -> Result<bool, StoreError> {
+    /// False when it declined; the merge asks again after it freed slots.
+    fn flush_during_merge(&self, other_inputs: u64) -> Result<bool, StoreError> {
         let view = self.read_view();
         if view.imm.is_none() {
             return Ok(true);
         }
         let l0 = view.tree.levels[0].len();
-        let next_l0_merge = (l0 + view.tree.levels[1].len()) as u64;
         drop(view);
         let free = self.free_slots();
-        if l0 + 1 >= self.l0_runs * L0_STOP_FACTOR
-            || free < input_runs + next_l0_merge + 1 + FLUSH_ROOM_SLOTS
-        {
+        let merges = other_inputs.max(l0 as u64 + 1) + 2;
+        if l0 + 1 >= self.l0_runs * L0_STOP_FACTOR || free < merges + 1 + 2 * FLUSH_ROOM_SLOTS {
             return Ok(false);
         }
         self.flush_imm()?;
