@@ -8,9 +8,11 @@
 //!
 //! Readers find runs only through the store's view (`Shared::view`), and hold it (shared) for
 //! the whole get or scan, every device read included. A run's pages and values are written on
-//! the store's own queue and flushed (each write completed) before the run is installed in the
-//! view; a read on any sibling queue submitted after a write completed sees it (the engine's
-//! "More queue pairs" rule), so every read of an installed run sees its pages. A run's slot is
+//! a queue of this pool (or the store's own) and flushed (each write completed) before the run
+//! is installed in the view; a read on any sibling queue submitted after a write completed
+//! sees it, and a flush on the store's queue covers writes completed on its siblings (the
+//! engine's "More queue pairs" rules), so every read of an installed run sees its pages and
+//! the manifest never names a run that a crash could lose. A run's slot is
 //! freed only after the view without it was installed under the view's write lock (see
 //! `Shared::install`), which waits for every reader of the old view to finish: by the time the
 //! slot can be allocated and written again, no read of the old run is in flight or can start.
@@ -21,7 +23,7 @@
 use crate::cache::{Page, PageCache};
 use crate::error::StoreError;
 use crate::format::SegRef;
-use crate::segments::{Placement, ReadQueue};
+use crate::segments::{DevQueue, Placement};
 use crate::space::Space;
 use crate::store::lock;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -35,7 +37,7 @@ const MAX_QUEUES: usize = 8;
 pub(crate) struct Reads {
     pub(crate) cache: PageCache,
     at: Placement,
-    idle: Mutex<Vec<ReadQueue>>,
+    idle: Mutex<Vec<DevQueue>>,
     /// Sibling queues open now (idle or in use).
     opened: AtomicUsize,
     /// Set once the device said it has no more queues.
@@ -72,7 +74,7 @@ impl Dev<'_> {
     /// [`MAX_QUEUES`] are open), or on the store's own queue under the `space` lock.
     fn with_queue<R>(
         self,
-        f: impl FnOnce(&mut ReadQueue, Placement) -> Result<R, StoreError>,
+        f: impl FnOnce(&mut DevQueue, Placement) -> Result<R, StoreError>,
     ) -> Result<R, StoreError> {
         let at = self.reads.at;
         let idle = lock(&self.reads.idle).pop();
@@ -91,7 +93,14 @@ impl Dev<'_> {
         result
     }
 
-    fn open_queue(self) -> Option<ReadQueue> {
+    /// Writes whole pages at `page` of `slot` on a queue of [`Dev::with_queue`]'s: the worker's
+    /// run writes do not hold the `space` lock, so commits writing the log do not wait for them.
+    /// Not durable until a flush (on any queue: the engine's flush covers every queue).
+    pub(crate) fn write(self, slot: u64, page: u32, data: &[u8]) -> Result<(), StoreError> {
+        self.with_queue(|q, at| q.write(at, slot, page, data))
+    }
+
+    fn open_queue(self) -> Option<DevQueue> {
         let reads = self.reads;
         if reads.single.load(Ordering::Relaxed) {
             return None;

@@ -40,7 +40,7 @@ pub(crate) fn read_superblocks(
 }
 
 pub(crate) struct RawSegments {
-    dev: ReadQueue,
+    dev: DevQueue,
     at: Placement,
     slot_count: u64,
 }
@@ -66,14 +66,29 @@ impl Placement {
 
 /// One queue of the device and the I/O buffer its reads reuse, so a page read costs no
 /// allocation: the device fills the kept buffer and the caller copies out only what it keeps.
-pub(crate) struct ReadQueue {
+/// Run pages are written on such queues too (`Dev::write`).
+pub(crate) struct DevQueue {
     dev: Box<dyn BlockDevice>,
     buf: Option<IoBuf>,
 }
 
-impl ReadQueue {
+impl DevQueue {
     pub(crate) fn new(dev: Box<dyn BlockDevice>) -> Self {
-        ReadQueue { dev, buf: None }
+        DevQueue { dev, buf: None }
+    }
+
+    /// Writes whole pages at `page` of `slot` (durable once a flush on any queue of the device
+    /// that was submitted after this write completed has completed).
+    pub(crate) fn write(
+        &mut self,
+        at: Placement,
+        slot: u64,
+        page: u32,
+        data: &[u8],
+    ) -> Result<(), StoreError> {
+        debug_assert!(data.len().is_multiple_of(PAGE_SIZE));
+        self.dev.write_blocks(at.lba(slot, page), data)?;
+        Ok(())
     }
 
     /// Reads `pages` pages from page `page` of `slot` and hands them to `f`, in the kept
@@ -143,9 +158,9 @@ impl ReadQueue {
     }
 
     /// Another queue on the same device (see `BlockDevice::new_queue`), `None` when it has one.
-    pub(crate) fn sibling(&self) -> Option<Result<ReadQueue, StoreError>> {
+    pub(crate) fn sibling(&self) -> Option<Result<DevQueue, StoreError>> {
         self.dev.new_queue().map(|r| {
-            r.map(ReadQueue::new)
+            r.map(DevQueue::new)
                 .map_err(|e| StoreError::Invalid(e.to_string()))
         })
     }
@@ -161,7 +176,7 @@ impl RawSegments {
             block_size: u64::from(dev.geometry().block_size),
         };
         Ok(RawSegments {
-            dev: ReadQueue::new(dev),
+            dev: DevQueue::new(dev),
             at,
             slot_count: slots,
         })
@@ -181,7 +196,7 @@ impl RawSegments {
     }
 
     /// The device's own queue (writes, flushes, and reads when it has no siblings).
-    pub(crate) fn queue(&mut self) -> &mut ReadQueue {
+    pub(crate) fn queue(&mut self) -> &mut DevQueue {
         &mut self.dev
     }
 

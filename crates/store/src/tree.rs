@@ -634,12 +634,9 @@ impl<'a> Output<'a> {
         };
         let area = b.take_values();
         let (pages, footer) = b.finish(BITS_PER_KEY).map_err(StoreError::Refused)?;
-        {
-            let mut space = lock(self.space);
-            space.segs.write(seg.slot, 0, &pages)?;
-            if !area.bytes().is_empty() {
-                space.segs.write(seg.slot, area.first_page, area.bytes())?;
-            }
+        self.dev.write(seg.slot, 0, &pages)?;
+        if !area.bytes().is_empty() {
+            self.dev.write(seg.slot, area.first_page, area.bytes())?;
         }
         self.written += (pages.len() + area.bytes().len()) as u64;
         self.spare_area = area.into_buffer();
