@@ -458,54 +458,83 @@ pub(crate) fn overlapping(level: &[Arc<RunHandle>], lo: &[u8], hi: &[u8]) -> Ran
 /// Merges sources key by key.
 pub(crate) struct Merge<'a> {
     sources: Vec<Source<'a>>,
+    /// Each source's next entry, taken out of it: keys are compared where they lie, and the
+    /// key of the first source holding the next key is the one returned, so a key is never
+    /// copied (a merge or a scan meets every key once).
+    heads: Vec<Option<Head<'a>>>,
+    started: bool,
     reverse: bool,
 }
+
+type Head<'a> = (Vec<u8>, u64, Val<'a>);
 
 /// One key and its versions from every source, newest first.
 pub(crate) type Versions<'a> = (Vec<u8>, Vec<(u64, Val<'a>)>);
 
 impl<'a> Merge<'a> {
     pub(crate) fn new(sources: Vec<Source<'a>>, reverse: bool) -> Self {
-        Merge { sources, reverse }
+        let heads = sources.iter().map(|_| None).collect();
+        Merge {
+            sources,
+            heads,
+            started: false,
+            reverse,
+        }
+    }
+
+    fn pull(&mut self, i: usize) -> Result<(), StoreError> {
+        self.heads[i] = self.sources[i].next().transpose()?;
+        Ok(())
     }
 
     /// The next key in the walk's direction with all its versions.
     pub(crate) fn next_key(&mut self) -> Result<Option<Versions<'a>>, StoreError> {
-        let mut best: Option<Vec<u8>> = None;
-        for s in &mut self.sources {
-            match s.peek() {
-                None => {}
-                Some(Err(_)) => {
-                    if let Some(Err(e)) = s.next() {
-                        return Err(e);
+        if !self.started {
+            for i in 0..self.sources.len() {
+                self.pull(i)?;
+            }
+            self.started = true;
+        }
+        let mut best: Option<usize> = None;
+        for (i, head) in self.heads.iter().enumerate() {
+            let Some((k, _, _)) = head else {
+                continue;
+            };
+            let better = match best.and_then(|b| self.heads[b].as_ref()) {
+                None => true,
+                Some((b, _, _)) => {
+                    if self.reverse {
+                        k > b
+                    } else {
+                        k < b
                     }
                 }
-                Some(Ok((k, _, _))) => {
-                    let better = best
-                        .as_ref()
-                        .is_none_or(|b| if self.reverse { k > b } else { k < b });
-                    if better {
-                        best = Some(k.clone());
-                    }
-                }
+            };
+            if better {
+                best = Some(i);
             }
         }
-        let Some(key) = best else {
+        let Some(first) = best else {
             return Ok(None);
         };
-        let mut versions = Vec::new();
-        for s in &mut self.sources {
-            while s
-                .peek()
-                .is_some_and(|i| matches!(i, Ok((k, _, _)) if *k == key))
-            {
-                if let Some(Ok((_, lsn, v))) = s.next() {
-                    versions.push((lsn, v));
+        let Some((key, lsn, value)) = self.heads[first].take() else {
+            return Ok(None);
+        };
+        let mut versions = vec![(lsn, value)];
+        self.pull(first)?;
+        // Sources before `first` hold keys past this one: it is the first holding it.
+        for i in first..self.heads.len() {
+            while matches!(&self.heads[i], Some((k, _, _)) if *k == key) {
+                if let Some((_, lsn, value)) = self.heads[i].take() {
+                    versions.push((lsn, value));
                 }
+                self.pull(i)?;
             }
         }
-        versions.sort_by_key(|(lsn, _)| Reverse(*lsn));
-        versions.dedup_by_key(|(lsn, _)| *lsn);
+        if versions.len() > 1 {
+            versions.sort_by_key(|(lsn, _)| Reverse(*lsn));
+            versions.dedup_by_key(|(lsn, _)| *lsn);
+        }
         Ok(Some((key, versions)))
     }
 }
