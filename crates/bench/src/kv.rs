@@ -405,7 +405,9 @@ impl Kv for Store {
         Ok(())
     }
     fn scan(&self, from: &[u8], count: usize) -> anyhow::Result<u64> {
-        Ok(Store::scan(self, Some(from), None, count, false)?.len() as u64)
+        // Each pair is seen and dropped, as the peers' iterators do: a full scan gathers no
+        // copy of the store in memory.
+        Ok(Store::scan_each(self, Some(from), None, count, false, |_, _| true)? as u64)
     }
     fn delete(&self, key: &[u8], sync: bool) -> anyhow::Result<()> {
         Store::delete(self, key, sync)?;

@@ -496,8 +496,31 @@ fn scan(
         return Ok(());
     }
     if let Kv::Native(s) = kv {
-        for (k, v) in s.scan(from, to, limit, reverse)? {
-            each(&k, &v)?;
+        // A page at a time, all from one snapshot: memory stays at a page however large the
+        // store, and the store's view is not held while pairs are written out.
+        let snap = s.snapshot();
+        let (mut lo, mut hi) = (from.map(<[u8]>::to_vec), to.map(<[u8]>::to_vec));
+        let mut left = limit;
+        while left > 0 {
+            let want = left.min(PAGE);
+            let page = s.scan_at(&snap, lo.as_deref(), hi.as_deref(), want, reverse)?;
+            for (k, v) in &page {
+                each(k, v)?;
+            }
+            left -= page.len();
+            match page.last() {
+                Some((last, _)) if page.len() == want => {
+                    if reverse {
+                        hi = Some(last.clone());
+                    } else {
+                        // The smallest key after `last`.
+                        let mut next = last.clone();
+                        next.push(0);
+                        lo = Some(next);
+                    }
+                }
+                _ => break,
+            }
         }
         return Ok(());
     }

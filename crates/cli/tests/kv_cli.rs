@@ -298,6 +298,46 @@ fn native_put_get_del_scan_and_compact() {
     assert!(String::from_utf8_lossy(&o.stderr).contains("--dev"));
 }
 
+/// Scans longer than the page `kura kv` walks the native store in (4096 pairs), forward and
+/// reversed, bounded and limited: every page boundary must neither repeat nor drop a key.
+#[test]
+fn native_scans_cross_pages() {
+    let t = tmp();
+    let db = Db::native(t.path());
+    let keys: Vec<String> = (0..9_000).map(|i| format!("key{i:05}")).collect();
+    let tsv: String = keys.iter().map(|k| format!("{k}\tv-{k}\n")).collect();
+    let file = t.path().join("many.tsv");
+    std::fs::write(&file, &tsv).expect("test file I/O");
+    db.ok("import", &[file.to_str().expect("utf-8 path")]);
+    let listed = |args: &[&str]| -> Vec<String> {
+        db.ok("scan", args)
+            .lines()
+            .map(|l| l.split('\t').next().unwrap_or_default().to_string())
+            .collect()
+    };
+    assert_eq!(listed(&[]), keys);
+    let reversed: Vec<String> = keys.iter().rev().cloned().collect();
+    assert_eq!(listed(&["--reverse"]), reversed);
+    assert_eq!(
+        listed(&["--from", "key00100", "--to", "key08500"]),
+        keys[100..8500]
+    );
+    assert_eq!(
+        listed(&[
+            "--from",
+            "key00100",
+            "--to",
+            "key08500",
+            "--reverse",
+            "--limit",
+            "5000"
+        ]),
+        reversed[500..5500]
+    );
+    assert_eq!(listed(&["--limit", "4096"]), keys[..4096]);
+    assert_eq!(db.ok("export", &[]), tsv);
+}
+
 #[test]
 fn leveldb_import_export_every_format() {
     if !leveldb_here("leveldb_import_export_every_format") {

@@ -502,6 +502,25 @@ impl Store {
         self.shared.scan_as_of(from, to, u64::MAX, limit, reverse)
     }
 
+    /// [`Store::scan`] without gathering the pairs: hands each to `visit` (key, value) until
+    /// it returns false, and returns how many it handed over. Memory stays at one batch of
+    /// pairs however many the walk meets. `visit` runs while the walk holds the store's view,
+    /// and commits wait for that (they update the memtable under it), so it should be quick:
+    /// count, copy or write to a buffer, not wait on a pipe.
+    pub fn scan_each(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        limit: usize,
+        reverse: bool,
+        mut visit: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<usize, StoreError> {
+        self.shared
+            .visit_as_of(from, to, u64::MAX, limit, reverse, &mut |k, v| {
+                visit(&k, &v)
+            })
+    }
+
     /// [`Store::scan`] as `snapshot` saw the store.
     pub fn scan_at(
         &self,
@@ -753,19 +772,38 @@ impl Shared {
         reverse: bool,
     ) -> Result<Vec<Pair>, StoreError> {
         let mut out = Vec::new();
+        self.visit_as_of(from, to, at, limit, reverse, &mut |k, v| {
+            out.push((k, v));
+            true
+        })?;
+        Ok(out)
+    }
+
+    /// Hands up to `limit` live pairs with `from <= key < to` as of `at` to `visit`, in the
+    /// walk's order, until it returns false; returns how many it was handed. Live entries are
+    /// gathered a batch at a time and their separated values fetched together
+    /// (`tree::load_all`), so a walk holds one batch of values, however long it is.
+    fn visit_as_of(
+        &self,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        at: u64,
+        limit: usize,
+        reverse: bool,
+        visit: &mut dyn FnMut(Vec<u8>, Vec<u8>) -> bool,
+    ) -> Result<usize, StoreError> {
+        let mut visited = 0;
         if limit == 0 || from.zip(to).is_some_and(|(f, t)| f >= t) {
-            return Ok(out);
+            return Ok(visited);
         }
         let view = self.read_view();
         let mut mems = vec![&view.mem];
         mems.extend(view.imm.as_ref().map(|(imm, _)| &**imm));
         let sources = tree::sources(&mems, &view.tree, from, to, reverse, self.dev(), true);
         let mut merge = Merge::new(sources, reverse);
-        // Live entries are gathered a batch at a time and their separated values fetched
-        // together (`tree::load_all`).
         let mut done = false;
-        while !done && out.len() < limit {
-            let want = (limit - out.len()).min(SCAN_BATCH);
+        while !done && visited < limit {
+            let want = (limit - visited).min(SCAN_BATCH);
             let mut keys = Vec::with_capacity(want);
             let mut vals = Vec::with_capacity(want);
             while keys.len() < want {
@@ -781,13 +819,17 @@ impl Shared {
                 }
             }
             let values = tree::load_all(vals, self.dev(), self.segment_bytes)?;
-            out.extend(
-                keys.into_iter()
-                    .zip(values)
-                    .filter_map(|(k, v)| v.map(|v| (k, v))),
-            );
+            for (key, value) in keys.into_iter().zip(values) {
+                let Some(value) = value else {
+                    continue;
+                };
+                visited += 1;
+                if !visit(key, value) {
+                    return Ok(visited);
+                }
+            }
         }
-        Ok(out)
+        Ok(visited)
     }
 
     fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StoreError> {

@@ -116,7 +116,17 @@ proptest! {
                     let in_range = |k: &&Vec<u8>| from.as_ref().is_none_or(|f| *k >= f) && to.as_ref().is_none_or(|t| *k < t);
                     let pairs = model.iter().filter(|(k, _)| in_range(k)).map(|(k, v)| (k.clone(), v.clone()));
                     let expected: Vec<_> = if reverse { pairs.rev().take(limit).collect() } else { pairs.take(limit).collect() };
-                    prop_assert_eq!(got, expected);
+                    prop_assert_eq!(&got, &expected);
+                    // The same walk handed over pair by pair, and stopped by its visitor
+                    // after the first half.
+                    let mut seen = Vec::new();
+                    let stop = expected.len().div_ceil(2);
+                    let handed = store.scan_each(from.as_deref(), to.as_deref(), limit, reverse, |k, v| {
+                        seen.push((k.to_vec(), v.to_vec()));
+                        seen.len() < stop
+                    }).expect("scan_each");
+                    prop_assert_eq!(handed, seen.len());
+                    prop_assert_eq!(&seen[..], &expected[..stop.max(1).min(expected.len())]);
                 }
                 Action::Reopen => {
                     store.close().expect("close");
