@@ -2,15 +2,19 @@
 //! scrambled order (as db_bench's fillrandom) into a store on a buffered `file:` image, then a
 //! sync; prints the put rate and the store's statistics.
 //!
-//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES]`
+//! `cargo run --release -p kura-store --example writepath -- IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES] [seq]`
 //! (defaults 200000 puts, 1024-byte values, 4 MiB memtable, the store's default L1 runs, a
 //! 1024 MiB image, one pass). IMAGE is created sparse. With PASSES > 1 the same N keys are
-//! written again in each pass (db_bench's overwrite after its load).
+//! written again in each pass (db_bench's overwrite after its load). With `seq` the keys go in
+//! ascending order (db_bench's fillseq).
 
 use kura_store::{Store, StoreError, StoreOptions};
 use std::time::Instant;
 
-fn key(i: u64) -> Vec<u8> {
+fn key(i: u64, in_order: bool) -> Vec<u8> {
+    if in_order {
+        return format!("{i:016}").into_bytes();
+    }
     format!("{:016}", i.wrapping_mul(2_654_435_761) % 1_000_000_007).into_bytes()
 }
 
@@ -18,7 +22,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
     let image = args
         .next()
-        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES]")?;
+        .ok_or("usage: writepath IMAGE [N] [V] [MEMTABLE] [L1_RUNS] [IMAGE_MIB] [PASSES] [seq]")?;
     let mut num = |d: u64| args.next().and_then(|a| a.parse().ok()).unwrap_or(d);
     let (n, v, mem) = (num(200_000), num(1024) as usize, num(4 << 20) as usize);
     let defaults = StoreOptions::default();
@@ -28,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         ..defaults
     };
     let (image_mib, passes) = (num(1024), num(1));
+    let in_order = args.next().is_some_and(|a| a == "seq");
     let f = std::fs::File::create(&image)?;
     f.set_len(image_mib << 20)?;
     drop(f);
@@ -37,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = Instant::now();
     for _ in 0..passes {
         for i in 0..n {
-            if let Err(e) = store.put(&key(i), &value, false) {
+            if let Err(e) = store.put(&key(i, in_order), &value, false) {
                 eprintln!("put {i}: {e}\n{:?}", store.stats());
                 return Err(e.into());
             }

@@ -45,6 +45,10 @@ impl Memtable {
         let key_len = key.len();
         let versions = self.map.entry(key).or_default();
         versions.push((lsn, value));
+        if versions.len() == 1 {
+            self.visible = self.visible.max(lsn);
+            return;
+        }
         // A version is needed if it is the newest, or a snapshot falls between it and the next.
         let keep: Vec<bool> = (0..versions.len())
             .map(|w| {

@@ -5,7 +5,7 @@
 //! Writers queue their batch; the first writer to find no leader becomes the leader, takes the
 //! queued batches (up to [`StoreOptions::max_group_bytes`]), writes them as one log frame,
 //! flushes once if any of them asked for sync, applies them to the memtable and answers every
-//! writer in the group. Unsynced groups gather in memory (up to 32 KiB) and reach the log as one
+//! writer in the group. Unsynced groups gather in memory (up to 256 KiB) and reach the log as one
 //! frame with the next sync or when the memtable is swapped. When the memtable has grown past
 //! its limit the leader makes it immutable (readers still look in it) and starts an empty one;
 //! the background worker writes it as level-0 runs, records them and the new log start in the
@@ -100,8 +100,10 @@ const FLUSH_ROOM_SLOTS: u64 = 4;
 
 /// A scan gathers this many entries before it fetches their separated values together.
 const SCAN_BATCH: usize = 256;
-/// Unsynced groups gather in memory up to this many payload bytes before they are written.
-const LOG_BUFFER: usize = 32 << 10;
+/// Unsynced groups gather in memory up to this many payload bytes before they are written:
+/// each write is a device round trip the committing writer waits for (32 KiB was measured
+/// slower by a fifth to a third, `docs/kvstore-design.md` section 6).
+const LOG_BUFFER: usize = 256 << 10;
 
 /// Operations applied atomically: all are durable and visible together, or none.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -243,6 +245,9 @@ struct Queue {
     next_ticket: u64,
     pending: Vec<Pending>,
     leader: bool,
+    /// Writers waiting for a leader's group to end: a leader wakes them only when there are
+    /// any (a wake is a system call, on every commit of a lone writer otherwise).
+    waiting: usize,
     done: HashMap<u64, Result<(), StoreError>>,
 }
 
@@ -876,22 +881,26 @@ impl Shared {
                 return result;
             }
             if q.leader {
+                q.waiting += 1;
                 q = self
                     .queue_changed
                     .wait(q)
                     .unwrap_or_else(|p| p.into_inner());
+                q.waiting -= 1;
                 continue;
             }
             q.leader = true;
-            let group = self.take_group(&mut q.pending);
+            let mut group = self.take_group(&mut q.pending);
             drop(q);
-            let result = self.wait_for_room().and_then(|()| self.commit(&group));
+            let result = self.wait_for_room().and_then(|()| self.commit(&mut group));
             q = lock(&self.queue);
             for p in &group {
                 q.done.insert(p.ticket, result.clone());
             }
             q.leader = false;
-            self.queue_changed.notify_all();
+            if q.waiting > 0 {
+                self.queue_changed.notify_all();
+            }
         }
     }
 
@@ -912,7 +921,7 @@ impl Shared {
 
     /// Writes a group as one frame, flushes when any batch asked for sync, then makes it
     /// visible; flushes the memtable into runs when it has grown past its limit.
-    fn commit(&self, group: &[Pending]) -> Result<(), StoreError> {
+    fn commit(&self, group: &mut [Pending]) -> Result<(), StoreError> {
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
             return Err(StoreError::Stopped(e.to_string()));
@@ -972,8 +981,9 @@ impl Shared {
         let full = {
             let mut view = self.view.write().unwrap_or_else(|p| p.into_inner());
             let snapshots = lock(&self.snapshots);
-            for (i, op) in group.iter().flat_map(|p| &p.ops).enumerate() {
-                view.mem.apply(first_lsn + i as u64, op.clone(), &snapshots);
+            // The ops move into the memtable: the log frame holds their bytes already.
+            for (i, op) in group.iter_mut().flat_map(|p| p.ops.drain(..)).enumerate() {
+                view.mem.apply(first_lsn + i as u64, op, &snapshots);
             }
             view.imm.is_none()
                 && (view.mem.bytes() > self.memtable_bytes
