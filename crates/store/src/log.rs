@@ -5,6 +5,7 @@
 use crate::error::StoreError;
 use crate::format::frame::{decode_ops, encode_frame, frame_pages, FrameHeader, FrameKind, Op};
 use crate::format::{FormatError, SegRef, PAGE_SIZE};
+use crate::segments::FrameWriter;
 use crate::space::Space;
 
 /// A page of a log segment.
@@ -45,6 +46,9 @@ pub(crate) struct LogWriter {
     chain: Vec<SegRef>,
     /// Bytes of frames written since open.
     written: u64,
+    /// The log's own queue, when the device has more than one: frames are written without
+    /// the committing writer waiting for each write. Without it, on the store's queue.
+    frames: Option<FrameWriter>,
 }
 
 /// Largest payload of one frame: a segment less the page kept for the seal.
@@ -61,6 +65,34 @@ impl LogWriter {
             must_seal: true,
             chain,
             written: 0,
+            frames: None,
+        }
+    }
+
+    /// Writes frames on `frames` from now on (see [`FrameWriter`]).
+    pub(crate) fn write_on(&mut self, frames: FrameWriter) {
+        self.frames = Some(frames);
+    }
+
+    /// Waits until every frame appended so far is on the device (not durable: a flush on any
+    /// queue after this makes it so).
+    pub(crate) fn settle(&mut self) -> Result<(), StoreError> {
+        match &mut self.frames {
+            Some(f) => f.settle(),
+            None => Ok(()),
+        }
+    }
+
+    fn write(
+        &mut self,
+        space: &mut Space,
+        slot: u64,
+        page: u32,
+        bytes: &[u8],
+    ) -> Result<(), StoreError> {
+        match &mut self.frames {
+            Some(f) => f.submit(space.segs.placement(), slot, page, bytes),
+            None => space.segs.write(slot, page, bytes),
         }
     }
 
@@ -117,7 +149,7 @@ impl LogWriter {
                 &[],
             )
             .map_err(StoreError::Refused)?;
-            space.segs.write(self.pos.seg.slot, self.pos.page, &seal)?;
+            self.write(space, self.pos.seg.slot, self.pos.page, &seal)?;
             self.written += seal.len() as u64;
             self.pos = LogPos { seg: next, page: 0 };
             self.chain.push(next);
@@ -133,7 +165,7 @@ impl LogWriter {
             payload,
         )
         .map_err(StoreError::Refused)?;
-        space.segs.write(self.pos.seg.slot, self.pos.page, &frame)?;
+        self.write(space, self.pos.seg.slot, self.pos.page, &frame)?;
         self.written += frame.len() as u64;
         self.pos.page += pages as u32;
         Ok(())

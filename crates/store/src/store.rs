@@ -649,12 +649,17 @@ impl Shared {
         })?;
         // A snapshot taken now must see what the runs hold even if the log added nothing.
         mem.see(replayed.next_lsn.saturating_sub(1));
-        let log = LogWriter::new(
+        let mut log = LogWriter::new(
             replayed.end,
             replayed.chain,
             sb.store_tag(),
             sb.segment_pages(),
         );
+        // The log gets a queue of its own where the device has more than one, so a commit does
+        // not wait for its frame's write (a sync waits, before its flush).
+        if let Some(Ok(frames)) = space.segs.queue().frame_writer() {
+            log.write_on(frames);
+        }
         let manifest_head = recorded.is_some().then_some(sb.manifest_head);
         let max_payload = log::max_payload(sb.segment_pages());
         Ok(Shared {
@@ -1144,6 +1149,7 @@ impl Shared {
             io.pending_count = 0;
         }
         if sync {
+            io.log.settle()?;
             space.segs.flush()?;
         }
         Ok(())
@@ -1595,6 +1601,7 @@ impl Drop for Shared {
         // Nothing to report to: a failure here loses only unsynced writes, as a crash would.
         let _ = io
             .log
-            .append(space, io.pending_first, io.pending_count, &io.pending);
+            .append(space, io.pending_first, io.pending_count, &io.pending)
+            .and_then(|()| io.log.settle());
     }
 }
