@@ -1344,6 +1344,7 @@ impl Shared {
             );
             let mut values = tree::ValueWindows::default();
             let mut installed_bytes = 0;
+            let mut room_asked_at = 0;
             let mut may_flush = true;
             while let Some((key, versions)) = merge.next_key()? {
                 for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
@@ -1351,15 +1352,21 @@ impl Shared {
                     let (bytes, crc) = value.parts();
                     out.add(&key, lsn, bytes, crc)?;
                 }
+                // Whether slots are short is asked once per finished run (the space lock is
+                // not taken per key): slots are allocated mostly as runs are started.
                 if let Some(below) = out.finished_below() {
                     let left = other_inputs + unmerged.runs.len() as u64;
-                    if unmerged.passed(below) > 0 && self.free_slots() < left + FLUSH_ROOM_SLOTS {
-                        let below = below.to_vec();
-                        let runs = out.take_finished()?;
-                        let bytes = out.written - installed_bytes;
-                        self.install_merged_part(last, &mut unmerged, runs, &below, bytes)?;
-                        installed_bytes = out.written;
-                        may_flush = true;
+                    if out.finished_runs() != room_asked_at && unmerged.passed(below) > 0 {
+                        room_asked_at = out.finished_runs();
+                        if self.free_slots() < left + FLUSH_ROOM_SLOTS {
+                            let below = below.to_vec();
+                            let runs = out.take_finished()?;
+                            let bytes = out.written - installed_bytes;
+                            self.install_merged_part(last, &mut unmerged, runs, &below, bytes)?;
+                            installed_bytes = out.written;
+                            room_asked_at = 0;
+                            may_flush = true;
+                        }
                     }
                 }
                 if may_flush && self.imm_waiting.load(Ordering::Acquire) {

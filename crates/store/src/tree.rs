@@ -697,6 +697,11 @@ impl<'a> Output<'a> {
         self.current.as_ref().and_then(|(_, b)| b.first_key())
     }
 
+    /// Runs finished and not taken yet.
+    pub(crate) fn finished_runs(&self) -> usize {
+        self.done.len()
+    }
+
     /// The runs finished so far (a run is finished when the next version did not fit it),
     /// made durable and no longer this output's to give back: the caller names them in the
     /// manifest.
