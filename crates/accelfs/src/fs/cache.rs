@@ -17,6 +17,7 @@
 use kura_engine::IoBuf;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// Counters of the buffer cache.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -39,11 +40,25 @@ pub struct CacheStats {
 }
 
 pub(crate) struct Slot {
-    pub(crate) buf: IoBuf,
+    /// Shared with the writes planned from it (a commit's or an fdatasync's, see
+    /// `planned.rs`) until they are issued; changed through [`Slot::bytes_mut`] only.
+    buf: Arc<IoBuf>,
     dirty: bool,
     tick: u64,
     /// Read under the shared state lock since it last moved in the LRU order.
     referenced: AtomicBool,
+}
+
+impl Slot {
+    pub(crate) fn bytes(&self) -> &[u8] {
+        &self.buf
+    }
+
+    /// The block's bytes, to change. When a planned write still holds them, the slot gets a
+    /// copy first, so that write sends the block as it was when it was planned.
+    pub(crate) fn bytes_mut(&mut self) -> &mut [u8] {
+        Arc::<IoBuf>::make_mut(&mut self.buf)
+    }
 }
 
 /// Stripes of [`StripedCounter`], each on its own cache line.
@@ -79,7 +94,7 @@ impl StripedCounter {
 }
 
 /// A dirty block handed back for writing: file, file block, contents.
-pub(crate) type Victim = (u64, u32, IoBuf);
+pub(crate) type Victim = (u64, u32, Arc<IoBuf>);
 
 pub(crate) struct Cache {
     block_size: usize,
@@ -145,7 +160,7 @@ impl Cache {
         if !slot.referenced.load(Ordering::Relaxed) {
             slot.referenced.store(true, Ordering::Relaxed);
         }
-        Some(&slot.buf)
+        Some(&*slot.buf)
     }
 
     pub(crate) fn contains(&self, ino: u64, block: u32) -> bool {
@@ -187,7 +202,7 @@ impl Cache {
         debug_assert_eq!(buf.len(), self.block_size);
         self.tick += 1;
         let slot = Slot {
-            buf,
+            buf: Arc::new(buf),
             dirty,
             tick: self.tick,
             referenced: AtomicBool::new(false),
@@ -242,7 +257,8 @@ impl Cache {
         }
     }
 
-    /// Copies of the dirty blocks (all files, or one), marking them clean.
+    /// The dirty blocks (all files, or one), marking them clean: shared with the cache, which
+    /// copies a block before changing it while the caller still holds it.
     pub(crate) fn take_dirty(&mut self, only: Option<u64>) -> Vec<Victim> {
         let keys: Vec<(u64, u32)> = match only {
             Some(ino) => self
@@ -257,7 +273,7 @@ impl Cache {
             self.dirty.remove(&(ino, block));
             if let Some(slot) = self.files.get_mut(&ino).and_then(|m| m.get_mut(&block)) {
                 slot.dirty = false;
-                out.push((ino, block, IoBuf::from_slice(&slot.buf)));
+                out.push((ino, block, Arc::clone(&slot.buf)));
             }
         }
         out

@@ -24,6 +24,7 @@ mod alloc;
 pub mod cache;
 mod file;
 mod path;
+mod planned;
 mod state;
 #[allow(unsafe_code)]
 mod striped;
@@ -554,16 +555,16 @@ impl FileSystem {
                 break;
             }
         }
-        match g.sync_data_ops(ino)? {
+        match g.sync_data_plan(ino)? {
             None => {
                 drop(g);
                 self.group_commit(Some((ino, generation)))
             }
-            Some(ops) => {
+            Some(plan) => {
                 let disk = g.disk();
                 let mut d = disk.lock();
                 drop(g);
-                let result = d.write_and_flush(ops);
+                let result = d.write_and_flush(plan.into_ops());
                 drop(d);
                 if let Err(e) = &result {
                     self.lock().poison(e);
@@ -1016,10 +1017,10 @@ impl FileSystem {
         while done < data.len() {
             let step = (data.len() - done).min(state::WRITE_STEP);
             g.make_transaction_room()?;
-            let (ops, fills_holes) =
+            let (plan, fills_holes) =
                 g.write_step_plan(ino, offset + done as u64, &data[done..done + step], true)?;
             done += step;
-            if ops.is_empty() {
+            if plan.is_empty() {
                 continue;
             }
             let disk = g.disk();
@@ -1028,11 +1029,11 @@ impl FileSystem {
                 // fetch holding the disk lock shared, wait for it (see `write_step_plan`).
                 let mut d = disk.lock();
                 drop(g);
-                d.dev.batch(ops)
+                d.dev.batch(plan.into_ops())
             } else {
                 let mut queue = disk.io();
                 drop(g);
-                queue.batch(ops)
+                queue.batch(plan.into_ops())
             };
             g = self.lock();
             result?;

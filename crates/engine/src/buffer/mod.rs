@@ -410,6 +410,15 @@ impl DerefMut for IoBuf {
     }
 }
 
+/// A copy of the bytes in a buffer of its own, on the heap (never a pool slot or borrowed
+/// memory): for holders that share a buffer and copy it only when one of them changes it
+/// (`Arc::make_mut`).
+impl Clone for IoBuf {
+    fn clone(&self) -> IoBuf {
+        IoBuf::from_slice(self)
+    }
+}
+
 impl std::fmt::Debug for IoBuf {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoBuf")

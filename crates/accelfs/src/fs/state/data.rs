@@ -19,12 +19,15 @@
 
 use super::{corrupt, Mounted};
 use crate::error::FsError;
+use crate::fs::cache::Victim;
+use crate::fs::planned::{command_buffer, PlannedWrites};
 use crate::fs::Fallocate;
 use crate::fsdevice::{BatchOp, FsDevice, StreamPart};
 use crate::inode::Kind;
-use kura_engine::{BufferPool, IoBuf};
+use kura_engine::IoBuf;
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 /// A write is applied in steps of this many bytes, each its own metadata update, so that one
 /// huge write cannot outgrow a journal transaction.
@@ -124,7 +127,7 @@ impl Mounted {
                 let within = (lo - u64::from(b) * bs) as usize;
                 if let Some(slot) = self.cache.get(ino, b) {
                     out[(lo - offset) as usize..(hi - offset) as usize]
-                        .copy_from_slice(&slot.buf[within..within + (hi - lo) as usize]);
+                        .copy_from_slice(&slot.bytes()[within..within + (hi - lo) as usize]);
                 }
             }
             self.cache.stats.hits += u64::from(last - first + 1);
@@ -237,7 +240,7 @@ impl Mounted {
             let dst = &mut out[(lo - offset) as usize..(hi - offset) as usize];
             let within = (lo - u64::from(b) * bs) as usize;
             if let Some(slot) = self.cache.get(ino, b) {
-                dst.copy_from_slice(&slot.buf[within..within + dst.len()]);
+                dst.copy_from_slice(&slot.bytes()[within..within + dst.len()]);
                 self.cache.stats.hits += 1;
             } else if let Some(buf) = fetched.get(&b) {
                 self.cache.stats.misses += 1;
@@ -320,7 +323,7 @@ impl Mounted {
     }
 
     /// The stamp of file `ino`'s data and block map (see [`Mounted::data_changed`]).
-    fn data_version(&self, ino: u64) -> u64 {
+    pub(crate) fn data_version(&self, ino: u64) -> u64 {
         self.data_versions.get(&ino).copied().unwrap_or(0)
     }
 
@@ -349,7 +352,7 @@ impl Mounted {
                 let hi = (u64::from(b) * bs + bs).min(offset + out.len() as u64);
                 let within = (lo - u64::from(b) * bs) as usize;
                 out[(lo - offset) as usize..(hi - offset) as usize]
-                    .copy_from_slice(&slot.buf[within..within + (hi - lo) as usize]);
+                    .copy_from_slice(&slot.bytes()[within..within + (hi - lo) as usize]);
             });
             if cached.is_some() {
                 self.cache.stats.hits += 1;
@@ -386,12 +389,15 @@ impl Mounted {
     /// running transaction (then only a commit makes the data reachable after a crash), else
     /// the writes of its dirty blocks (now marked clean), which one flush then makes durable;
     /// the new times follow with the next commit (format §7).
-    pub(crate) fn sync_data_ops(&mut self, ino: u64) -> Result<Option<Vec<BatchOp>>, FsError> {
+    pub(crate) fn sync_data_plan(
+        &mut self,
+        ino: u64,
+    ) -> Result<Option<PlannedWrites<Arc<IoBuf>>>, FsError> {
         self.writable()?;
         if self.layout_changed_in_transaction(ino) {
             return Ok(None);
         }
-        let result = self.dirty_data_ops(Some(ino));
+        let result = self.dirty_data_plan(Some(ino));
         if let Err(e) = &result {
             self.read_only = Some(format!("after an I/O failure: {e}"));
         }
@@ -450,9 +456,9 @@ impl Mounted {
         }
         self.file_node(ino)?;
         if self.read_only.is_none() {
-            let ops = self.dirty_data_ops(Some(ino))?;
-            if !ops.is_empty() {
-                self.disk.lock().dev.batch(ops)?;
+            let plan = self.dirty_data_plan(Some(ino))?;
+            if !plan.is_empty() {
+                self.disk.lock().dev.batch(plan.into_ops())?;
             }
         } else if self.cache.has_dirty(ino) {
             return Err(FsError::ReadOnly(
@@ -614,38 +620,39 @@ impl Mounted {
         data: &[u8],
         large: bool,
     ) -> Result<(), FsError> {
-        let (ops, _) = self.write_step_plan(ino, offset, data, large)?;
-        if !ops.is_empty() {
-            self.disk.lock().dev.batch(ops)?;
+        let (plan, _) = self.write_step_plan(ino, offset, data, large)?;
+        if !plan.is_empty() {
+            self.disk.lock().dev.batch(plan.into_ops())?;
         }
         Ok(())
     }
 
     /// One step of a write (at most [`WRITE_STEP`] bytes) as far as it goes under the state
-    /// lock: blocks for the holes, partial and small writes into the cache. Returns the device
-    /// writes of a large write's whole blocks (the journal already checkpointed if it held an
-    /// image of one of them); the caller issues them holding the disk lock, taken before it
-    /// releases the state lock, so that they reach the device before anything planned later
-    /// (a commit whose metadata points at them, a read of them). The flag says whether any of
-    /// them fills a hole: such a block is mapped from now on but holds whatever was on the
-    /// device (another file's old data) until the write lands, so the caller must hold the disk
-    /// lock exclusively for them (a reader takes it shared to fetch, and would otherwise read
-    /// the block before the write reached it; the size does not protect it, since another
-    /// writer or a truncation may grow the file over it meanwhile).
-    pub(crate) fn write_step_plan(
+    /// lock: blocks for the holes, partial and small writes into the cache. Returns the planned
+    /// device writes of a large write's whole blocks (the journal already checkpointed if it
+    /// held an image of one of them), still pointing into `data`: the caller copies them into
+    /// commands (`into_ops`) once the state lock is released and issues them holding the disk
+    /// lock, taken before it releases the state lock, so that they reach the device before
+    /// anything planned later (a commit whose metadata points at them, a read of them). The
+    /// flag says whether any of them fills a hole: such a block is mapped from now on but holds
+    /// whatever was on the device (another file's old data) until the write lands, so the
+    /// caller must hold the disk lock exclusively for them (a reader takes it shared to fetch,
+    /// and would otherwise read the block before the write reached it; the size does not
+    /// protect it, since another writer or a truncation may grow the file over it meanwhile).
+    pub(crate) fn write_step_plan<'d>(
         &mut self,
         ino: u64,
         offset: u64,
-        data: &[u8],
+        data: &'d [u8],
         large: bool,
-    ) -> Result<(Vec<BatchOp>, bool), FsError> {
+    ) -> Result<(PlannedWrites<&'d [u8]>, bool), FsError> {
         self.data_changed(ino);
         let bs = self.bs as u64;
         let first = (offset / bs) as u32;
         let last = ((offset + data.len() as u64 - 1) / bs) as u32;
         let fresh = self.map_holes(ino, first, last)?;
         let map = self.node(ino)?.map.clone();
-        let mut direct: Vec<(u64, Vec<&[u8]>)> = Vec::new();
+        let mut direct: Vec<(u64, &[u8])> = Vec::new();
         let mut fills_holes = false;
         for b in first..=last {
             let block_start = u64::from(b) * bs;
@@ -660,19 +667,11 @@ impl Mounted {
                 let (p, _) = map.lookup(b).ok_or_else(|| {
                     corrupt(format!("inode {ino}: block {b} unmapped after allocation"))
                 })?;
-                match direct.last_mut() {
-                    Some((first, run))
-                        if *first + run.len() as u64 == p
-                            && (run.len() + 1) * self.bs <= self.opts.max_command_bytes =>
-                    {
-                        run.push(src)
-                    }
-                    _ => direct.push((p, vec![src])),
-                }
+                direct.push((p, src));
                 continue;
             }
             if let Some(slot) = self.cache.get(ino, b) {
-                slot.buf[within..within + src.len()].copy_from_slice(src);
+                slot.bytes_mut()[within..within + src.len()].copy_from_slice(src);
                 self.cache.mark_dirty(ino, b);
                 continue;
             }
@@ -691,30 +690,13 @@ impl Mounted {
             self.write_victims(victims)?;
             self.cache.insert(ino, b, buf, true);
         }
-        if !direct.is_empty() {
-            let ops: Vec<BatchOp> = direct
-                .into_iter()
-                .map(|(p, pieces)| {
-                    let mut buf = io_buffer(pieces.len() * self.bs);
-                    for (i, piece) in pieces.iter().enumerate() {
-                        buf[i * self.bs..(i + 1) * self.bs].copy_from_slice(piece);
-                    }
-                    BatchOp {
-                        write: true,
-                        block: p,
-                        buf,
-                    }
-                })
-                .collect();
-            self.cache.stats.bypass_bytes += ops.iter().map(|o| o.buf.len() as u64).sum::<u64>();
-            let targets: Vec<u64> = ops
-                .iter()
-                .flat_map(|o| o.block..o.block + (o.buf.len() / self.bs) as u64)
-                .collect();
-            self.before_direct_writes(&targets)?;
-            return Ok((ops, fills_holes));
+        if direct.is_empty() {
+            return Ok((PlannedWrites::none(self.bs), false));
         }
-        Ok((Vec::new(), false))
+        let plan = PlannedWrites::of_blocks(direct, self.bs, self.opts.max_command_bytes);
+        self.cache.stats.bypass_bytes += plan.bytes();
+        self.before_direct_writes(&plan.targets())?;
+        Ok((plan, fills_holes))
     }
 
     /// Allocates device blocks for every hole in file blocks `first..=last`; returns the file
@@ -809,7 +791,7 @@ impl Mounted {
                         self.cache.insert(ino, b, buf, false);
                     }
                     if let Some(slot) = self.cache.get(ino, b) {
-                        slot.buf[tail..].fill(0);
+                        slot.bytes_mut()[tail..].fill(0);
                         self.cache.mark_dirty(ino, b);
                     }
                 }
@@ -893,7 +875,7 @@ impl Mounted {
                 let ops: Vec<BatchOp> = runs
                     .into_iter()
                     .map(|(p, n)| {
-                        let mut buf = io_buffer(n * self.bs);
+                        let mut buf = command_buffer(n * self.bs);
                         buf.fill(0);
                         BatchOp {
                             write: true,
@@ -978,32 +960,41 @@ impl Mounted {
 
     /// The dirty cached blocks of file `only` (or of every file) as (file, file block,
     /// contents), marked clean.
-    pub(super) fn take_dirty_data(&mut self, only: Option<u64>) -> Vec<(u64, u32, IoBuf)> {
+    pub(super) fn take_dirty_data(&mut self, only: Option<u64>) -> Vec<Victim> {
         self.cache.take_dirty(only)
     }
 
-    /// Dirty cached blocks (of one file or all) as coalesced writes, marked clean.
-    pub(super) fn dirty_data_ops(&mut self, only: Option<u64>) -> Result<Vec<BatchOp>, FsError> {
+    /// Dirty cached blocks (of one file or all) as planned writes, marked clean.
+    pub(super) fn dirty_data_plan(
+        &mut self,
+        only: Option<u64>,
+    ) -> Result<PlannedWrites<Arc<IoBuf>>, FsError> {
         let dirty = self.cache.take_dirty(only);
         self.placed(dirty)
     }
 
-    /// Maps (file, file block, data) to device writes, merging physically contiguous blocks.
+    /// Maps (file, file block, data) to device writes, merging physically contiguous blocks
+    /// into commands; the caller turns the plan into commands (copies the data) when it no
+    /// longer holds the state lock, where it can.
     pub(super) fn placed(
         &mut self,
-        blocks: Vec<(u64, u32, IoBuf)>,
-    ) -> Result<Vec<BatchOp>, FsError> {
+        blocks: Vec<Victim>,
+    ) -> Result<PlannedWrites<Arc<IoBuf>>, FsError> {
         let located = self.locate(blocks)?;
         let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
         self.before_direct_writes(&targets)?;
-        Ok(coalesce(located, self.bs, self.opts.max_command_bytes))
+        Ok(PlannedWrites::of_blocks(
+            located,
+            self.bs,
+            self.opts.max_command_bytes,
+        ))
     }
 
     /// Dirty cached blocks as (device block, contents) for the journal, which writes them with
     /// the metadata when they are few (format §7); blocks of freed files are dropped.
     pub(super) fn journaled(
         &mut self,
-        blocks: Vec<(u64, u32, IoBuf)>,
+        blocks: Vec<Victim>,
     ) -> Result<Vec<(u64, Vec<u8>)>, FsError> {
         Ok(self
             .locate(blocks)?
@@ -1013,7 +1004,7 @@ impl Mounted {
     }
 
     /// (file, file block, data) as (device block, data); blocks of freed files are dropped.
-    fn locate(&mut self, blocks: Vec<(u64, u32, IoBuf)>) -> Result<Vec<(u64, IoBuf)>, FsError> {
+    fn locate(&mut self, blocks: Vec<Victim>) -> Result<Vec<(u64, Arc<IoBuf>)>, FsError> {
         let mut located = Vec::with_capacity(blocks.len());
         for (ino, b, buf) in blocks {
             let node = self.node(ino)?;
@@ -1086,11 +1077,11 @@ impl Mounted {
     }
 
     /// Writes dirty blocks evicted from the cache.
-    pub(super) fn write_victims(&mut self, victims: Vec<(u64, u32, IoBuf)>) -> Result<(), FsError> {
+    pub(super) fn write_victims(&mut self, victims: Vec<Victim>) -> Result<(), FsError> {
         if victims.is_empty() {
             return Ok(());
         }
-        let ops = self.placed(victims)?;
+        let ops = self.placed(victims)?.into_ops();
         self.disk.lock().dev.batch(ops)?;
         Ok(())
     }
@@ -1177,7 +1168,7 @@ impl FetchPlan {
             .map(|&(_, p, len)| BatchOp {
                 write: false,
                 block: p,
-                buf: io_buffer(len * self.bs),
+                buf: command_buffer(len * self.bs),
             })
             .collect();
         dev.batch_each(ops, |i, buf| {
@@ -1215,7 +1206,7 @@ fn read_runs(
         .map(|&(_, p, len)| BatchOp {
             write: false,
             block: p,
-            buf: io_buffer(len * bs),
+            buf: command_buffer(len * bs),
         })
         .collect();
     let done = dev.batch(ops)?;
@@ -1233,54 +1224,6 @@ fn read_runs(
         }
     }
     Ok(out)
-}
-
-/// A buffer for the device to read into, or for data about to be copied in whole: from the
-/// registered pool, not zeroed, since every byte is overwritten before anyone looks.
-fn io_buffer(len: usize) -> IoBuf {
-    BufferPool::global()
-        .alloc(len)
-        .unwrap_or_else(|_| IoBuf::zeroed(len))
-}
-
-/// Sorts writes by device block and merges runs into commands of at most `max_bytes`.
-fn coalesce(mut blocks: Vec<(u64, IoBuf)>, bs: usize, max_bytes: usize) -> Vec<BatchOp> {
-    blocks.sort_by_key(|(p, _)| *p);
-    let mut out: Vec<BatchOp> = Vec::new();
-    let mut run: Vec<(u64, IoBuf)> = Vec::new();
-    let flush_run = |run: &mut Vec<(u64, IoBuf)>, out: &mut Vec<BatchOp>| {
-        if run.len() == 1 {
-            if let Some((p, buf)) = run.pop() {
-                out.push(BatchOp {
-                    write: true,
-                    block: p,
-                    buf,
-                });
-            }
-        } else if let Some(&(first, _)) = run.first() {
-            let mut buf = io_buffer(run.len() * bs);
-            for (i, (_, b)) in run.iter().enumerate() {
-                buf[i * bs..(i + 1) * bs].copy_from_slice(&b[..bs]);
-            }
-            out.push(BatchOp {
-                write: true,
-                block: first,
-                buf,
-            });
-            run.clear();
-        }
-    };
-    for (p, buf) in blocks {
-        let continues = run
-            .last()
-            .is_some_and(|(last, _)| *last + 1 == p && (run.len() + 1) * bs <= max_bytes);
-        if !continues {
-            flush_run(&mut run, &mut out);
-        }
-        run.push((p, buf));
-    }
-    flush_run(&mut run, &mut out);
-    out
 }
 
 #[cfg(test)]

@@ -26,8 +26,10 @@
 //! shared instead, one holder at a time, as before.
 
 use crate::error::FsError;
+use crate::fs::planned::PlannedWrites;
 use crate::fsdevice::{BatchOp, FsDevice};
 use crate::wal::Journal;
+use kura_engine::IoBuf;
 use std::ops::{Deref, DerefMut};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
@@ -261,8 +263,9 @@ impl Disk {
 pub(crate) struct Prepared {
     /// Metadata (and journaled data) block images.
     pub(crate) images: Vec<(u64, Vec<u8>)>,
-    /// Ordered data written home in the same batch.
-    pub(crate) data: Vec<BatchOp>,
+    /// Ordered data written home in the same batch: copied into commands by [`Prepared::write`],
+    /// with the state lock released.
+    pub(crate) data: PlannedWrites<Arc<IoBuf>>,
     /// Blocks the transaction freed: reusable once it is durable.
     pub(crate) freed: Vec<(u64, u64)>,
     /// The transaction's sequence in this mount (the running transaction's when prepared).
@@ -288,6 +291,7 @@ impl Prepared {
             seq,
         } = self;
         let transaction = !images.is_empty();
+        let data = data.into_ops();
         let Disk { dev, journal, .. } = disk;
         let result = if images.is_empty() {
             (|| {

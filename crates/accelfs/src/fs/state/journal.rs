@@ -28,6 +28,7 @@
 
 use super::{Mounted, Prepared, Written};
 use crate::error::FsError;
+use crate::fs::planned::PlannedWrites;
 
 impl Mounted {
     /// A metadata block as committed: the journal's image when its home copy is stale.
@@ -154,7 +155,7 @@ impl Mounted {
             && dirty.len() * self.bs <= self.opts.journal_data_bytes
         {
             images.extend(self.journaled(dirty)?);
-            Vec::new()
+            PlannedWrites::none(self.bs)
         } else {
             self.placed(dirty)?
         };

@@ -97,6 +97,10 @@
 //! newly mapped blocks hold another file's old data until the write lands (a reader planning
 //! after it fetches holding the disk lock shared, so it waits; the file's size does not
 //! protect the range, since another writer or a truncation may grow the file over it).
+//! The bytes of writes planned under the state lock (a commit's ordered data, an fdatasync's
+//! dirty blocks, a large write's whole blocks) are copied into command buffers only after it
+//! is released, under the disk lock (`fs/planned.rs`): a plan shares cached blocks with the
+//! cache, which copies a block before changing it while a plan holds it.
 //! Still under the exclusive state lock: writes into the cache, appends (`File::append`, which
 //! must read the size and write atomically), dirty blocks evicted to make room, checkpoints,
 //! inline commits when a transaction grows too big, slow symbolic links and loading metadata
