@@ -327,3 +327,61 @@ fn reads_that_miss_the_cache_never_see_foreign_or_torn_blocks_while_files_change
     let problems = fsck_problems(&storage);
     assert!(problems.is_empty(), "fsck: {problems:#?}");
 }
+
+/// A read of cached data larger than what one hold of the shared lock copies (256 KiB) is
+/// copied in pieces with the lock let go between them; it must still be atomic against writes:
+/// a whole-file rewrite (one write, into the cache, since the bypass is set above its size) is
+/// seen entirely or not at all. Every version fills the file with one byte value, so a read
+/// holding two values saw a write between its pieces. Holds for every interleaving; how many
+/// reads overlapped a rewrite is not asserted.
+#[test]
+fn a_large_read_of_cached_data_never_sees_half_of_a_write() {
+    const BYTES: usize = 1 << 20;
+    const VERSIONS: u8 = 120;
+    let storage = formatted_storage(32 << 20);
+    let fs = FileSystem::mount(
+        reopen(&storage),
+        MountOptions {
+            cache_bytes: 16 << 20,
+            bypass_bytes: 8 << 20,
+            ..MountOptions::default()
+        },
+    )
+    .expect("mount");
+    let f = fs.create("/whole").expect("create");
+    f.write_at(0, &vec![0u8; BYTES]).expect("first version");
+    let written = std::sync::atomic::AtomicU8::new(0);
+    std::thread::scope(|s| {
+        let writer = fs.clone();
+        let written = &written;
+        s.spawn(move || {
+            let f = writer
+                .open_with("/whole", kura_accelfs::OpenOptions::new().write(true))
+                .expect("open");
+            for v in 1..=VERSIONS {
+                f.write_at(0, &vec![v; BYTES]).expect("rewrite");
+                written.store(v, std::sync::atomic::Ordering::Release);
+            }
+        });
+        for _ in 0..2 {
+            let fs = fs.clone();
+            s.spawn(move || {
+                let f = fs.open("/whole").expect("open");
+                let mut buf = vec![0u8; BYTES];
+                loop {
+                    let before = written.load(std::sync::atomic::Ordering::Acquire);
+                    let n = f.read_at(0, &mut buf).expect("read");
+                    assert_eq!(n, BYTES);
+                    let v = buf[0];
+                    if let Some(at) = buf.iter().position(|&b| b != v) {
+                        panic!("one read holds version {v} and, at byte {at}, {}", buf[at]);
+                    }
+                    assert!(v >= before, "read version {v} after {before} was written");
+                    if before == VERSIONS {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+}

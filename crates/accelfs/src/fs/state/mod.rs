@@ -74,7 +74,10 @@
 //! checks for a newer log image) reaches the device after it.
 //!
 //! A read (`FileSystem::read_file`) whose blocks are cached is a copy under the shared state
-//! lock, beside other such reads of the same or other files. Otherwise it is planned under the
+//! lock, beside other such reads of the same or other files; one larger than 256 KiB is copied
+//! a piece at a time, the lock let go between pieces, and started again under the exclusive
+//! lock if the file's data stamp moved meanwhile (so a writer waiting for the lock does not
+//! keep every new reader waiting behind a copy of megabytes, and the read stays atomic). Otherwise it is planned under the
 //! exclusive lock (`Mounted::read_begin`: cached blocks copied, a checkpoint first if the log
 //! holds a newer copy of a block to read; the disk lock is taken for that look only when a
 //! block to read is among `unsettled`, the blocks a commit may have logged, so a miss does not
