@@ -398,7 +398,9 @@ fn bad_input_is_a_clear_error() {
 
 /// Table files read over and over are loaded whole (within the budget) and then served from
 /// memory: the answers stay the same under concurrent readers, and the file system sees almost
-/// no more reads; with no budget, every read still goes to the file system.
+/// no more reads; with no budget, every read still goes to the file system. Loads run on
+/// threads of their own, so the loaded case passes over the keys until a pass finds them done
+/// (a bounded number of times) rather than assuming they finished by some pass.
 #[test]
 fn tables_read_often_are_served_from_memory_with_the_same_answers() {
     if let Some(m) = common::leveldb_missing() {
@@ -408,8 +410,9 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
         let c = fs.statfs().cache;
         c.hits + c.misses + c.bypass_bytes / 4096
     };
-    let mut second_pass_reads = Vec::new();
-    for resident in [64usize << 20, 0] {
+    let mut without = 0;
+    let mut with = 0;
+    for resident in [0, 64usize << 20] {
         let storage = formatted_storage(64 << 20);
         let fs = mount_storage(&storage);
         // Uncompressed values well beyond the block cache, so gets keep reading tables.
@@ -449,11 +452,22 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
         for _ in 0..3 {
             pass(&db);
         }
-        let before = fs_reads(&fs);
-        pass(&db);
-        second_pass_reads.push(fs_reads(&fs) - before);
+        let mut measured = || {
+            let before = fs_reads(&fs);
+            pass(&db);
+            fs_reads(&fs) - before
+        };
+        if resident == 0 {
+            without = measured();
+            continue;
+        }
+        for _ in 0..50 {
+            with = measured();
+            if with * 20 < without {
+                break;
+            }
+        }
     }
-    let (with, without) = (second_pass_reads[0], second_pass_reads[1]);
     assert!(
         without > 1000,
         "without a budget the reads reach AccelFS ({without})"
