@@ -963,6 +963,51 @@ fn a_failed_write_or_flush_makes_the_file_system_read_only_and_loses_nothing_syn
     }
 }
 
+/// Dirty blocks evicted to make room are written after the state lock is let go (queued for the
+/// next holder of the disk lock). A failed write there cannot fail the write that evicted them,
+/// which already returned: it fails the next fsync with EIO, as a page-cache write-back error
+/// does, and the file system goes read-only; what was synced before is intact after remount and
+/// fsck finds nothing wrong.
+#[test]
+fn a_failed_write_back_of_evicted_blocks_fails_the_next_fsync() {
+    let storage = populated();
+    let (dev, _) = fault_device(
+        &storage,
+        FaultPlan {
+            // The first write of this mount: nothing is synced before the write-back.
+            write_eio: Some(1),
+            ..FaultPlan::default()
+        },
+    );
+    let fs = FileSystem::mount(
+        Box::new(dev),
+        MountOptions {
+            // The smallest cache (16 blocks): 64 dirty blocks cannot all stay.
+            cache_bytes: 0,
+            ..MountOptions::default()
+        },
+    )
+    .expect("mount");
+    let f = fs.create("/evicted").expect("create");
+    for b in 0..64u64 {
+        f.write_at(b * 4096, &content(b, 4096))
+            .expect("a write that evicts is not failed by the write-back");
+    }
+    let e = f.sync_all().expect_err("the failed write-back surfaces");
+    assert_eq!(e.errno(), libc::EIO, "{e}");
+    let refused = fs.write("/after", b"more").expect_err("read-only now");
+    assert_eq!(refused.errno(), libc::EROFS, "{refused}");
+    assert!(fs.sync().is_err(), "every later sync fails too");
+    assert_eq!(read_all(&fs).expect("reads still work"), 21);
+    drop(f);
+    drop(fs);
+    let problems = fsck_problems(&storage);
+    assert!(problems.is_empty(), "{problems:#?}");
+    let fs = FileSystem::mount(reopen(&storage), MountOptions::default()).expect("remount");
+    assert_eq!(read_all(&fs).expect("synced data intact"), 21);
+    assert!(!fs.exists("/evicted"), "never committed");
+}
+
 #[test]
 fn damaged_images_give_errors_not_panics() {
     let storage = populated();

@@ -3,7 +3,8 @@
 //!
 //! Blocks live in engine buffers (`IoBuf`, from the registered pool when it has room), so the
 //! device reads straight into the cache. The cache never does I/O itself: making room hands the
-//! dirty victims back to the caller, which writes them at queue depth in one batch.
+//! dirty victims back to the caller, which queues their writes for the next holder of the disk
+//! lock (`state/disk.rs`), to go out at queue depth in one batch.
 //!
 //! The cache lives in the mounted state, behind the state lock. Everything that changes it takes
 //! that lock exclusively, except one thing: a read of cached blocks under the *shared* state

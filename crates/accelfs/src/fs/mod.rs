@@ -273,6 +273,10 @@ struct Shared {
     commit_finished: Condvar,
     /// [`FsStats::disk_waits`].
     disk_waits: std::sync::atomic::AtomicU64,
+    /// The mount's disk (also in the state), reachable without the state lock: each exclusive
+    /// hold of the state lock first writes the queued write-back of evicted blocks holding only
+    /// the disk lock (`state/disk.rs`).
+    disk: state::SharedDisk,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -378,8 +382,10 @@ impl FileSystem {
         let inodes = read_bitmap(&mut io, &l, BlockKind::InodeBitmap)?;
         let alloc = alloc::Allocator::new(l, blocks, inodes);
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
+        let disk = mounted.disk();
         Ok(FileSystem {
             inner: Arc::new(Shared {
+                disk,
                 state: StripedRwLock::new(mounted),
                 commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
@@ -388,8 +394,11 @@ impl FileSystem {
         })
     }
 
-    /// Takes the state lock exclusively.
+    /// Takes the state lock exclusively, after writing any queued write-back of evicted blocks
+    /// with no lock held (the caller holds none: nothing takes the state lock while holding
+    /// the disk lock, and this lock is not taken twice).
     fn lock(&self) -> WriteGuard<'_, Mounted> {
+        self.inner.disk.write_back_now();
         self.inner.state.write()
     }
 

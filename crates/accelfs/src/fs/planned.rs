@@ -83,6 +83,11 @@ impl<B: BlockBytes> PlannedWrites<B> {
         self.runs.is_empty()
     }
 
+    /// Blocks written.
+    pub(crate) fn block_count(&self) -> usize {
+        self.runs.iter().map(|(_, run)| run.len()).sum()
+    }
+
     /// Every device block written.
     pub(crate) fn targets(&self) -> Vec<u64> {
         self.runs

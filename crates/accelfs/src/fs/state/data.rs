@@ -1023,12 +1023,23 @@ impl Mounted {
     /// not be written home directly: replay, or the next checkpoint, would put the older image
     /// back over the newer data. Such writes first checkpoint the journal, which writes every
     /// pending image home and retires it.
+    /// Targets outside the unsettled blocks (see [`Mounted::unsettle`]) cannot have an image:
+    /// then the disk lock is not taken at all.
     pub(super) fn before_direct_writes(&mut self, targets: &[u64]) -> Result<(), FsError> {
+        if self
+            .unsettled
+            .as_ref()
+            .is_some_and(|u| !targets.iter().any(|t| u.contains(t)))
+        {
+            return Ok(());
+        }
         let mut d = self.disk.lock();
         if targets.iter().any(|&b| d.journal.image(b).is_some()) {
             let super::disk::Disk { dev, journal, .. } = &mut *d;
             journal.checkpoint(dev)?;
         }
+        // Both locks held exclusively: as in `before_device_reads`, the images are exact now.
+        self.unsettled = d.journal.image_blocks(UNSETTLED_MAX);
         Ok(())
     }
 
@@ -1076,13 +1087,14 @@ impl Mounted {
         }
     }
 
-    /// Writes dirty blocks evicted from the cache.
+    /// Queues the writes of dirty blocks evicted from the cache: done by the next holder of
+    /// the disk lock, before anything else it does (`disk.rs`, "Write-back of evicted blocks").
     pub(super) fn write_victims(&mut self, victims: Vec<Victim>) -> Result<(), FsError> {
         if victims.is_empty() {
             return Ok(());
         }
-        let ops = self.placed(victims)?.into_ops();
-        self.disk.lock().dev.batch(ops)?;
+        let plan = self.placed(victims)?;
+        self.disk.queue_writeback(plan);
         Ok(())
     }
 }

@@ -24,6 +24,20 @@
 //! device ([`FsDevice::sibling`]), so threads drive the device side by side, never sharing a
 //! submission queue under a lock; a device with a single queue (or that refused another) is
 //! shared instead, one holder at a time, as before.
+//!
+//! **Write-back of evicted blocks.** Making room in the cache evicts dirty blocks under the
+//! state lock; their writes are queued here ([`SharedDisk::queue_writeback`]) rather than done
+//! there, so the threads waiting for the state lock do not wait for the device. The queue is
+//! written by whoever next takes the disk lock, exclusively ([`SharedDisk::lock`]) or shared
+//! ([`SharedDisk::io`], which first takes it exclusively to do so), before anything else: so a
+//! read planned after the eviction fetches the block after its write, a commit or checkpoint
+//! that may write the block (or free it for reuse) comes after it, and a flush covers it. A
+//! `FileSystem` call empties the queue before it takes the state lock, so the thread that next
+//! changes something writes the queue with no lock held. The queue is bounded
+//! ([`WRITEBACK_MAX_BLOCKS`]): beyond that the evicting thread writes it at once. A failed
+//! write-back poisons the disk like a failed commit: the next commit, fsync or sync fails and
+//! the file system goes read-only (the evicted data is lost, as a page-cache write-back error
+//! loses it and reports it at the next fsync).
 
 use crate::error::FsError;
 use crate::fs::planned::PlannedWrites;
@@ -31,11 +45,15 @@ use crate::fsdevice::{BatchOp, FsDevice};
 use crate::wal::Journal;
 use kura_engine::IoBuf;
 use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
 /// Most sibling queues a mount opens: beyond this many threads doing I/O at once, the extra
 /// ones share the mount's own queue (each queue pins its own kernel resources).
 const MAX_SIBLINGS: usize = 16;
+
+/// Most evicted blocks queued for write-back (module documentation): 8 MiB of 8 KiB blocks.
+pub(crate) const WRITEBACK_MAX_BLOCKS: usize = 1024;
 
 /// The device and the journal (see the module documentation).
 pub(crate) struct Disk {
@@ -43,6 +61,10 @@ pub(crate) struct Disk {
     pub(crate) journal: Journal,
     /// Set when a commit's writes or flush failed: every later commit is refused.
     poisoned: Option<String>,
+    /// The error of a failed write-back of evicted blocks, given to the next commit or
+    /// fdatasync (as a page-cache write-back error is reported by the next fsync); later ones
+    /// are refused as after any failure.
+    writeback_error: Option<FsError>,
 }
 
 /// A shared handle on the [`Disk`] of a mount.
@@ -57,6 +79,11 @@ struct DiskLock {
     disk: Mutex<Disk>,
     /// Sibling queues not in use; a leaf lock, held only to take or return one.
     queues: Mutex<Queues>,
+    /// Evicted blocks to write before any other use of the device (module documentation); a
+    /// leaf lock, held only to add to it or take it.
+    writeback: Mutex<Vec<PlannedWrites<Arc<IoBuf>>>>,
+    /// Blocks in `writeback`, so that taking the disk lock costs one load when it is empty.
+    writeback_blocks: AtomicUsize,
 }
 
 struct Queues {
@@ -139,23 +166,53 @@ impl SharedDisk {
                 dev,
                 journal,
                 poisoned: None,
+                writeback_error: None,
             }),
             queues: Mutex::new(Queues {
                 idle: Vec::new(),
                 opened: 0,
                 single: false,
             }),
+            writeback: Mutex::new(Vec::new()),
+            writeback_blocks: AtomicUsize::new(0),
         }))
     }
 
-    /// Takes the disk lock exclusively. A panic while it was held cannot have left a
-    /// half-written transaction counted as durable (the journal's state changes only after a
-    /// flush), so the disk stays usable.
+    /// Takes the disk lock exclusively, and writes the queued write-back first. A panic while
+    /// it was held cannot have left a half-written transaction counted as durable (the
+    /// journal's state changes only after a flush), so the disk stays usable.
     pub(crate) fn lock(&self) -> DiskGuard<'_> {
         let gate = self.0.gate.write().unwrap_or_else(|p| p.into_inner());
-        DiskGuard {
+        let mut guard = DiskGuard {
             disk: self.0.disk(),
             _gate: gate,
+        };
+        self.0.write_back(&mut guard);
+        guard
+    }
+
+    /// Queues the writes of dirty blocks evicted from the cache (module documentation). Called
+    /// under the state lock; when the queue is over its bound, writes it at once.
+    pub(crate) fn queue_writeback(&self, plan: PlannedWrites<Arc<IoBuf>>) {
+        if plan.is_empty() {
+            return;
+        }
+        let blocks = plan.block_count();
+        let mut queue = self.0.writeback();
+        queue.push(plan);
+        // Changed only with the queue locked, so it always counts what the queue holds.
+        let queued = self.0.writeback_blocks.fetch_add(blocks, Ordering::AcqRel) + blocks;
+        drop(queue);
+        if queued > WRITEBACK_MAX_BLOCKS {
+            drop(self.lock());
+        }
+    }
+
+    /// Writes the queued write-back, if any, holding the disk lock only meanwhile. Called with
+    /// no lock held (before a `FileSystem` call takes the state lock).
+    pub(crate) fn write_back_now(&self) {
+        if self.0.writeback_blocks.load(Ordering::Acquire) > 0 {
+            drop(self.lock());
         }
     }
 
@@ -177,7 +234,15 @@ impl SharedDisk {
     /// (a new io_uring); after that they are reused.
     pub(crate) fn io(&self) -> IoGuard<'_> {
         let lock = &*self.0;
-        let gate = lock.gate.read().unwrap_or_else(|p| p.into_inner());
+        let gate = loop {
+            let gate = lock.gate.read().unwrap_or_else(|p| p.into_inner());
+            if lock.writeback_blocks.load(Ordering::Acquire) == 0 {
+                break gate;
+            }
+            // Evicted blocks wait to be written, and this I/O may read them: write them first.
+            drop(gate);
+            drop(self.lock());
+        };
         let queue = match lock.take_sibling() {
             Some(dev) => Queue::Own(Some(dev)),
             None => Queue::Shared(lock.disk()),
@@ -197,6 +262,33 @@ impl DiskLock {
 
     fn queues(&self) -> MutexGuard<'_, Queues> {
         self.queues.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn writeback(&self) -> MutexGuard<'_, Vec<PlannedWrites<Arc<IoBuf>>>> {
+        self.writeback.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Writes the queued write-back; the caller holds the disk lock exclusively (`disk`). A
+    /// failure poisons the disk (module documentation).
+    fn write_back(&self, disk: &mut Disk) {
+        if self.writeback_blocks.load(Ordering::Acquire) == 0 {
+            return;
+        }
+        let mut queue = self.writeback();
+        let plans = std::mem::take(&mut *queue);
+        self.writeback_blocks.store(0, Ordering::Release);
+        drop(queue);
+        let ops: Vec<BatchOp> = plans
+            .into_iter()
+            .flat_map(PlannedWrites::into_ops)
+            .collect();
+        if ops.is_empty() {
+            return;
+        }
+        if let Err(e) = disk.dev.batch(ops) {
+            disk.poison(&e);
+            disk.writeback_error.get_or_insert(e);
+        }
     }
 
     /// An idle sibling, or a new one while fewer than [`MAX_SIBLINGS`] are open; `None` when
@@ -227,8 +319,12 @@ impl DiskLock {
 }
 
 impl Disk {
-    /// Fails when an earlier commit failed (see [`Disk::poison`]).
-    pub(crate) fn check_poison(&self) -> Result<(), FsError> {
+    /// Fails when an earlier commit or write-back failed (see [`Disk::poison`]): the first
+    /// caller after a failed write-back gets its error.
+    pub(crate) fn check_poison(&mut self) -> Result<(), FsError> {
+        if let Some(e) = self.writeback_error.take() {
+            return Err(e);
+        }
         match &self.poisoned {
             Some(why) => Err(FsError::ReadOnly(why.clone())),
             None => Ok(()),

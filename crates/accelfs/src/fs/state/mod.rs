@@ -104,10 +104,15 @@
 //! dirty blocks, a large write's whole blocks) are copied into command buffers only after it
 //! is released, under the disk lock (`fs/planned.rs`): a plan shares cached blocks with the
 //! cache, which copies a block before changing it while a plan holds it.
+//! Dirty blocks evicted to make room are not written under the state lock: their writes are
+//! queued on the disk and done by the next holder of the disk lock before anything else, which
+//! is usually the next `FileSystem` call taking the state lock, with no lock held (`disk.rs`,
+//! "Write-back of evicted blocks"); a commit, a fetch or a checkpoint therefore always comes
+//! after them. A direct write looks for a newer log image of its blocks under the disk lock only
+//! when one of them is unsettled, as a read miss does.
 //! Still under the exclusive state lock: writes into the cache, appends (`File::append`, which
-//! must read the size and write atomically), dirty blocks evicted to make room, checkpoints,
-//! inline commits when a transaction grows too big, slow symbolic links and loading metadata
-//! not yet in memory.
+//! must read the size and write atomically), checkpoints, inline commits when a transaction
+//! grows too big, slow symbolic links and loading metadata not yet in memory.
 
 mod data;
 mod disk;
