@@ -452,7 +452,7 @@ fn tables_read_often_are_served_from_memory_with_the_same_answers() {
         for _ in 0..3 {
             pass(&db);
         }
-        let mut measured = || {
+        let measured = || {
             let before = fs_reads(&fs);
             pass(&db);
             fs_reads(&fs) - before
