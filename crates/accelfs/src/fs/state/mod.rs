@@ -23,7 +23,7 @@
 //! Three locks, always taken in this order, never the other way round:
 //!
 //! 1. the **state lock** (`FileSystem`'s `StripedRwLock` around this `Mounted`, `striped.rs`):
-//!    every API call takes it. It is a read-write lock split into stripes (one per core, each a
+//!    every API call takes it. It is a read-write lock split into stripes (four per core, each a
 //!    `std` `RwLock` on a cache line of its own): a reader locks the one stripe of its thread, a
 //!    writer locks them all in order. So shared readers on different cores write different cache
 //!    lines (with one `RwLock`, every read and its release wrote the one reader counter, and cached
