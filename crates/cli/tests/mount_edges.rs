@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{kura, mounted, ok, signal, start_mount, wait_exit, MountGuard};
+use common::{kura, mounted, ok, signal, start_mount, stderr_of, wait_exit, MountGuard};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -74,7 +74,11 @@ fn sigterm_with_a_file_still_open_detaches_and_keeps_every_write() {
         .expect("write after the signal");
     drop(f);
     let status = wait_exit(&mut server, Duration::from_secs(60));
-    assert!(status.success(), "kura mount exit {status}");
+    assert!(
+        status.success(),
+        "kura mount exit {status}: {}",
+        stderr_of(&mut server)
+    );
     let out = kura(&["fs", "cat", &spec, "/open.bin"]);
     assert!(out.status.success());
     assert!(out.stdout == data, "both halves are in the file");

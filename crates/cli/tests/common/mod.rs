@@ -123,6 +123,17 @@ pub fn signal(child: &Child, sig: &str) {
 }
 
 /// Waits for `child` to exit, killing it (and failing) after `within`.
+/// What a child spawned with a piped stderr wrote there (read after it exited), for failure
+/// messages.
+pub fn stderr_of(child: &mut Child) -> String {
+    let mut err = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut err);
+    }
+    err
+}
+
 pub fn wait_exit(child: &mut Child, within: Duration) -> std::process::ExitStatus {
     let start = Instant::now();
     loop {
