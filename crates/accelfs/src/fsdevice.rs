@@ -164,6 +164,22 @@ impl FsDevice {
         self.unflushed.load(Ordering::Relaxed)
     }
 
+    /// Waits, for a bounded time, until no command is in flight on this queue, dropping the
+    /// completions (and so the buffers) of any that were; errors on the way are ignored, since
+    /// whoever submitted those commands is being told of a failure. Called when a poll fails
+    /// with commands in flight: left there, they would complete into the next batch on this
+    /// queue under tags that batch also uses, and hand it another read's bytes.
+    fn settle(&mut self) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+        let mut sink = Vec::new();
+        while self.dev.in_flight() > 0 && std::time::Instant::now() < deadline {
+            if self.dev.poll(&mut sink, 1).is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            sink.clear();
+        }
+    }
+
     /// Runs every operation at queue depth (submitting until the queue is full, reaping as
     /// completions arrive) and returns them with their buffers, reads filled in. Every operation
     /// is waited for even after a failure, so no buffer is left with the device; the first error
@@ -234,6 +250,7 @@ impl FsDevice {
             let before = done.len();
             if let Err(e) = self.dev.poll(&mut done, 1) {
                 first_error.get_or_insert(e);
+                self.settle();
                 break;
             }
             for c in &mut done[before..] {
@@ -374,6 +391,7 @@ impl FsDevice {
             done.clear();
             if let Err(e) = self.dev.poll(&mut done, 1) {
                 failure.get_or_insert(e);
+                self.settle();
                 break;
             }
         }
@@ -408,5 +426,111 @@ fn apply_overlay(overlay: &BTreeMap<u64, Vec<u8>>, block_size: usize, block: u64
     for (&b, img) in overlay.range(block..block.saturating_add(count)) {
         let at = (b - block) as usize * block_size;
         buf[at..at + block_size].copy_from_slice(&img[..block_size]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kura_engine::backend::common::QueueOptions;
+    use kura_engine::backend::mem::MemDevice;
+    use kura_engine::device::{Completion, Geometry, Rejected};
+    use kura_engine::DeviceResult;
+
+    /// A RAM disk whose queue breaks once: the first poll with commands in flight fails and
+    /// hands nothing back, as an `io_uring_enter` error would; later polls work.
+    struct BreaksOnce {
+        inner: MemDevice,
+        broken: bool,
+    }
+
+    impl BlockDevice for BreaksOnce {
+        fn geometry(&self) -> Geometry {
+            self.inner.geometry()
+        }
+        fn describe(&self) -> String {
+            "breaks-once".into()
+        }
+        fn submit(&mut self, req: Request) -> Result<(), Rejected> {
+            self.inner.submit(req)
+        }
+        fn ring_doorbell(&mut self) -> DeviceResult<()> {
+            self.inner.ring_doorbell()
+        }
+        fn poll(&mut self, out: &mut Vec<Completion>, min: usize) -> DeviceResult<usize> {
+            if !self.broken && self.inner.in_flight() > 0 {
+                self.broken = true;
+                return Err(DeviceError::Offline {
+                    reason: "the queue broke".into(),
+                });
+            }
+            self.inner.poll(out, min)
+        }
+        fn in_flight(&self) -> usize {
+            self.inner.in_flight()
+        }
+    }
+
+    fn read_op(block: u64) -> BatchOp {
+        BatchOp {
+            write: false,
+            block,
+            buf: IoBuf::zeroed(4096),
+        }
+    }
+
+    /// Sixteen blocks, block `b` filled with `b + 1`, seen through a queue that breaks once.
+    fn breaking() -> FsDevice {
+        let mem = MemDevice::new(64 << 10, QueueOptions::default());
+        let storage = mem.storage();
+        let mut dev = FsDevice::new(Box::new(mem), 4096).unwrap();
+        for b in 0..16u64 {
+            dev.write(b, &vec![b as u8 + 1; 4096]).unwrap();
+        }
+        let inner = MemDevice::with_storage(storage, QueueOptions::default());
+        FsDevice::new(
+            Box::new(BreaksOnce {
+                inner,
+                broken: false,
+            }),
+            4096,
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn a_batch_cut_short_by_a_broken_poll_leaves_nothing_for_the_next() {
+        let mut dev = breaking();
+        assert!(dev.batch(vec![read_op(1), read_op(2)]).is_err());
+        assert_eq!(dev.dev.in_flight(), 0, "commands were left in flight");
+        // Without the wait, blocks 1 and 2 would complete into this batch as its ops 0 and 1.
+        let done = dev.batch(vec![read_op(7), read_op(9)]).unwrap();
+        assert!(done[0].buf.iter().all(|&b| b == 8));
+        assert!(done[1].buf.iter().all(|&b| b == 10));
+    }
+
+    #[test]
+    fn a_stream_cut_short_by_a_broken_poll_leaves_nothing_for_the_next() {
+        let mut dev = breaking();
+        let pieces = [
+            StreamPart::Device {
+                block: 1,
+                bytes: 4096,
+            },
+            StreamPart::Device {
+                block: 2,
+                bytes: 4096,
+            },
+        ];
+        assert!(dev.stream_read(&pieces, 4, |_| {}).is_err());
+        assert_eq!(dev.dev.in_flight(), 0, "commands were left in flight");
+        let mut got = Vec::new();
+        let again = [StreamPart::Device {
+            block: 5,
+            bytes: 4096,
+        }];
+        dev.stream_read(&again, 4, |b| got.extend_from_slice(b))
+            .unwrap();
+        assert!(got.len() == 4096 && got.iter().all(|&b| b == 6));
     }
 }

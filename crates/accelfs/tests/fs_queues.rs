@@ -131,3 +131,69 @@ fn threads_read_stream_and_write_on_their_own_queues_beside_commits() {
     assert!(report.is_clean(), "{:?}", report.problems);
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Large reads (past the cache, on O_DIRECT) into memory at any alignment and from any file
+/// offset: every byte read is the file's (holes zero, unsynced writes seen), and not one byte
+/// of the caller's memory outside the destination changes.
+#[test]
+fn large_reads_land_in_the_callers_memory_at_any_alignment() {
+    let dir = std::env::temp_dir().join(format!("kura-fs-large-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = format!("file:{}?size=64M", dir.join("fs.img").display());
+    let dev = kura_engine::open(&spec).unwrap_or_else(|e| panic!("{spec}: {e}"));
+    let fs = FileSystem::format(dev, MkfsOptions::default(), small_cache()).unwrap();
+    let mut model = contents(1, 0);
+    model.extend(contents(2, 0));
+    let f = fs
+        .open_with(
+            "/big",
+            OpenOptions::new().read(true).write(true).create(true),
+        )
+        .unwrap();
+    f.write_at(0, &model[..FILE]).unwrap();
+    // A hole of 1 MiB + 12 KiB between the two halves.
+    let gap = (1 << 20) + 12288;
+    f.write_at((FILE + gap) as u64, &model[FILE..]).unwrap();
+    model.splice(FILE..FILE, std::iter::repeat_n(0u8, gap));
+    f.sync_all().unwrap();
+    // Unsynced writes, some cached, that reads must see over the device's older copy.
+    for (at, len, fill) in [
+        (8192usize, 100usize, 0x11u8),
+        (700_000, 20_000, 0x22),
+        (FILE + gap + 5, 9000, 0x33),
+    ] {
+        f.write_at(at as u64, &vec![fill; len]).unwrap();
+        model[at..at + len].fill(fill);
+    }
+    const GUARD: usize = 8192;
+    for &(offset, len) in &[
+        (0usize, 1usize << 20),
+        (4096, 256 << 10),
+        (12_345, 1 << 20),
+        (FILE - 300_000, 1 << 20),
+        (FILE + gap - 70_000, 300_000),
+        (model.len() - (256 << 10), 256 << 10),
+    ] {
+        for misalign in [0usize, 1, 512, 4096] {
+            let mut mem = kura_engine::IoBuf::heap(GUARD + len + GUARD + 4096, 4096);
+            mem.fill(0xee);
+            let start = GUARD + misalign;
+            f.read_exact_at(offset as u64, &mut mem[start..start + len])
+                .unwrap();
+            assert!(
+                mem[start..start + len] == model[offset..offset + len],
+                "read of {len} at {offset} into memory {misalign} bytes past a page differs"
+            );
+            assert!(
+                mem[..start]
+                    .iter()
+                    .chain(&mem[start + len..])
+                    .all(|&b| b == 0xee),
+                "read of {len} at {offset} wrote outside its destination"
+            );
+        }
+    }
+    drop(f);
+    fs.unmount().unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
