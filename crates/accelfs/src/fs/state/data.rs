@@ -990,6 +990,23 @@ impl Mounted {
         ))
     }
 
+    /// [`Mounted::placed`] without the journal check: also returns the home blocks when some
+    /// may hold a committed image in the journal, for whoever issues the plan to check under
+    /// the disk lock before it does ([`Prepared`](super::disk::Prepared)'s `home_unsettled`).
+    pub(super) fn placed_unchecked(
+        &mut self,
+        blocks: Vec<Victim>,
+    ) -> Result<UncheckedHomeWrites, FsError> {
+        let located = self.locate(blocks)?;
+        let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
+        let unsettled = match &self.unsettled {
+            Some(u) => targets.iter().any(|t| u.contains(t)),
+            None => true,
+        };
+        let plan = PlannedWrites::of_blocks(located, self.bs, self.opts.max_command_bytes);
+        Ok((plan, unsettled.then_some(targets)))
+    }
+
     /// Dirty cached blocks as (device block, contents) for the journal, which writes them with
     /// the metadata when they are few (format §7); blocks of freed files are dropped.
     pub(super) fn journaled(
@@ -1136,6 +1153,10 @@ impl Stream {
         })
     }
 }
+
+/// Writes of dirty blocks home, with the home blocks when some may still have a committed
+/// image in the journal ([`Mounted::placed_unchecked`]).
+pub(super) type UncheckedHomeWrites = (PlannedWrites<Arc<IoBuf>>, Option<Vec<u64>>);
 
 /// What a read found under the state lock ([`Mounted::read_begin`]).
 pub(crate) enum ReadStep {

@@ -366,6 +366,12 @@ pub(crate) struct Prepared {
     pub(crate) freed: Vec<(u64, u64)>,
     /// The transaction's sequence in this mount (the running transaction's when prepared).
     pub(crate) seq: u64,
+    /// The home blocks of `data` when some may still have a committed image in the journal,
+    /// checked (and the journal checkpointed if one has) by [`Prepared::write`] before `data`
+    /// goes out, so that no older image can later land over it. Checked there, with only the
+    /// disk lock held, rather than when prepared: a checkpoint is writes and two flushes, and
+    /// measured 0.5-0.9 ms of the state lock each time LevelDB's table syncs needed one.
+    pub(crate) home_unsettled: Option<Vec<u64>>,
 }
 
 /// A transaction that is durable: what [`Mounted::commit_done`](super::Mounted) needs to know.
@@ -385,20 +391,30 @@ impl Prepared {
             data,
             freed,
             seq,
+            home_unsettled,
         } = self;
         let transaction = !images.is_empty();
         let data = data.into_ops();
         let Disk { dev, journal, .. } = disk;
-        let result = if images.is_empty() {
-            (|| {
-                if !data.is_empty() {
-                    dev.batch(data)?;
-                }
-                dev.flush()
-            })()
+        let home_has_image = home_unsettled
+            .is_some_and(|targets| targets.iter().any(|&b| journal.image(b).is_some()));
+        let result = if home_has_image {
+            journal.checkpoint(dev)
         } else {
-            journal.commit_with_data(dev, &images, data).map(|_| ())
+            Ok(())
         };
+        let result = result.and_then(|()| {
+            if images.is_empty() {
+                (|| {
+                    if !data.is_empty() {
+                        dev.batch(data)?;
+                    }
+                    dev.flush()
+                })()
+            } else {
+                journal.commit_with_data(dev, &images, data).map(|_| ())
+            }
+        });
         match result {
             Ok(()) => Ok(Written {
                 freed,

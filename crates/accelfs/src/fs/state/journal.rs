@@ -150,14 +150,14 @@ impl Mounted {
         };
         self.fsync_files.clear();
         let fits = images.len() + dirty.len() <= self.max_transaction;
-        let data = if !images.is_empty()
+        let (data, home_unsettled) = if !images.is_empty()
             && fits
             && dirty.len() * self.bs <= self.opts.journal_data_bytes
         {
             images.extend(self.journaled(dirty)?);
-            PlannedWrites::none(self.bs)
+            (PlannedWrites::none(self.bs), None)
         } else {
-            self.placed(dirty)?
+            self.placed_unchecked(dirty)?
         };
         self.alloc.clear_dirty();
         self.inodes_committed();
@@ -173,6 +173,7 @@ impl Mounted {
             data,
             freed: self.alloc.take_freed(),
             seq,
+            home_unsettled,
         })
     }
 
