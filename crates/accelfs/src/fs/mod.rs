@@ -277,6 +277,8 @@ struct Shared {
     /// hold of the state lock first writes the queued write-back of evicted blocks holding only
     /// the disk lock (`state/disk.rs`).
     disk: state::SharedDisk,
+    /// The cache's buffers of removed blocks, freed with the state lock let go.
+    retired: cache::Retired,
 }
 
 impl std::fmt::Debug for FileSystem {
@@ -383,9 +385,11 @@ impl FileSystem {
         let alloc = alloc::Allocator::new(l, blocks, inodes);
         let mounted = Mounted::mount(io, sb, journal, alloc, opts, recovery, read_only)?;
         let disk = mounted.disk();
+        let retired = mounted.retired();
         Ok(FileSystem {
             inner: Arc::new(Shared {
                 disk,
+                retired,
                 state: StripedRwLock::new(mounted),
                 commits_finished: Mutex::new(0),
                 commit_finished: Condvar::new(),
@@ -398,8 +402,16 @@ impl FileSystem {
     /// with no lock held (the caller holds none: nothing takes the state lock while holding
     /// the disk lock, and this lock is not taken twice).
     fn lock(&self) -> WriteGuard<'_, Mounted> {
+        self.drop_retired();
         self.inner.disk.write_back_now();
         self.inner.state.write()
+    }
+
+    /// Frees the buffers of blocks the cache dropped in bulk under the state lock (a removed or
+    /// truncated file's), now that it is let go: by the thread that removed them, or else by
+    /// the next to take the lock.
+    fn drop_retired(&self) {
+        drop(self.inner.retired.take());
     }
 
     /// When another thread holds the disk lock (a commit's or an fdatasync's writes and flush)
@@ -693,8 +705,12 @@ impl FileSystem {
     pub fn remove_file(&self, path: &str) -> Result<(), FsError> {
         let mut g = self.lock();
         let (parent, name) = g.resolve_parent(path)?;
-        g.remove_entry(parent, &name, false)
-            .map_err(|e| with_path(e, path))
+        let result = g
+            .remove_entry(parent, &name, false)
+            .map_err(|e| with_path(e, path));
+        drop(g);
+        self.drop_retired();
+        result
     }
 
     pub fn remove_dir(&self, path: &str) -> Result<(), FsError> {

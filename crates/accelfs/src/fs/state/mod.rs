@@ -213,6 +213,11 @@ fn corrupt(msg: String) -> FsError {
 }
 
 impl Mounted {
+    /// Where the cache's buffers of blocks dropped in bulk wait to be freed without the lock.
+    pub(crate) fn retired(&self) -> super::cache::Retired {
+        self.cache.retired()
+    }
+
     /// The mounted state of a file system whose journal was recovered (`read_only`: mounted
     /// with `FileSystem::mount_read_only`); checks that the root is a directory and loads it.
     pub(crate) fn mount(
