@@ -286,15 +286,42 @@ impl Cache {
 
     /// Drops every block of `ino` at or after `from`; their buffers wait in [`Retired`].
     pub(crate) fn remove_from(&mut self, ino: u64, from: u32) {
-        let blocks: Vec<u32> = match self.files.get(&ino) {
-            Some(m) => m.keys().copied().filter(|&b| b >= from).collect(),
-            None => return,
+        let bufs: Vec<Arc<IoBuf>> = if from == 0 {
+            // The whole file (it was removed): its table goes at once, and only its dirty
+            // blocks are looked up in the dirty set.
+            let Some(map) = self.files.remove(&ino) else {
+                return;
+            };
+            self.count -= map.len();
+            self.stats.cached_bytes = (self.count * self.block_size) as u64;
+            map.into_iter()
+                .map(|(block, slot)| {
+                    self.lru.remove(&slot.tick);
+                    if slot.dirty {
+                        self.dirty.remove(&(ino, block));
+                    }
+                    slot.buf
+                })
+                .collect::<Vec<_>>()
+        } else {
+            let blocks: Vec<u32> = match self.files.get(&ino) {
+                Some(m) => m.keys().copied().filter(|&b| b >= from).collect(),
+                None => return,
+            };
+            blocks
+                .into_iter()
+                .filter_map(|b| self.remove(ino, b))
+                .map(|slot| slot.buf)
+                .collect()
         };
-        let bufs: Vec<Arc<IoBuf>> = blocks
-            .into_iter()
-            .filter_map(|b| self.remove(ino, b))
-            .map(|slot| slot.buf)
-            .collect();
+        debug_assert!(
+            from > 0
+                || self
+                    .dirty
+                    .range((ino, 0)..=(ino, u32::MAX))
+                    .next()
+                    .is_none()
+        );
         // Freed here, under the state lock, only past the bound.
         drop(self.retired.keep(bufs));
     }
@@ -404,7 +431,10 @@ mod tests {
         assert_eq!(c.stats().cached_bytes, 4 * 4096);
         let held = retired.take();
         assert_eq!(held.len(), 6);
-        assert!(held.iter().all(|b| Arc::strong_count(b) == 1), "only Retired held them");
+        assert!(
+            held.iter().all(|b| Arc::strong_count(b) == 1),
+            "only Retired held them"
+        );
         assert!(retired.take().is_empty());
         // Past the bound, a removal frees its buffers at once instead of holding more.
         for b in 0..RETIRED_MAX as u32 {
@@ -415,6 +445,22 @@ mod tests {
         c.insert(9, 0, IoBuf::zeroed(4096), false);
         c.remove_from(9, 0);
         assert_eq!(retired.take().len(), RETIRED_MAX);
-        assert_eq!(c.stats().cached_bytes, 4 * 4096, "file 7's first four blocks stay");
+        assert_eq!(
+            c.stats().cached_bytes,
+            4 * 4096,
+            "file 7's first four blocks stay"
+        );
+        // A whole file's removal takes its dirty blocks out of the dirty set too.
+        c.insert(10, 0, IoBuf::zeroed(4096), true);
+        c.remove_from(7, 0);
+        assert_eq!(retired.take().len(), 4);
+        let dirty = c.take_dirty(None);
+        assert!(
+            dirty.len() == 1 && dirty[0].0 == 10,
+            "dirty blocks left: {}",
+            dirty.len()
+        );
+        assert!(!c.contains(7, 0) && c.contains(10, 0));
+        assert_eq!(c.stats().cached_bytes, 4096);
     }
 }
