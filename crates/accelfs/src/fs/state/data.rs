@@ -980,14 +980,11 @@ impl Mounted {
         &mut self,
         blocks: Vec<Victim>,
     ) -> Result<PlannedWrites<Arc<IoBuf>>, FsError> {
-        let located = self.locate(blocks)?;
-        let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
-        self.before_direct_writes(&targets)?;
-        Ok(PlannedWrites::of_blocks(
-            located,
-            self.bs,
-            self.opts.max_command_bytes,
-        ))
+        let (plan, unsettled) = self.placed_unchecked(blocks)?;
+        if let Some(targets) = unsettled {
+            self.before_direct_writes(&targets)?;
+        }
+        Ok(plan)
     }
 
     /// [`Mounted::placed`] without the journal check: also returns the home blocks when some
@@ -999,10 +996,7 @@ impl Mounted {
     ) -> Result<UncheckedHomeWrites, FsError> {
         let located = self.locate(blocks)?;
         let targets: Vec<u64> = located.iter().map(|(p, _)| *p).collect();
-        let unsettled = match &self.unsettled {
-            Some(u) => targets.iter().any(|t| u.contains(t)),
-            None => true,
-        };
+        let unsettled = self.may_have_images(&targets);
         let plan = PlannedWrites::of_blocks(located, self.bs, self.opts.max_command_bytes);
         Ok((plan, unsettled.then_some(targets)))
     }
@@ -1043,11 +1037,7 @@ impl Mounted {
     /// Targets outside the unsettled blocks (see [`Mounted::unsettle`]) cannot have an image:
     /// then the disk lock is not taken at all.
     pub(super) fn before_direct_writes(&mut self, targets: &[u64]) -> Result<(), FsError> {
-        if self
-            .unsettled
-            .as_ref()
-            .is_some_and(|u| !targets.iter().any(|t| u.contains(t)))
-        {
+        if !self.may_have_images(targets) {
             return Ok(());
         }
         let mut d = self.disk.lock();
@@ -1090,6 +1080,14 @@ impl Mounted {
         // the journal's images are exactly the blocks whose home copy is old.
         self.unsettled = d.journal.image_blocks(UNSETTLED_MAX);
         Ok(())
+    }
+
+    /// Whether any of `targets` may have a committed image in the journal (it is among the
+    /// unsettled blocks, or those are not tracked just now); `false` is exact.
+    fn may_have_images(&self, targets: &[u64]) -> bool {
+        self.unsettled
+            .as_ref()
+            .is_none_or(|u| targets.iter().any(|t| u.contains(t)))
     }
 
     /// Records that these device blocks may get committed contents newer than their home copy
