@@ -123,30 +123,34 @@ const RETIRED_MAX: usize = 8192;
 /// Shared between the cache and the mount (`FileSystem::drop_retired`), bounded by
 /// [`RETIRED_MAX`].
 #[derive(Clone, Default)]
-pub(crate) struct Retired {
-    bufs: Arc<Mutex<Vec<Arc<IoBuf>>>>,
-    count: Arc<AtomicUsize>,
+pub(crate) struct Retired(Arc<RetiredInner>);
+
+#[derive(Default)]
+struct RetiredInner {
+    bufs: Mutex<Vec<Arc<IoBuf>>>,
+    /// `bufs.len()`, stored under its lock, so that the common empty case takes no lock.
+    count: AtomicUsize,
 }
 
 impl Retired {
     /// Takes every retired buffer, for the caller to drop (without the state lock).
     pub(crate) fn take(&self) -> Vec<Arc<IoBuf>> {
-        if self.count.load(Ordering::Acquire) == 0 {
+        if self.0.count.load(Ordering::Acquire) == 0 {
             return Vec::new();
         }
-        let mut bufs = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
-        self.count.store(0, Ordering::Release);
+        let mut bufs = self.0.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        self.0.count.store(0, Ordering::Release);
         std::mem::take(&mut *bufs)
     }
 
     /// Keeps `bufs` for [`Retired::take`], or gives them back when that would pass the bound.
     fn keep(&self, bufs: Vec<Arc<IoBuf>>) -> Option<Vec<Arc<IoBuf>>> {
-        let mut held = self.bufs.lock().unwrap_or_else(|p| p.into_inner());
+        let mut held = self.0.bufs.lock().unwrap_or_else(|p| p.into_inner());
         if held.len() + bufs.len() > RETIRED_MAX {
             return Some(bufs);
         }
         held.extend(bufs);
-        self.count.store(held.len(), Ordering::Release);
+        self.0.count.store(held.len(), Ordering::Release);
         None
     }
 }
@@ -441,7 +445,7 @@ mod tests {
             c.insert(8, b, IoBuf::heap(4096, 4096), false);
         }
         c.remove_from(8, 0);
-        assert_eq!(retired.count.load(Ordering::Acquire), RETIRED_MAX);
+        assert_eq!(retired.0.count.load(Ordering::Acquire), RETIRED_MAX);
         c.insert(9, 0, IoBuf::zeroed(4096), false);
         c.remove_from(9, 0);
         assert_eq!(retired.take().len(), RETIRED_MAX);
