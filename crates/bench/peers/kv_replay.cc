@@ -5,7 +5,8 @@
 // trace (crates/workload/src/trace.rs, version 1), the same operations the in-process stores
 // run, and prints one JSON object on stdout.
 //
-//   kv_replay --trace FILE --db DIR --cache-bytes N --write-buffer-bytes N --bloom-bits N  (RocksDB)
+//   kv_replay --trace FILE --db DIR --cache-bytes N --write-buffer-bytes N --bloom-bits N
+//             [--subcompactions N]                                                     (RocksDB)
 //   kv_replay --trace FILE --db DIR --map-bytes N                                          (LMDB)
 //
 // The trace is read whole and parsed before anything is timed; the value pool is rebuilt from
@@ -194,6 +195,7 @@ struct Args {
   std::string trace, db;
   uint64_t cache = 8u << 20, write_buffer = 4u << 20, map = 1ull << 30;
   double bloom = 10;
+  uint32_t subcompactions = 1;
 };
 
 #ifdef KV_ROCKSDB
@@ -212,6 +214,8 @@ class Engine {
     opts.compression = rocksdb::kNoCompression;
     opts.bottommost_compression = rocksdb::kNoCompression;
     opts.write_buffer_size = a.write_buffer;
+    // As many threads per compaction as kura-store's merges get.
+    opts.max_subcompactions = a.subcompactions;
     rocksdb::BlockBasedTableOptions table;
     if (a.cache > 0) {
       table.block_cache = rocksdb::NewLRUCache(a.cache);
@@ -228,7 +232,8 @@ class Engine {
     config_ = "RocksDB " + std::to_string(ROCKSDB_MAJOR) + "." + std::to_string(ROCKSDB_MINOR) +
               "." + std::to_string(ROCKSDB_PATCH) + ": block cache " + std::to_string(a.cache) +
               " B (LRU), write buffer " + std::to_string(a.write_buffer) + " B, bloom " +
-              std::to_string(int(a.bloom)) + " bits/key, no compression, WAL on, sync " +
+              std::to_string(int(a.bloom)) + " bits/key, no compression, " +
+              std::to_string(a.subcompactions) + " subcompaction(s), WAL on, sync " +
               (sync ? "every write" : "off");
   }
   const std::string& config() const { return config_; }
@@ -431,6 +436,10 @@ int main(int argc, char** argv) {
       a.write_buffer = std::strtoull(v.c_str(), &end, 10);
     } else if (flag == "--bloom-bits") {
       a.bloom = std::strtod(v.c_str(), &end);
+    } else if (flag == "--subcompactions") {
+      unsigned long n = std::strtoul(v.c_str(), &end, 10);
+      if (n < 1 || n > 64) die(2, "--subcompactions takes 1 to 64: " + v);
+      a.subcompactions = uint32_t(n);
     } else if (flag == "--map-bytes") {
       a.map = std::strtoull(v.c_str(), &end, 10);
     } else {

@@ -205,9 +205,11 @@ const BLOOM_BITS: i32 = 10;
 
 /// The RocksDB settings worth recording from its OPTIONS file.
 pub fn options_of_interest(text: &str) -> Vec<String> {
-    const KEYS: [&str; 7] = [
+    const KEYS: [&str; 9] = [
         "rocksdb_version",
         "write_buffer_size",
+        "max_subcompactions",
+        "max_background_jobs",
         "filter_policy",
         "compression",
         "bottommost_compression",
@@ -418,13 +420,23 @@ impl Kv for Store {
 /// kura-store's settings: LevelDB's memtable size as its write buffer, and one memory budget
 /// of what LevelDB may hold (the block cache and two memtables: the active one and the one
 /// being flushed), so its page cache of run pages gets about the block cache's size; the rest
-/// are its defaults (its bloom filters are [`BLOOM_BITS`] too).
+/// are its defaults (its bloom filters are [`BLOOM_BITS`] too). Its merges run on
+/// [`merge_threads`] threads, as RocksDB's compactions get as many subcompactions.
 fn store_options(opts: &DbOptions) -> StoreOptions {
     StoreOptions {
         memtable_bytes: opts.write_buffer_bytes,
         memory_budget: opts.block_cache_bytes + 2 * opts.write_buffer_bytes,
+        merge_threads: merge_threads(),
         ..StoreOptions::default()
     }
+}
+
+/// Threads one merge of kura-store, and one compaction of RocksDB (`max_subcompactions`), may
+/// use: the host's cores, up to [`kura_store::MAX_MERGE_PARTS`].
+fn merge_threads() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, kura_store::MAX_MERGE_PARTS)
 }
 
 /// kura-store, formatted afresh on the raw image file `image` (the whole file, no file system).
@@ -558,6 +570,8 @@ pub fn peer_args(
             opts.write_buffer_bytes.to_string(),
             "--bloom-bits".into(),
             opts.bloom_bits.to_string(),
+            "--subcompactions".into(),
+            merge_threads().to_string(),
         ]),
         PeerEngine::Lmdb => args.extend(["--map-bytes".into(), map_bytes.to_string()]),
     }
@@ -924,11 +938,12 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
                     block_cache_bytes: opts.block_cache_bytes,
                     write_buffer_bytes: sopts.memtable_bytes,
                     config: format!(
-                        "kura-store: memory budget {} B (memtable {} B and the one being flushed, a page cache of run pages, bloom filters), bloom {BLOOM_BITS} bits/key (built in), no compression, segments of {} B, commit groups up to {} B, flush and compaction on a background thread, sync as the workload asks",
+                        "kura-store: memory budget {} B (memtable {} B and the one being flushed, a page cache of run pages, bloom filters), bloom {BLOOM_BITS} bits/key (built in), no compression, segments of {} B, commit groups up to {} B, flush and compaction on a background thread, each merge on up to {} threads (RocksDB gets as many subcompactions), sync as the workload asks",
                         sopts.memory_budget,
                         sopts.memtable_bytes,
                         1u64 << sopts.segment_shift,
-                        sopts.max_group_bytes
+                        sopts.max_group_bytes,
+                        sopts.merge_threads
                     ),
                     command: format!(
                         "kura-store in this process (kura_store::Store on file:{}?direct=0, {native_image_bytes} B, buffered like the peers' files)",
@@ -1098,14 +1113,16 @@ mod tests {
         assert_eq!(
             rocks,
             format!(
-                "--trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {} --bloom-bits {BLOOM_BITS}",
+                "--trace /w/t.trace --db /w/db --cache-bytes {} --write-buffer-bytes {} --bloom-bits {BLOOM_BITS} --subcompactions {}",
                 8 << 20,
-                opts.write_buffer_bytes
+                opts.write_buffer_bytes,
+                merge_threads()
             )
         );
         let lmdb = peer_args(PeerEngine::Lmdb, t, d, &opts, 1 << 30).join(" ");
         assert_eq!(lmdb, "--trace /w/t.trace --db /w/db --map-bytes 1073741824");
         assert_eq!(store_options(&opts).memtable_bytes, opts.write_buffer_bytes);
+        assert_eq!(store_options(&opts).merge_threads, merge_threads());
         assert_eq!(
             store_options(&opts).memory_budget,
             opts.block_cache_bytes + 2 * opts.write_buffer_bytes

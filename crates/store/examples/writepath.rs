@@ -6,7 +6,8 @@
 //! (defaults 200000 puts, 1024-byte values, 4 MiB memtable, the store's default L1 runs, a
 //! 1024 MiB image, one pass). IMAGE is created sparse. With PASSES > 1 the same N keys are
 //! written again in each pass (db_bench's overwrite after its load). With `seq` the keys go in
-//! ascending order (db_bench's fillseq).
+//! ascending order (db_bench's fillseq). The environment variable `MERGE_THREADS` sets
+//! `StoreOptions::merge_threads` (default 0: the host's cores).
 
 use kura_store::{Store, StoreError, StoreOptions};
 use std::time::Instant;
@@ -29,6 +30,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let opts = StoreOptions {
         memtable_bytes: mem,
         l1_runs: num(defaults.l1_runs as u64) as usize,
+        merge_threads: std::env::var("MERGE_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0),
         ..defaults
     };
     let (image_mib, passes) = (num(1024), num(1));

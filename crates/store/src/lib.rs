@@ -33,4 +33,6 @@ mod tree;
 
 pub use error::StoreError;
 pub use memtable::Pair;
-pub use store::{Snapshot, Store, StoreOptions, StoreStats, WriteBatch, DEFAULT_CACHE_BYTES};
+pub use store::{
+    Snapshot, Store, StoreOptions, StoreStats, WriteBatch, DEFAULT_CACHE_BYTES, MAX_MERGE_PARTS,
+};

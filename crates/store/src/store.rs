@@ -65,6 +65,11 @@ pub struct StoreOptions {
     /// the memtables are limited by `memtable_bytes` alone and the page cache holds
     /// [`DEFAULT_CACHE_BYTES`].
     pub memory_budget: usize,
+    /// Threads one merge runs on, each writing the runs of one key range of its output: 0 for
+    /// as many as the host has cores, at most [`MAX_MERGE_PARTS`]. A merge runs on one thread
+    /// when slots are short (it then frees inputs as it passes them, which needs one output in
+    /// key order) or when its output level has fewer input runs than parts to cut it into.
+    pub merge_threads: usize,
 }
 
 /// The page cache's size when [`StoreOptions::memory_budget`] is 0.
@@ -80,10 +85,13 @@ impl Default for StoreOptions {
             l0_runs: 4,
             l1_runs: 10,
             memory_budget: 0,
+            merge_threads: 0,
         }
     }
 }
 
+/// Most threads one merge runs on ([`StoreOptions::merge_threads`]).
+pub const MAX_MERGE_PARTS: usize = 4;
 /// Each level below level 1 holds this many times the runs of the one above.
 const LEVEL_FANOUT: usize = 10;
 /// The memtable is also flushed once the log chain spans more segments than this (or a quarter
@@ -194,6 +202,11 @@ pub struct StoreStats {
     /// Installs of part of a merge's output before the merge ended, each freeing the inputs
     /// the merge had passed.
     pub merge_steps: u64,
+    /// Merges written on more than one thread, each part a key range of the output
+    /// ([`StoreOptions::merge_threads`]).
+    pub merges_in_parts: u64,
+    /// Runs passed down a level without a rewrite: nothing in the level below overlapped them.
+    pub runs_moved: u64,
     /// Runs per level now (level 0 first).
     pub runs_per_level: [u32; MAX_LEVELS],
     /// Encoded bytes of the operations written by users (keys, values, op headers).
@@ -304,6 +317,8 @@ struct Shared {
     stalls: AtomicU64,
     flushes_in_merges: AtomicU64,
     merge_steps: AtomicU64,
+    merges_in_parts: AtomicU64,
+    runs_moved: AtomicU64,
     /// Wakes the worker.
     bg_wake: Condvar,
     /// Tells stalled writers the worker finished a step.
@@ -326,6 +341,9 @@ struct Shared {
     memory_budget: usize,
     l0_runs: usize,
     l1_runs: usize,
+    /// Key ranges a merge is cut into, each written on a thread of its own (see
+    /// [`Shared::merge_cuts`]).
+    merge_parts: usize,
     max_log_segments: usize,
     segment_bytes: u64,
     segment_pages: u32,
@@ -370,6 +388,27 @@ impl Unmerged {
             .take_while(|h| h.meta.largest.as_slice() < key)
             .count()
     }
+}
+
+/// A merge part's key range: from its first key (inclusive) to its end (exclusive).
+type KeyRange<'k> = (Option<&'k [u8]>, Option<&'k [u8]>);
+/// Runs a merge wrote and not installed yet, and their device bytes.
+type MergedRuns = (Vec<RunHandle>, u64);
+
+/// What a merge reads: the picked input runs (the output level's last), whether nothing lies
+/// below the output level (tombstones then go), and the live snapshots.
+struct MergeInputs<'a> {
+    picked: &'a Tree,
+    last: usize,
+    bottom: bool,
+    snapshots: &'a [u64],
+}
+
+/// A merge that frees the output level's inputs as it passes them when slots run short.
+struct Stepping<'u> {
+    unmerged: &'u mut Unmerged,
+    /// Input runs in the levels above the output level.
+    other_inputs: u64,
 }
 
 /// Fails (stopping the store) unless `level` of `tree` holds exactly `runs` at `span`: only
@@ -670,6 +709,8 @@ impl Shared {
             stalls: AtomicU64::new(0),
             flushes_in_merges: AtomicU64::new(0),
             merge_steps: AtomicU64::new(0),
+            merges_in_parts: AtomicU64::new(0),
+            runs_moved: AtomicU64::new(0),
             bg_wake: Condvar::new(),
             bg_done: Condvar::new(),
             queue: Mutex::new(Queue::default()),
@@ -698,6 +739,11 @@ impl Shared {
             memory_budget: opts.memory_budget,
             l0_runs: opts.l0_runs.max(1),
             l1_runs: opts.l1_runs.max(1),
+            merge_parts: match opts.merge_threads {
+                0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+                n => n,
+            }
+            .clamp(1, MAX_MERGE_PARTS),
             max_log_segments: MAX_LOG_SEGMENTS.min(sb.slot_count / 4).max(1) as usize,
             segment_bytes: sb.segment_size(),
             segment_pages: sb.segment_pages(),
@@ -1300,9 +1346,47 @@ impl Shared {
                 );
             }
             compact_after[level] = Some(hi.clone());
-            self.merge_runs(&tree, &[(level, picked), (level + 1, below)])?;
+            if level > 0 && below.is_empty() {
+                self.move_runs(&tree, level, picked, below.start)?;
+            } else {
+                self.merge_runs(&tree, &[(level, picked), (level + 1, below)])?;
+            }
             Ok(true)
         }
+    }
+
+    /// Passes the runs `picked` of `level` down to `at` in the next level without rewriting
+    /// them: nothing there overlaps them, and below level 0 each fills its segment (level 0's
+    /// half-filled flush runs are always merged, to pack them).
+    fn move_runs(
+        &self,
+        tree: &Tree,
+        level: usize,
+        picked: Range<usize>,
+        at: usize,
+    ) -> Result<(), StoreError> {
+        let runs = &tree.levels[level][picked.clone()];
+        let mut io = lock(&self.io);
+        if let Some(e) = &io.stopped {
+            return Err(StoreError::Stopped(e.to_string()));
+        }
+        let mut next = Tree::clone(&self.read_view().tree);
+        check_unchanged(&next, level, picked.clone(), runs)?;
+        next.levels[level].drain(picked);
+        let moved = runs.iter().map(|h| {
+            let mut meta = h.meta.clone();
+            meta.level = (level + 1) as u8;
+            Arc::new(RunHandle {
+                meta,
+                run: h.run.clone(),
+            })
+        });
+        next.levels[level + 1].splice(at..at, moved);
+        let start = io.log_start;
+        self.install(&mut io, next, start, 0, &[], false)?;
+        self.runs_moved
+            .fetch_add(runs.len() as u64, Ordering::Relaxed);
+        Ok(())
     }
 
     /// Merges the runs `inputs` names (a range of runs per level, the output level's last) into
@@ -1316,7 +1400,11 @@ impl Shared {
     /// the passed ones are freed ([`Shared::install_merged_part`]). So the merge needs free
     /// slots for about its other inputs' data, not for all of its output on top of all of its
     /// input. With room to spare it installs once, at its end: each step is a device flush and
-    /// a manifest checkpoint under the writers' lock.
+    /// a manifest checkpoint under the writers' lock. With room for all of its output beside
+    /// all of its input, it is cut into key ranges written at once on threads of their own
+    /// ([`Shared::merge_cuts`], [`Shared::merge_in_parts`]): one thread of the worker could
+    /// not keep up with one writer (`examples/writepath`: the writer waited for it most of
+    /// the time), and RocksDB gets a flush thread beside its compactions.
     fn merge_runs(&self, tree: &Tree, inputs: &[(usize, Range<usize>)]) -> Result<(), StoreError> {
         let Some((last, last_range)) = inputs.last().cloned() else {
             return Ok(());
@@ -1325,57 +1413,28 @@ impl Shared {
         for (l, r) in inputs {
             picked.levels[*l] = tree.levels[*l][r.clone()].to_vec();
         }
-        let bottom = tree.levels[last + 1..].iter().all(Vec::is_empty);
         let snapshots: Vec<u64> = lock(&self.snapshots).keys().copied().collect();
+        let merged = MergeInputs {
+            bottom: tree.levels[last + 1..].iter().all(Vec::is_empty),
+            picked: &picked,
+            last,
+            snapshots: &snapshots,
+        };
         let mut unmerged = Unmerged {
             at: last_range.start,
             runs: picked.levels[last].clone(),
         };
-        let other_inputs = (picked.runs().count() - unmerged.runs.len()) as u64;
-        let (handles, written) = {
-            // A merge reads each input page once: it does not fill the page cache.
-            let sources = tree::sources(&[], &picked, None, None, false, self.dev(), false);
-            let mut merge = Merge::new(sources, false);
-            let mut out = Output::new(
-                self.dev(),
-                last as u8,
-                self.segment_pages,
-                self.inline_threshold,
-            );
-            let mut values = tree::ValueWindows::default();
-            let mut installed_bytes = 0;
-            let mut room_asked_at = 0;
-            let mut may_flush = true;
-            while let Some((key, versions)) = merge.next_key()? {
-                for (lsn, value) in tree::retain(versions, &snapshots, bottom) {
-                    let value = values.load(value, self.dev(), self.segment_bytes)?;
-                    let (bytes, crc) = value.parts();
-                    out.add(&key, lsn, bytes, crc)?;
-                }
-                // Whether slots are short is asked once per finished run (the space lock is
-                // not taken per key): slots are allocated mostly as runs are started.
-                if let Some(below) = out.finished_below() {
-                    let left = other_inputs + unmerged.runs.len() as u64;
-                    if out.finished_runs() != room_asked_at && unmerged.passed(below) > 0 {
-                        room_asked_at = out.finished_runs();
-                        if self.free_slots() < left + FLUSH_ROOM_SLOTS {
-                            let below = below.to_vec();
-                            let runs = out.take_finished()?;
-                            let bytes = out.written - installed_bytes;
-                            self.install_merged_part(last, &mut unmerged, runs, &below, bytes)?;
-                            installed_bytes = out.written;
-                            room_asked_at = 0;
-                            may_flush = true;
-                        }
-                    }
-                }
-                if may_flush && self.imm_waiting.load(Ordering::Acquire) {
-                    let input_runs = other_inputs + unmerged.runs.len() as u64;
-                    may_flush = self.flush_during_merge(input_runs)?;
-                }
-            }
-            let (handles, written) = out.finish()?;
-            (handles, written - installed_bytes)
+        let cuts = self.merge_cuts(&merged);
+        let (handles, written) = if cuts.is_empty() {
+            let other_inputs = (picked.runs().count() - unmerged.runs.len()) as u64;
+            let stepping = Stepping {
+                unmerged: &mut unmerged,
+                other_inputs,
+            };
+            self.merge_range(&merged, None, None, Some(stepping), true)?
+        } else {
+            self.merges_in_parts.fetch_add(1, Ordering::Relaxed);
+            self.merge_in_parts(&merged, &cuts)?
         };
         let mut io = lock(&self.io);
         if let Some(e) = &io.stopped {
@@ -1400,6 +1459,168 @@ impl Shared {
         self.install(&mut io, next, start, written, &dropped, false)?;
         self.compactions.fetch_add(1, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// Where to cut the merge of `merged` into key ranges written on threads of their own, at
+    /// most `merge_parts - 1` keys: the smallest keys of the output level's inputs spread
+    /// evenly, or of the level above's when those do not overlap one another (keys written in
+    /// order, whose level-0 runs meet at most one run below). None (one thread, in key order)
+    /// when neither level has two runs to cut between, or when slots are short: parts cannot free
+    /// inputs as they pass them, so all of the output (each part may end in a partly filled
+    /// run) must fit beside all of the input.
+    fn merge_cuts(&self, merged: &MergeInputs<'_>) -> Vec<Vec<u8>> {
+        let firsts = |runs: &[Arc<RunHandle>]| -> Vec<Vec<u8>> {
+            let mut keys: Vec<Vec<u8>> = runs.iter().map(|h| h.meta.smallest.clone()).collect();
+            keys.sort();
+            keys
+        };
+        let below = &merged.picked.levels[merged.last];
+        let above = merged.picked.levels[..merged.last]
+            .iter()
+            .rev()
+            .find(|runs| !runs.is_empty());
+        let firsts = if below.len() >= 2 {
+            firsts(below)
+        } else if let Some(above) = above.filter(|runs| runs.len() >= 2) {
+            let mut ranges: Vec<(&[u8], &[u8])> = above
+                .iter()
+                .map(|h| (h.meta.smallest.as_slice(), h.meta.largest.as_slice()))
+                .collect();
+            ranges.sort();
+            if ranges.windows(2).any(|w| w[0].1 >= w[1].0) {
+                return Vec::new();
+            }
+            firsts(above)
+        } else {
+            return Vec::new();
+        };
+        let parts = self.merge_parts.min(firsts.len());
+        let inputs = merged.picked.runs().count() as u64;
+        if parts < 2 || self.free_slots() < inputs + parts as u64 + FLUSH_ROOM_SLOTS {
+            return Vec::new();
+        }
+        let mut cuts: Vec<Vec<u8>> = Vec::new();
+        for i in 1..parts {
+            let key = &firsts[i * firsts.len() / parts];
+            if key > &firsts[0] && cuts.last().is_none_or(|c| c < key) {
+                cuts.push(key.clone());
+            }
+        }
+        cuts
+    }
+
+    /// Merges the key ranges between `cuts` at once, the first on this thread (which also
+    /// flushes a waiting memtable between keys) and each other on a scoped thread of its own;
+    /// their runs, in key order, are the merge's output. A failed part gives back the slots
+    /// of every part that finished.
+    fn merge_in_parts(
+        &self,
+        merged: &MergeInputs<'_>,
+        cuts: &[Vec<u8>],
+    ) -> Result<MergedRuns, StoreError> {
+        let bounds: Vec<KeyRange<'_>> = (0..=cuts.len())
+            .map(|i| {
+                let from = i.checked_sub(1).map(|j| cuts[j].as_slice());
+                (from, cuts.get(i).map(Vec::as_slice))
+            })
+            .collect();
+        let results: Vec<Result<MergedRuns, StoreError>> = std::thread::scope(|s| {
+            let others: Vec<_> = bounds[1..]
+                .iter()
+                .map(|&(from, to)| s.spawn(move || self.merge_range(merged, from, to, None, false)))
+                .collect();
+            let (from, to) = bounds[0];
+            let mut results = vec![self.merge_range(merged, from, to, None, true)];
+            for part in others {
+                results.push(
+                    part.join()
+                        .unwrap_or_else(|panic| Err(self.worker_panicked(panic.as_ref()))),
+                );
+            }
+            results
+        });
+        let mut handles = Vec::new();
+        let mut written = 0;
+        let mut failed = None;
+        for result in results {
+            match result {
+                Ok((runs, bytes)) => {
+                    handles.extend(runs);
+                    written += bytes;
+                }
+                Err(e) => failed = failed.or(Some(e)),
+            }
+        }
+        if let Some(e) = failed {
+            // The finished parts' runs are durable but named by nothing: give them back.
+            let mut space = lock(&self.space);
+            for h in &handles {
+                space.free(h.meta.run.slot);
+            }
+            return Err(e);
+        }
+        Ok((handles, written))
+    }
+
+    /// Merges the versions of `merged` with keys in `from..to` into runs of its output level.
+    /// With `stepping`, the output level's inputs are freed as the merge passes them when
+    /// slots run short ([`Shared::merge_runs`]); with `flushes`, a waiting memtable is flushed
+    /// between keys ([`Shared::flush_during_merge`]). Returns the runs not installed yet and
+    /// their bytes.
+    fn merge_range(
+        &self,
+        merged: &MergeInputs<'_>,
+        from: Option<&[u8]>,
+        to: Option<&[u8]>,
+        mut stepping: Option<Stepping<'_>>,
+        flushes: bool,
+    ) -> Result<MergedRuns, StoreError> {
+        let all_inputs = merged.picked.runs().count() as u64;
+        // A merge reads each input page once: it does not fill the page cache.
+        let sources = tree::sources(&[], merged.picked, from, to, false, self.dev(), false);
+        let mut merge = Merge::new(sources, false);
+        let mut out = Output::new(
+            self.dev(),
+            merged.last as u8,
+            self.segment_pages,
+            self.inline_threshold,
+        );
+        let mut values = tree::ValueWindows::default();
+        let mut installed_bytes = 0;
+        let mut room_asked_at = 0;
+        let mut may_flush = flushes;
+        while let Some((key, versions)) = merge.next_key()? {
+            for (lsn, value) in tree::retain(versions, merged.snapshots, merged.bottom) {
+                let value = values.load(value, self.dev(), self.segment_bytes)?;
+                let (bytes, crc) = value.parts();
+                out.add(&key, lsn, bytes, crc)?;
+            }
+            // Whether slots are short is asked once per finished run (the space lock is
+            // not taken per key): slots are allocated mostly as runs are started.
+            if let (Some(step), Some(below)) = (stepping.as_mut(), out.finished_below()) {
+                let left = step.other_inputs + step.unmerged.runs.len() as u64;
+                if out.finished_runs() != room_asked_at && step.unmerged.passed(below) > 0 {
+                    room_asked_at = out.finished_runs();
+                    if self.free_slots() < left + FLUSH_ROOM_SLOTS {
+                        let below = below.to_vec();
+                        let runs = out.take_finished()?;
+                        let bytes = out.written - installed_bytes;
+                        self.install_merged_part(merged.last, step.unmerged, runs, &below, bytes)?;
+                        installed_bytes = out.written;
+                        room_asked_at = 0;
+                        may_flush = true;
+                    }
+                }
+            }
+            if may_flush && self.imm_waiting.load(Ordering::Acquire) {
+                let input_runs = stepping.as_ref().map_or(all_inputs, |step| {
+                    step.other_inputs + step.unmerged.runs.len() as u64
+                });
+                may_flush = self.flush_during_merge(input_runs)?;
+            }
+        }
+        let (handles, written) = out.finish()?;
+        Ok((handles, written - installed_bytes))
     }
 
     fn free_slots(&self) -> u64 {
@@ -1577,6 +1798,8 @@ impl Shared {
             write_stalls: self.stalls.load(Ordering::Relaxed),
             flushes_in_merges: self.flushes_in_merges.load(Ordering::Relaxed),
             merge_steps: self.merge_steps.load(Ordering::Relaxed),
+            merges_in_parts: self.merges_in_parts.load(Ordering::Relaxed),
+            runs_moved: self.runs_moved.load(Ordering::Relaxed),
             compactions: self.compactions.load(Ordering::Relaxed),
             runs_per_level,
             user_bytes: self.user_bytes.load(Ordering::Relaxed),

@@ -30,7 +30,7 @@ use common::{ram_disk, reopen, small_memtable};
 use kura_engine::backend::common::QueueOptions;
 use kura_engine::backend::mem::MemDevice;
 use kura_engine::fault::{materialize, FaultDevice, FaultPlan};
-use kura_store::{Store, StoreStats, WriteBatch};
+use kura_store::{Store, StoreOptions, StoreStats, WriteBatch};
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -57,6 +57,8 @@ struct Shape {
     large_one_in: f64,
     /// The RAM disk's size.
     disk_mib: u64,
+    /// [`StoreOptions::merge_threads`]: 1 keeps every merge in key order on the worker.
+    merge_threads: usize,
 }
 
 /// The workload of the module doc: 30 keys, 260 operations.
@@ -67,6 +69,7 @@ const SMALL: Shape = Shape {
     compact_every: 100,
     large_one_in: 20.0,
     disk_mib: 16,
+    merge_threads: 1,
 };
 
 /// Many keys and small values through a 16 KiB memtable: merges take long enough that the
@@ -79,6 +82,7 @@ const MERGE_FLUSHES: Shape = Shape {
     large_one_in: 0.0,
     // Room for level-0 merges beside the tree, which a flush inside a merge asks for.
     disk_mib: 64,
+    merge_threads: 1,
 };
 
 /// A few MiB of keys through a 64 KiB memtable on a disk of 11 slots: level 1 spans several
@@ -92,6 +96,16 @@ const MERGE_STEPS: Shape = Shape {
     compact_every: 0,
     large_one_in: 0.0,
     disk_mib: 12,
+    merge_threads: 1,
+};
+
+/// The keys of [`MERGE_STEPS`] on a disk with room to spare: level-0 merges meet several
+/// level-1 runs and are cut into key ranges written on threads of their own, whose runs are
+/// installed together.
+const MERGE_PARTS: Shape = Shape {
+    disk_mib: 24,
+    merge_threads: 4,
+    ..MERGE_STEPS
 };
 
 fn key_name(k: usize) -> Vec<u8> {
@@ -118,8 +132,11 @@ fn run_workload(
         },
     );
     let control = fault.control();
-    let store =
-        Store::create(Box::new(fault), &small_memtable(shape.memtable_bytes)).expect("create");
+    let opts = StoreOptions {
+        merge_threads: shape.merge_threads,
+        ..small_memtable(shape.memtable_bytes)
+    };
+    let store = Store::create(Box::new(fault), &opts).expect("create");
     let mut rng = SmallRng::seed_from_u64(seed);
     let mut state = State::new();
     let mut history = History {
@@ -358,4 +375,17 @@ fn every_cut_point_recovers_a_prefix_with_merges_freeing_inputs_as_they_go() {
         recorded.3
     );
     check_every_cut(4096, points(), recorded, &MERGE_STEPS);
+}
+
+/// Cuts inside merges written in parts, on threads of their own, whose runs reach the device
+/// in no fixed order and are named by one manifest checkpoint after all of them.
+#[test]
+fn every_cut_point_recovers_a_prefix_with_merges_in_parts() {
+    let recorded = run_workload(4096, 13, &MERGE_PARTS);
+    assert!(
+        recorded.3.merges_in_parts >= 2,
+        "the workload's merges should be cut into parts: {:?}",
+        recorded.3
+    );
+    check_every_cut(4096, points(), recorded, &MERGE_PARTS);
 }
