@@ -77,6 +77,12 @@ pub struct KvBenchArgs {
     /// AccelFS buffer cache (ext4 has the whole page cache, which cannot be bounded here).
     #[arg(long, default_value = "256M")]
     pub fs_cache: String,
+    /// kura-store's raw image (a written file), in multiples of the data per workload (at
+    /// least 256 MiB). Its merges need free segments beside the data, fewer when slots are
+    /// short (they then free inputs as they go, and flushes inside merges wait), while the
+    /// peers on ext4 have all of its free space.
+    #[arg(long, default_value_t = 4.0, value_parser = image_factor)]
+    pub native_image: f64,
     /// fillsync writes this many keys (each one synced).
     #[arg(long, default_value_t = 2000)]
     pub sync_records: u64,
@@ -224,6 +230,15 @@ pub fn options_of_interest(text: &str) -> Vec<String> {
         })
         .map(str::to_string)
         .collect()
+}
+
+fn image_factor(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(k) if (2.0..=64.0).contains(&k) => Ok(k),
+        _ => Err(format!(
+            "{text:?}: give a multiple of the data from 2 to 64 (the store needs room to merge)"
+        )),
+    }
 }
 
 fn size_arg(s: &str) -> anyhow::Result<u64> {
@@ -800,10 +815,9 @@ pub fn run(args: &KvBenchArgs) -> anyhow::Result<()> {
     let fs = mounted("accelfs", "uring")?;
     let rfs = mounted("redirect", "redirect")?;
     let native_image = dir.path().join("native.img");
-    // kura-store's runs take whole segments and a level-0 merge writes all of level 1 anew
-    // before it frees the old runs, so overwrite at 8x the budget can fill an image of 3x the
-    // data (measured: `examples/writepath` with 96k keys written twice fills 288 MiB).
-    let native_image_bytes = (most_data * 4).max(256 << 20);
+    // kura-store's runs take whole segments; merges free inputs as they go only when slots are
+    // short, and below 240 MiB 96 MiB written twice fills the image (`examples/writepath`).
+    let native_image_bytes = ((most_data as f64 * args.native_image) as u64).max(256 << 20);
     if systems.iter().any(|s| s == "native") {
         crate::fs::write_host_file(&native_image, native_image_bytes)?;
     }
@@ -1130,6 +1144,15 @@ mod tests {
         assert!(PEER_CC.contains("NewBloomFilterPolicy(a.bloom, false)"));
         assert!(PEER_CC.contains("rocksdb::kNoCompression"));
         assert!(PEER_CC.contains("MDB_NORDAHEAD | (sync ? 0 : MDB_NOSYNC)"));
+    }
+
+    #[test]
+    fn the_native_image_is_a_multiple_of_the_data_with_room_to_merge() {
+        assert_eq!(image_factor("4").unwrap(), 4.0);
+        assert_eq!(image_factor("8.5").unwrap(), 8.5);
+        for bad in ["1", "1.9", "65", "-4", "nan", "x", ""] {
+            assert!(image_factor(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]
