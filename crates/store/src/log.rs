@@ -3,7 +3,9 @@
 //! handing back the segments before a new log start once a flush made them unneeded.
 
 use crate::error::StoreError;
-use crate::format::frame::{decode_ops, encode_frame, frame_pages, FrameHeader, FrameKind, Op};
+use crate::format::frame::{
+    decode_ops, encode_frame, encode_frame_into, frame_pages, FrameHeader, FrameKind, Op,
+};
 use crate::format::{FormatError, SegRef, PAGE_SIZE};
 use crate::segments::FrameWriter;
 use crate::space::Space;
@@ -49,7 +51,13 @@ pub(crate) struct LogWriter {
     /// The log's own queue, when the device has more than one: frames are written without
     /// the committing writer waiting for each write. Without it, on the store's queue.
     frames: Option<FrameWriter>,
+    /// The buffer ops frames are encoded in, kept between frames up to [`KEEP_FRAME_BYTES`].
+    frame_buf: Vec<u8>,
 }
+
+/// Largest frame buffer kept for the next frame (a commit group's usual most, 1 MiB, and its
+/// header page): a larger batch's buffer is freed after its write.
+const KEEP_FRAME_BYTES: usize = (1 << 20) + PAGE_SIZE;
 
 /// Largest payload of one frame: a segment less the page kept for the seal.
 pub(crate) fn max_payload(segment_pages: u32) -> usize {
@@ -66,6 +74,7 @@ impl LogWriter {
             chain,
             written: 0,
             frames: None,
+            frame_buf: Vec::new(),
         }
     }
 
@@ -155,7 +164,8 @@ impl LogWriter {
             self.chain.push(next);
             self.must_seal = false;
         }
-        let frame = encode_frame(
+        let mut frame = std::mem::take(&mut self.frame_buf);
+        encode_frame_into(
             FrameKind::Ops,
             self.pos.seg.seg_seq,
             self.store_tag,
@@ -163,10 +173,16 @@ impl LogWriter {
             count,
             None,
             payload,
+            &mut frame,
         )
         .map_err(StoreError::Refused)?;
-        self.write(space, self.pos.seg.slot, self.pos.page, &frame)?;
-        self.written += frame.len() as u64;
+        let written = self.write(space, self.pos.seg.slot, self.pos.page, &frame);
+        let len = frame.len() as u64;
+        if frame.capacity() <= KEEP_FRAME_BYTES {
+            self.frame_buf = frame;
+        }
+        written?;
+        self.written += len;
         self.pos.page += pages as u32;
         Ok(())
     }

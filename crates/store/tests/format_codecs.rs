@@ -3,7 +3,8 @@
 //! decoder panic.
 
 use kura_store::format::frame::{
-    decode_ops, encode_frame, FrameHeader, FrameKind, Op, ValuePointer, FRAME_HEADER,
+    decode_ops, encode_frame, encode_frame_into, FrameHeader, FrameKind, Op, ValuePointer,
+    FRAME_HEADER,
 };
 use kura_store::format::manifest::{decode_records, ManifestRecord, RunMeta};
 use kura_store::format::page::{
@@ -181,6 +182,10 @@ proptest! {
         prop_assert!(header.check_origin(seg_seq, tag).is_ok());
         prop_assert_eq!(header.first_lsn, lsn);
         prop_assert_eq!(header.pages() * PAGE_SIZE, frame.len());
+        // Encoded into a reused buffer holding a longer frame's bytes: the same bytes.
+        let mut reused = vec![0xa5u8; frame.len() + 3 * PAGE_SIZE + 17];
+        encode_frame_into(FrameKind::Ops, seg_seq, tag, lsn, ops.len() as u32, None, &payload, &mut reused).expect("frame");
+        prop_assert_eq!(&reused, &frame);
         let body = header.check_payload(&frame).expect("payload");
         prop_assert_eq!(decode_ops(body, header.count).expect("ops"), ops.clone());
         // A flip in the header or the payload is caught; the zero padding is not covered.

@@ -163,8 +163,30 @@ pub fn encode_frame(
     next: Option<SegRef>,
     payload: &[u8],
 ) -> Result<Vec<u8>, FormatError> {
+    let mut v = Vec::new();
+    encode_frame_into(
+        kind, seg_seq, store_tag, first_lsn, count, next, payload, &mut v,
+    )?;
+    Ok(v)
+}
+
+/// [`encode_frame`] into `out` (cleared first), so a writer can keep one buffer for all its
+/// frames instead of allocating (and having the kernel zero) a fresh one for each.
+#[allow(clippy::too_many_arguments)]
+pub fn encode_frame_into(
+    kind: FrameKind,
+    seg_seq: u64,
+    store_tag: u64,
+    first_lsn: u64,
+    count: u32,
+    next: Option<SegRef>,
+    payload: &[u8],
+    out: &mut Vec<u8>,
+) -> Result<(), FormatError> {
     let payload_len: u32 = narrow("log frame payload", payload.len(), u32::MAX as usize)?;
-    let mut v = Vec::with_capacity(frame_pages(payload.len()) * PAGE_SIZE);
+    let v = out;
+    v.clear();
+    v.reserve(frame_pages(payload.len()) * PAGE_SIZE);
     v.extend_from_slice(&MAGIC);
     v.extend_from_slice(&[0; 4]);
     v.extend_from_slice(&seg_seq.to_le_bytes());
@@ -175,11 +197,11 @@ pub fn encode_frame(
     v.push(kind as u8);
     v.extend_from_slice(&[0; 3]);
     v.extend_from_slice(&count.to_le_bytes());
-    next.unwrap_or_default().put(&mut v);
+    next.unwrap_or_default().put(v);
     seal_crc(&mut v[..FRAME_HEADER], CRC_AT);
     v.extend_from_slice(payload);
     v.resize(frame_pages(payload.len()) * PAGE_SIZE, 0);
-    Ok(v)
+    Ok(())
 }
 
 /// One write operation in an ops frame.
