@@ -985,10 +985,9 @@ impl Shared {
                 room: u32::MAX as usize,
             })
         })?;
-        let mut payload = Vec::with_capacity(group.iter().map(|p| p.bytes).sum());
-        for op in group.iter().flat_map(|p| &p.ops) {
-            op.encode(&mut payload).map_err(StoreError::Refused)?;
-        }
+        // The ops are encoded straight into the gathered payload (no buffer of the group's
+        // own to allocate and copy), after the room for them was made.
+        let payload_len: usize = group.iter().flat_map(|p| &p.ops).map(Op::encoded_len).sum();
         let first_lsn = io.next_lsn;
         let sync = group.iter().any(|p| p.sync);
         // Unsynced groups gather in one frame: a frame takes whole pages, so a small write of
@@ -996,7 +995,7 @@ impl Shared {
         // bytes have gathered, or when the memtable is swapped; a crash may lose
         // them, as it may lose any write not synced.
         let mut written = Ok(());
-        if io.pending.len() + payload.len() > self.max_payload {
+        if io.pending.len() + payload_len > self.max_payload {
             written = self.write_pending(&mut io, false);
         }
         let before = (io.pending.len(), io.pending_count);
@@ -1004,19 +1003,24 @@ impl Shared {
             if io.pending_count == 0 {
                 io.pending_first = first_lsn;
             }
-            io.pending.extend_from_slice(&payload);
-            io.pending_count += count;
-            if sync || io.pending.len() >= LOG_BUFFER {
-                written = self.write_pending(&mut io, sync);
+            let pending = &mut io.pending;
+            written = group
+                .iter()
+                .flat_map(|p| &p.ops)
+                .try_for_each(|op| op.encode(pending))
+                .map_err(StoreError::Refused);
+            if written.is_ok() {
+                io.pending_count += count;
+                if sync || io.pending.len() >= LOG_BUFFER {
+                    written = self.write_pending(&mut io, sync);
+                }
             }
         }
         if let Err(e) = written {
             // A refused or unplaced group leaves nothing behind; a device failure leaves the
             // log's tail unknown, so no later frame may follow it.
-            if io.pending_count > 0 {
-                io.pending.truncate(before.0);
-                io.pending_count = before.1;
-            }
+            io.pending.truncate(before.0);
+            io.pending_count = before.1;
             if !matches!(e, StoreError::Refused(_) | StoreError::Full { .. }) {
                 io.stopped = Some(e.clone());
             }
@@ -1025,7 +1029,7 @@ impl Shared {
         io.next_lsn += u64::from(count);
         self.groups.fetch_add(1, Ordering::Relaxed);
         self.user_bytes
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+            .fetch_add(payload_len as u64, Ordering::Relaxed);
         if sync {
             self.syncs.fetch_add(1, Ordering::Relaxed);
         }
