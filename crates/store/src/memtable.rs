@@ -4,6 +4,7 @@
 //! snapshot pinned are dropped at the key's next write or at flush.
 
 use crate::format::frame::Op;
+use smallvec::SmallVec;
 use std::collections::BTreeMap;
 use std::ops::Bound;
 
@@ -12,6 +13,11 @@ pub type Pair = (Vec<u8>, Vec<u8>);
 
 /// One version: its LSN and its value (`None`: deleted).
 pub(crate) type Version = (u64, Option<Vec<u8>>);
+
+/// A key's versions, oldest first. Nearly every key has one (older ones are kept only while a
+/// snapshot needs them), and it is held in place: a put then allocates its key and value, not
+/// also a vector for one version.
+type Versions = SmallVec<[Version; 1]>;
 
 /// Bytes counted per version besides its key and value: the map's and the vector's share.
 const VERSION_OVERHEAD: usize = 48;
@@ -23,7 +29,7 @@ fn cost(key: &[u8], value: &Option<Vec<u8>>) -> usize {
 #[derive(Default)]
 pub(crate) struct Memtable {
     /// Each key's versions, oldest first.
-    map: BTreeMap<Vec<u8>, Vec<Version>>,
+    map: BTreeMap<Vec<u8>, Versions>,
     /// The LSN of the last operation applied: what a new snapshot sees.
     visible: u64,
     /// Approximate memory held: keys, values and per-version overhead.
@@ -89,13 +95,16 @@ impl Memtable {
         from: Option<&'a [u8]>,
         to: Option<&'a [u8]>,
         reverse: bool,
-    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a Vec<Version>)> + 'a> {
+    ) -> Box<dyn Iterator<Item = (&'a Vec<u8>, &'a [Version])> + 'a> {
         if from.zip(to).is_some_and(|(f, t)| f >= t) {
             return Box::new(std::iter::empty());
         }
         let lower = from.map_or(Bound::Unbounded, Bound::Included);
         let upper = to.map_or(Bound::Unbounded, Bound::Excluded);
-        let range = self.map.range::<[u8], _>((lower, upper));
+        let range = self
+            .map
+            .range::<[u8], _>((lower, upper))
+            .map(|(k, v)| (k, v.as_slice()));
         if reverse {
             Box::new(range.rev())
         } else {
