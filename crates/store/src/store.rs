@@ -987,7 +987,7 @@ impl Shared {
         })?;
         // The ops are encoded straight into the gathered payload (no buffer of the group's
         // own to allocate and copy), after the room for them was made.
-        let payload_len: usize = group.iter().flat_map(|p| &p.ops).map(Op::encoded_len).sum();
+        let payload_len: usize = group.iter().map(|p| p.bytes).sum();
         let first_lsn = io.next_lsn;
         let sync = group.iter().any(|p| p.sync);
         // Unsynced groups gather in one frame: a frame takes whole pages, so a small write of
@@ -1360,8 +1360,9 @@ impl Shared {
     }
 
     /// Passes the runs `picked` of `level` down to `at` in the next level without rewriting
-    /// them: nothing there overlaps them, and below level 0 each fills its segment (level 0's
-    /// half-filled flush runs are always merged, to pack them).
+    /// them: nothing there overlaps them. Only runs below level 0 are moved: those are merge
+    /// output, full but for a merge's last run, while level 0's flush runs fill about half of
+    /// their segment and are always merged, to pack them.
     fn move_runs(
         &self,
         tree: &Tree,
@@ -1473,7 +1474,7 @@ impl Shared {
     /// inputs as they pass them, so all of the output (each part may end in a partly filled
     /// run) must fit beside all of the input.
     fn merge_cuts(&self, merged: &MergeInputs<'_>) -> Vec<Vec<u8>> {
-        let firsts = |runs: &[Arc<RunHandle>]| -> Vec<Vec<u8>> {
+        let smallest_keys = |runs: &[Arc<RunHandle>]| -> Vec<Vec<u8>> {
             let mut keys: Vec<Vec<u8>> = runs.iter().map(|h| h.meta.smallest.clone()).collect();
             keys.sort();
             keys
@@ -1484,7 +1485,7 @@ impl Shared {
             .rev()
             .find(|runs| !runs.is_empty());
         let firsts = if below.len() >= 2 {
-            firsts(below)
+            smallest_keys(below)
         } else if let Some(above) = above.filter(|runs| runs.len() >= 2) {
             let mut ranges: Vec<(&[u8], &[u8])> = above
                 .iter()
@@ -1494,7 +1495,7 @@ impl Shared {
             if ranges.windows(2).any(|w| w[0].1 >= w[1].0) {
                 return Vec::new();
             }
-            firsts(above)
+            smallest_keys(above)
         } else {
             return Vec::new();
         };
@@ -1698,7 +1699,7 @@ impl Shared {
     /// the two, free now, plus its own run, a partly filled last run per merge part and
     /// [`FLUSH_ROOM_SLOTS`]. It asked for their sum before, which made flushes inside merges
     /// wait on an image of 4x the data, the writers with them: `kura bench kv` overwrite
-    /// measured 0.81x RocksDB there against 0.99x on an image of 8x (same build, same run).
+    /// measured 0.81x RocksDB there against 0.99x on an image of 8x (same build, run back to back).
     /// Merges also free passed inputs when slots run short, so less would do for space; but
     /// asking only for the larger of this merge's other inputs and the next level-0 merge's
     /// level 0 let level 0 reach 9-10 runs by the end of a load, and the reads that followed
